@@ -1,0 +1,331 @@
+//! The control socket: how `tidefs umount` and `tidefs stats` reach a mount daemon.
+//!
+//! Each daemon listens on a Unix socket named after its mountpoint
+//! (`<runtime dir>/<16 hex digits of a hash of the canonical mountpoint>.sock`), where the runtime
+//! dir is the first usable of `/run/tidefs`, `$XDG_RUNTIME_DIR/tidefs` and `/tmp/tidefs-<uid>`.
+//!
+//! Protocol: the client sends one command line; the daemon answers with JSON lines.
+//! - `status` → `{"ok":true,"pid":..,"image":"..","mountpoint":"..","read_only":..}`
+//! - `stats` → `{"ok":true,"stats":{"journal_bytes":..,...}}`
+//! - `unmount` → `{"ok":true,"state":"unmounting"}` once the kernel let go of the mount, then
+//!   `{"ok":true,"state":"closed"}` (or `{"ok":false,"error":".."}`) once the file system was
+//!   closed cleanly; then the daemon exits, which the client sees as end of file.
+//!
+//! Invariants:
+//! - A socket file nobody listens on is stale: the daemon replaces it; clients treat the mount as
+//!   not a tidefs mount.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use tidefs::fs::Stats;
+
+/// File-system counters as the control socket reports them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct StatsReply {
+    /// Bytes written to the journal.
+    pub journal_bytes: u64,
+    /// Bytes written to home locations.
+    pub home_bytes: u64,
+    /// Transactions committed.
+    pub commits: u64,
+    /// fsync/fdatasync calls served.
+    pub fsyncs: u64,
+    /// fsyncs per commit.
+    pub fsyncs_per_commit: f64,
+    /// Average metadata blocks per committed transaction.
+    pub avg_transaction_blocks: f64,
+    /// Median fsync latency, microseconds.
+    pub fsync_p50_us: u64,
+    /// 99th percentile fsync latency, microseconds.
+    pub fsync_p99_us: u64,
+    /// Checkpoints run.
+    pub checkpoints: u64,
+}
+
+impl From<&Stats> for StatsReply {
+    fn from(s: &Stats) -> Self {
+        StatsReply {
+            journal_bytes: s.journal_bytes,
+            home_bytes: s.home_bytes,
+            commits: s.commits,
+            fsyncs: s.fsyncs,
+            fsyncs_per_commit: s.fsyncs_per_commit,
+            avg_transaction_blocks: s.avg_transaction_blocks,
+            fsync_p50_us: s.fsync_p50_us,
+            fsync_p99_us: s.fsync_p99_us,
+            checkpoints: s.checkpoints,
+        }
+    }
+}
+
+/// The candidate runtime directories, most preferred first.
+fn runtime_dirs() -> Vec<PathBuf> {
+    let mut dirs = vec![PathBuf::from("/run/tidefs")];
+    if let Some(xdg) = std::env::var_os("XDG_RUNTIME_DIR") {
+        if !xdg.is_empty() {
+            dirs.push(PathBuf::from(xdg).join("tidefs"));
+        }
+    }
+    dirs.push(PathBuf::from(format!(
+        "/tmp/tidefs-{}",
+        crate::sys::geteuid()
+    )));
+    dirs
+}
+
+/// The canonical form of a mountpoint: symlinks resolved where possible; a dead mount (whose
+/// `stat` fails) falls back to the lexically absolute path.
+pub fn canonical_mountpoint(path: &Path) -> PathBuf {
+    path.canonicalize()
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// FNV-1a, 64 bits: a stable short key for a path (socket paths are limited to 108 bytes).
+fn path_key(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in path.as_os_str().as_bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// The socket file of the daemon serving `mountpoint`, if one exists in any runtime dir.
+pub fn find_socket(mountpoint: &Path) -> Option<PathBuf> {
+    let key = path_key(&canonical_mountpoint(mountpoint));
+    runtime_dirs()
+        .into_iter()
+        .map(|dir| dir.join(format!("{key}.sock")))
+        .find(|p| p.exists())
+}
+
+/// Where a new daemon for `mountpoint` puts its socket and log: the first runtime dir it can
+/// create and write. Returns (socket path, log path).
+pub fn daemon_paths(mountpoint: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
+    let key = path_key(&canonical_mountpoint(mountpoint));
+    let mut last_error = None;
+    for dir in runtime_dirs() {
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => {
+                let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+                let probe = dir.join(format!(".probe-{}", std::process::id()));
+                match std::fs::write(&probe, b"") {
+                    Ok(()) => {
+                        let _ = std::fs::remove_file(&probe);
+                        return Ok((
+                            dir.join(format!("{key}.sock")),
+                            dir.join(format!("{key}.log")),
+                        ));
+                    }
+                    Err(e) => last_error = Some(e),
+                }
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| std::io::Error::other("no runtime directory")))
+}
+
+/// Why a request to a daemon failed.
+#[derive(Debug)]
+pub enum ClientError {
+    /// No daemon serves this mountpoint.
+    NotTidefs,
+    /// The daemon answered with an error, or the conversation broke.
+    Failed(String),
+}
+
+/// A connection to the daemon serving `mountpoint`.
+pub struct Client {
+    reader: BufReader<UnixStream>,
+}
+
+impl Client {
+    /// Connects to the daemon of `mountpoint`.
+    pub fn connect(mountpoint: &Path) -> Result<Client, ClientError> {
+        let socket = find_socket(mountpoint).ok_or(ClientError::NotTidefs)?;
+        let stream = UnixStream::connect(&socket).map_err(|_| ClientError::NotTidefs)?;
+        Ok(Client {
+            reader: BufReader::new(stream),
+        })
+    }
+
+    /// Sends `command` and returns the first reply.
+    pub fn request(&mut self, command: &str) -> Result<Value, ClientError> {
+        let stream = self.reader.get_mut();
+        stream
+            .write_all(format!("{command}\n").as_bytes())
+            .map_err(|e| ClientError::Failed(format!("cannot talk to the daemon: {e}")))?;
+        self.next_reply()
+    }
+
+    /// Reads the next JSON reply line; an `"ok":false` reply becomes an error.
+    pub fn next_reply(&mut self) -> Result<Value, ClientError> {
+        let mut line = String::new();
+        let n = self
+            .reader
+            .read_line(&mut line)
+            .map_err(|e| ClientError::Failed(format!("cannot read the daemon's reply: {e}")))?;
+        if n == 0 {
+            return Err(ClientError::Failed(
+                "the daemon closed the connection without a reply".into(),
+            ));
+        }
+        let value: Value = serde_json::from_str(&line)
+            .map_err(|e| ClientError::Failed(format!("bad reply from the daemon: {e}")))?;
+        if value.get("ok") == Some(&Value::Bool(true)) {
+            Ok(value)
+        } else {
+            let error = value
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown error");
+            Err(ClientError::Failed(error.to_string()))
+        }
+    }
+
+    /// Waits until the daemon closes the connection (it does so by exiting).
+    pub fn wait_closed(mut self) {
+        let mut rest = Vec::new();
+        let _ = self.reader.read_to_end(&mut rest);
+    }
+}
+
+/// What the daemon's control thread needs from the daemon.
+pub trait Daemon: Send + Sync + 'static {
+    /// The `status` reply.
+    fn status(&self) -> Value;
+    /// Current counters.
+    fn stats(&self) -> Stats;
+    /// Asks the kernel to unmount and answers on `stream`: an error, or `unmounting` and later
+    /// (when the session ended and the file system is closed) the final reply.
+    fn unmount(&self, stream: UnixStream);
+}
+
+/// Binds the daemon's socket at `path`, replacing a stale one. Fails if a live daemon owns it.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "this mountpoint is already served by a running tidefs daemon",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Serves control connections until the process exits.
+pub fn serve<D: Daemon>(listener: UnixListener, daemon: std::sync::Arc<D>) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let daemon = daemon.clone();
+        let _ = std::thread::Builder::new()
+            .name("tidefs-control".into())
+            .spawn(move || handle(stream, &*daemon));
+    }
+}
+
+fn handle<D: Daemon>(stream: UnixStream, daemon: &D) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(read_half);
+    let mut line = String::new();
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    let mut stream = stream;
+    let reply = match line.trim() {
+        "status" => daemon.status(),
+        "stats" => json!({"ok": true, "stats": StatsReply::from(&daemon.stats())}),
+        "unmount" => {
+            daemon.unmount(stream);
+            return;
+        }
+        other => json!({"ok": false, "error": format!("unknown command {other:?}")}),
+    };
+    let _ = send(&mut stream, &reply);
+}
+
+/// Writes one JSON reply line.
+pub fn send(stream: &mut UnixStream, value: &Value) -> std::io::Result<()> {
+    stream.write_all(format!("{value}\n").as_bytes())
+}
+
+/// Whether `/proc/self/mountinfo` lists a tidefs FUSE mount at `path`.
+pub fn is_tidefs_mounted(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = canonical_mountpoint(path);
+    info.lines().any(|line| {
+        let Some((left, right)) = line.split_once(" - ") else {
+            return false;
+        };
+        let mount_point = left.split(' ').nth(4).map(unescape_mountinfo);
+        let mut right = right.split(' ');
+        let (fs_type, source) = (right.next(), right.next());
+        // A direct mount shows type "fuse" and our FSName as the source; one made through
+        // fusermount3 shows "fuse.tidefs".
+        let ours = fs_type == Some("fuse.tidefs")
+            || (fs_type.is_some_and(|t| t.starts_with("fuse")) && source == Some("tidefs"));
+        ours && mount_point.as_deref() == Some(wanted.as_path())
+    })
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape_mountinfo(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt as _;
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
+            if let Ok(value) = u8::from_str_radix(digits, 8) {
+                out.push(value);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_key_is_stable_and_short() {
+        let a = path_key(Path::new("/mnt/a"));
+        assert_eq!(a.len(), 16);
+        assert_eq!(a, path_key(Path::new("/mnt/a")));
+        assert_ne!(a, path_key(Path::new("/mnt/b")));
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(
+            unescape_mountinfo("/mnt/with\\040space"),
+            PathBuf::from("/mnt/with space")
+        );
+        assert_eq!(unescape_mountinfo("/plain"), PathBuf::from("/plain"));
+        assert_eq!(unescape_mountinfo("/end\\"), PathBuf::from("/end\\"));
+    }
+}

@@ -1,0 +1,220 @@
+//! `tidefs fsck`: replays the journal with tidefs' own recovery, then runs `e2fsck -fn` (when
+//! installed) on the result and reports its verdict.
+//!
+//! Exit codes follow fsck(8): 0 clean, 1 errors corrected (the journal was replayed), 4 errors
+//! left uncorrected (e2fsck found problems), 8 operational error (cannot open, not ext4,
+//! unsupported feature, I/O error).
+//!
+//! With `-n` the image is never modified: it (and an external journal) is copied into a
+//! temporary sparse file, and the copy is replayed and checked. The verdict then says whether
+//! the image is consistent once its journal is replayed, as any mount would do first.
+
+use std::io::{Seek as _, SeekFrom};
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::mount::io_reason;
+use crate::sys;
+
+/// Runs `tidefs fsck` and returns its exit code.
+pub fn run(image: &Path, journal_device: Option<&Path>, no_modify: bool) -> u8 {
+    match fsck(image, journal_device, no_modify) {
+        Ok(code) => code,
+        Err(why) => {
+            eprintln!("tidefs: fsck: {why}");
+            8
+        }
+    }
+}
+
+fn fsck(image: &Path, journal_device: Option<&Path>, no_modify: bool) -> Result<u8, String> {
+    for path in std::iter::once(image).chain(journal_device) {
+        std::fs::metadata(path).map_err(|e| format!("{}: {}", path.display(), io_reason(&e)))?;
+    }
+    let scratch = if no_modify {
+        Some(Scratch::new().map_err(|e| format!("temporary directory: {e}"))?)
+    } else {
+        None
+    };
+    let (target, target_journal) = match &scratch {
+        Some(scratch) => {
+            let copy = scratch.dir.join("image");
+            sparse_copy(image, &copy)
+                .map_err(|e| format!("copying {} for -n: {e}", image.display()))?;
+            let journal_copy = match journal_device {
+                Some(journal) => {
+                    let copy = scratch.dir.join("journal");
+                    sparse_copy(journal, &copy)
+                        .map_err(|e| format!("copying {} for -n: {e}", journal.display()))?;
+                    Some(copy)
+                }
+                None => None,
+            };
+            (copy, journal_copy)
+        }
+        None => (image.to_path_buf(), journal_device.map(Path::to_path_buf)),
+    };
+
+    println!("tidefs fsck {}", image.display());
+    let report = tidefs::fs::recover_image(&target, target_journal.as_deref())
+        .map_err(|e| format!("{}: {e}", image.display()))?;
+    let replayed = report.transactions > 0;
+    let mut code = 0;
+    if replayed {
+        println!(
+            "  journal: replayed {} transaction(s): {} block(s) written home, {} revoke record(s){}",
+            report.transactions,
+            report.blocks_replayed,
+            report.revoke_records,
+            if no_modify {
+                " (in a temporary copy; the image itself still needs recovery)"
+            } else {
+                ""
+            }
+        );
+        if !no_modify {
+            code |= 1;
+        }
+    } else {
+        println!("  journal: clean, nothing to replay");
+    }
+
+    match tidefs::mkfs::find_e2fsprogs_tool("e2fsck") {
+        None => println!("  e2fsck: not installed, full check skipped"),
+        Some(e2fsck) => {
+            let mut command = Command::new(e2fsck);
+            command.arg("-fn");
+            if let Some(journal) = &target_journal {
+                command.arg("-j").arg(journal);
+            }
+            let output = command
+                .arg(&target)
+                .output()
+                .map_err(|e| format!("cannot run e2fsck: {e}"))?;
+            let status = output.status.code().unwrap_or(8);
+            let text = String::from_utf8_lossy(&output.stdout);
+            match status {
+                0 => println!("  e2fsck -fn: clean"),
+                4 => {
+                    println!("  e2fsck -fn: ERRORS FOUND (exit 4):");
+                    for line in text.lines().filter(|l| !l.is_empty()) {
+                        println!("    {line}");
+                    }
+                    code |= 4;
+                }
+                other => {
+                    println!("  e2fsck -fn: could not check (exit {other}):");
+                    for line in text
+                        .lines()
+                        .chain(String::from_utf8_lossy(&output.stderr).lines())
+                        .filter(|l| !l.is_empty())
+                    {
+                        println!("    {line}");
+                    }
+                    code |= if other & 4 != 0 { 4 } else { 8 };
+                }
+            }
+        }
+    }
+    let verdict = match code {
+        0 => "clean",
+        1 => "clean after journal replay",
+        _ if code & 8 != 0 => "check failed",
+        _ => "errors left uncorrected",
+    };
+    println!("  verdict: {verdict} (exit {code})");
+    Ok(code)
+}
+
+/// A temporary directory, removed on drop.
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new() -> std::io::Result<Scratch> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir =
+            std::env::temp_dir().join(format!("tidefs-fsck-{}-{nanos:08x}", std::process::id()));
+        std::fs::create_dir(&dir)?;
+        Ok(Scratch { dir })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Copies `source` (file or block device) to a new sparse file `target`: only the ranges that
+/// hold data are written, so a 1 GiB mostly empty image costs little.
+pub fn sparse_copy(source: &Path, target: &Path) -> std::io::Result<()> {
+    let mut input = std::fs::File::open(source)?;
+    let len = input.seek(SeekFrom::End(0))?;
+    let output = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(target)?;
+    output.set_len(len)?;
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut offset = 0u64;
+    while offset < len {
+        // Where SEEK_DATA is not supported, treat everything as data and skip zero chunks.
+        let (start, end) = match sys::seek_data(&input, offset) {
+            Ok(None) => break,
+            Ok(Some(start)) => (start, sys::seek_hole(&input, start)?.unwrap_or(len)),
+            Err(_) => (offset, len),
+        };
+        let mut position = start;
+        while position < end.min(len) {
+            let want = usize::try_from((end.min(len) - position).min(1 << 20)).unwrap_or(1 << 20);
+            let got = input.read_at(&mut buffer[..want], position)?;
+            if got == 0 {
+                break;
+            }
+            let chunk = &buffer[..got];
+            if chunk.iter().any(|&b| b != 0) {
+                output.write_all_at(chunk, position)?;
+            }
+            position += got as u64;
+        }
+        offset = end.max(position);
+    }
+    output.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_copy_keeps_contents_and_holes() {
+        let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
+        let source = dir.path().join("source");
+        let file = std::fs::File::create(&source).expect("OK to unwrap: test setup");
+        file.set_len(64 << 20).expect("OK to unwrap: test setup");
+        file.write_all_at(b"head", 0)
+            .expect("OK to unwrap: test setup");
+        file.write_all_at(b"middle", 32 << 20)
+            .expect("OK to unwrap: test setup");
+        file.write_all_at(b"tail", (64 << 20) - 4)
+            .expect("OK to unwrap: test setup");
+        drop(file);
+        let target = dir.path().join("target");
+        sparse_copy(&source, &target).expect("OK to unwrap: copy works");
+        let a = std::fs::read(&source).expect("OK to unwrap: read");
+        let b = std::fs::read(&target).expect("OK to unwrap: read");
+        assert!(a == b, "contents differ");
+        use std::os::unix::fs::MetadataExt as _;
+        let blocks = std::fs::metadata(&target)
+            .expect("OK to unwrap: stat")
+            .blocks();
+        assert!(blocks < 8 * 1024, "copy is not sparse: {blocks} sectors");
+    }
+}

@@ -1,0 +1,723 @@
+//! The FUSE adapter: kernel requests in, [`Fs`] calls, errno out.
+//!
+//! Invariants:
+//! - No file-system logic lives here. Each request is translated into one [`Fs`] call (two for
+//!   `create`: create, then open) and its result into a reply.
+//! - [`errno`] is the single place where [`FsError`] becomes an errno.
+//! - Inode numbers are ext4's, except that the root is FUSE's 1 and ext4's 2 ([`to_fs`],
+//!   [`to_fuse`]); ext4 never hands out inode 1 (the bad-blocks inode), so the map is a bijection
+//!   on every inode the kernel can see.
+//! - Permission checks are the kernel's (`default_permissions`), so `access` always succeeds and
+//!   set-id bits are cleared by the kernel through `setattr`.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use tidefs::fs::{
+    Attr, Creds, FileKind, Fs, Ino, RenameFlags as FsRenameFlags, SetAttr, SetTime, Timestamp,
+    XattrSetMode, ROOT_INO,
+};
+use tidefs::FsError;
+
+/// How long the kernel may cache attributes and entries. Writes always reach us (the write-back
+/// cache is off); this only saves lookups and getattrs.
+const TTL: Duration = Duration::from_secs(1);
+
+/// `fallocate` mode bit: do not change the file size.
+const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
+/// `setxattr` flag: fail if the attribute exists.
+const XATTR_CREATE: i32 = 0x1;
+/// `setxattr` flag: fail if the attribute is missing.
+const XATTR_REPLACE: i32 = 0x2;
+
+/// The outcome of the final [`Fs::unmount`], shared between the adapter (which closes the file
+/// system in `destroy`) and the daemon's main thread (which closes it if `destroy` never ran).
+#[derive(Default)]
+pub struct CloseOnce {
+    /// `None` until the file system was closed; then the result of [`Fs::unmount`].
+    result: Mutex<Option<Result<(), String>>>,
+}
+
+impl CloseOnce {
+    /// Unmounts `fs` unless that happened already; returns the result of the one unmount.
+    pub fn close(&self, fs: &Fs) -> Result<(), String> {
+        let mut result = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        result
+            .get_or_insert_with(|| fs.unmount().map_err(|e| e.to_string()))
+            .clone()
+    }
+}
+
+/// The [`Filesystem`] that fuser drives.
+pub struct FuseFs {
+    fs: Arc<Fs>,
+    close: Arc<CloseOnce>,
+}
+
+impl FuseFs {
+    /// An adapter over `fs`; `destroy` closes it through `close`.
+    pub fn new(fs: Arc<Fs>, close: Arc<CloseOnce>) -> FuseFs {
+        FuseFs { fs, close }
+    }
+}
+
+/// The errno for a file-system error. The only place where errno values are chosen.
+pub fn errno(error: &FsError) -> Errno {
+    match error {
+        FsError::NotFound => Errno::ENOENT,
+        FsError::Exists => Errno::EEXIST,
+        FsError::NotDir => Errno::ENOTDIR,
+        FsError::IsDir => Errno::EISDIR,
+        FsError::NotEmpty => Errno::ENOTEMPTY,
+        FsError::NoSpace => Errno::ENOSPC,
+        FsError::NameTooLong => Errno::ENAMETOOLONG,
+        FsError::TooManyLinks => Errno::EMLINK,
+        FsError::FileTooBig => Errno::EFBIG,
+        FsError::Invalid(_) => Errno::EINVAL,
+        FsError::NotPermitted => Errno::EPERM,
+        FsError::AccessDenied => Errno::EACCES,
+        FsError::NoAttribute => Errno::ENODATA,
+        FsError::Range => Errno::ERANGE,
+        FsError::ReadOnly => Errno::EROFS,
+        FsError::NotSupported => Errno::EOPNOTSUPP,
+        FsError::Io(_) | FsError::Corrupt(_) | FsError::Incompatible(_) => Errno::EIO,
+        _ => Errno::EIO,
+    }
+}
+
+/// FUSE inode number → ext4 inode number.
+fn to_fs(ino: INodeNo) -> Ino {
+    if ino == INodeNo::ROOT {
+        ROOT_INO
+    } else {
+        ino.0
+    }
+}
+
+/// ext4 inode number → FUSE inode number.
+fn to_fuse(ino: Ino) -> INodeNo {
+    if ino == ROOT_INO {
+        INodeNo::ROOT
+    } else {
+        INodeNo(ino)
+    }
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+    }
+}
+
+fn system_time(t: Timestamp) -> SystemTime {
+    let nanos = Duration::from_nanos(u64::from(t.nsec));
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::from_secs(t.sec.unsigned_abs()) + nanos
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + nanos
+    }
+}
+
+fn timestamp(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp {
+            sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nsec: d.subsec_nanos(),
+        },
+        Err(before) => {
+            // Before the epoch: -1.25 s is sec -2, nsec 750 000 000.
+            let d = before.duration();
+            let mut sec = -i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            let mut nsec = d.subsec_nanos();
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Timestamp { sec, nsec }
+        }
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => SetTime::At(timestamp(t)),
+        TimeOrNow::Now => SetTime::Now,
+    }
+}
+
+fn file_attr(attr: &Attr) -> FileAttr {
+    FileAttr {
+        ino: to_fuse(attr.ino),
+        size: attr.size,
+        blocks: attr.blocks,
+        atime: system_time(attr.atime),
+        mtime: system_time(attr.mtime),
+        ctime: system_time(attr.ctime),
+        crtime: system_time(attr.crtime),
+        kind: file_type(attr.kind),
+        perm: attr.perm,
+        nlink: attr.nlink,
+        uid: attr.uid,
+        gid: attr.gid,
+        rdev: attr.rdev,
+        blksize: attr.blksize,
+        flags: 0,
+    }
+}
+
+fn creds(req: &Request) -> Creds {
+    Creds {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn name_bytes(name: &OsStr) -> &[u8] {
+    name.as_bytes()
+}
+
+fn reply_entry(reply: ReplyEntry, result: tidefs::Result<Attr>) {
+    match result {
+        Ok(attr) => reply.entry(
+            &TTL,
+            &file_attr(&attr),
+            Generation(u64::from(attr.generation)),
+        ),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, result: tidefs::Result<()>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// Replies to a getxattr/listxattr: the size for a probe (`size == 0`), ERANGE when the
+/// caller's buffer is too small, else the bytes.
+fn reply_xattr(reply: ReplyXattr, size: u32, bytes: &[u8]) {
+    let Ok(len) = u32::try_from(bytes.len()) else {
+        reply.error(Errno::E2BIG);
+        return;
+    };
+    if size == 0 {
+        reply.size(len);
+    } else if len > size {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(bytes);
+    }
+}
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Lookups and readdirs in one directory may run in parallel; the fs locks what it needs.
+        // Writes stay uncached (no FUSE_WRITEBACK_CACHE): tidefs must see every write.
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        let _ = config.set_max_write(1 << 20);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.close.close(&self.fs) {
+            eprintln!("tidefs: unmount: {e}");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        reply_entry(reply, self.fs.lookup(to_fs(parent), name_bytes(name)));
+    }
+
+    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+        // Inode lifetimes follow open handles (open_inode/release_inode), not lookups.
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(to_fs(ino)) {
+            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let changes = SetAttr {
+            // The kernel sends the whole i_mode; the type bits are not ours to change.
+            mode: mode.map(|m| (m & 0o7777) as u16),
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime: ctime.map(timestamp),
+        };
+        match self.fs.setattr(to_fs(ino), &changes) {
+            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(to_fs(ino)) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let mode = mode & !(umask & 0o777);
+        reply_entry(
+            reply,
+            self.fs
+                .create(to_fs(parent), name_bytes(name), mode, rdev, creds(req)),
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let perm = (mode & !umask & 0o7777) as u16;
+        reply_entry(
+            reply,
+            self.fs
+                .mkdir(to_fs(parent), name_bytes(name), perm, creds(req)),
+        );
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.fs.unlink(to_fs(parent), name_bytes(name)));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.fs.rmdir(to_fs(parent), name_bytes(name)));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply_entry(
+            reply,
+            self.fs.symlink(
+                to_fs(parent),
+                name_bytes(link_name),
+                target.as_os_str().as_bytes(),
+                creds(req),
+            ),
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        if !known.contains(flags) || flags == known {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let fs_flags = FsRenameFlags {
+            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        reply_empty(
+            reply,
+            self.fs.rename(
+                to_fs(parent),
+                name_bytes(name),
+                to_fs(newparent),
+                name_bytes(newname),
+                fs_flags,
+            ),
+        );
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply_entry(
+            reply,
+            self.fs
+                .link(to_fs(ino), to_fs(newparent), name_bytes(newname)),
+        );
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open_inode(to_fs(ino)) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(to_fs(ino), offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(to_fs(ino), offset, data) {
+            Ok(written) => reply.written(written),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close() promises nothing about durability; fsync does.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.fs.release_inode(to_fs(ino)));
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.fs.fsync(to_fs(ino), datasync));
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let result = self.fs.readdir(to_fs(ino), offset, &mut |entry| {
+            let full = reply.add(
+                to_fuse(entry.ino),
+                entry.next_offset,
+                file_type(entry.kind),
+                OsStr::from_bytes(&entry.name),
+            );
+            !full
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.fs.fsync(to_fs(ino), datasync));
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_available,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => XattrSetMode::Any,
+            XATTR_CREATE => XattrSetMode::Create,
+            XATTR_REPLACE => XattrSetMode::Replace,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        if position != 0 {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        reply_empty(
+            reply,
+            self.fs.setxattr(to_fs(ino), name_bytes(name), value, mode),
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(to_fs(ino), name_bytes(name)) {
+            Ok(value) => reply_xattr(reply, size, &value),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(to_fs(ino)) {
+            Ok(names) => {
+                let mut list = Vec::new();
+                for name in names {
+                    list.extend_from_slice(&name);
+                    list.push(0);
+                }
+                reply_xattr(reply, size, &list);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.fs.removexattr(to_fs(ino), name_bytes(name)));
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Mounted with default_permissions: the kernel has checked already.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let mode = mode & !(umask & 0o777);
+        let attr = match self
+            .fs
+            .create(to_fs(parent), name_bytes(name), mode, 0, creds(req))
+        {
+            Ok(attr) => attr,
+            Err(e) => {
+                reply.error(errno(&e));
+                return;
+            }
+        };
+        match self.fs.open_inode(attr.ino) {
+            Ok(()) => reply.created(
+                &TTL,
+                &file_attr(&attr),
+                Generation(u64::from(attr.generation)),
+                FileHandle(0),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let keep_size = match mode {
+            0 => false,
+            FALLOC_FL_KEEP_SIZE => true,
+            _ => {
+                reply.error(Errno::EOPNOTSUPP);
+                return;
+            }
+        };
+        reply_empty(
+            reply,
+            self.fs.fallocate(to_fs(ino), offset, length, keep_size),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_maps_both_ways_and_others_are_identity() {
+        assert_eq!(to_fs(INodeNo::ROOT), ROOT_INO);
+        assert_eq!(to_fuse(ROOT_INO), INodeNo::ROOT);
+        assert_eq!(to_fs(INodeNo(12)), 12);
+        assert_eq!(to_fuse(12), INodeNo(12));
+    }
+
+    #[test]
+    fn timestamps_round_trip_with_nanoseconds_and_before_the_epoch() {
+        for t in [
+            Timestamp { sec: 0, nsec: 0 },
+            Timestamp {
+                sec: 1_700_000_000,
+                nsec: 123_456_789,
+            },
+            Timestamp {
+                sec: -2,
+                nsec: 750_000_000,
+            },
+            Timestamp { sec: -1, nsec: 1 },
+        ] {
+            assert_eq!(timestamp(system_time(t)), t);
+        }
+    }
+
+    #[test]
+    fn every_error_has_its_errno() {
+        let cases = [
+            (FsError::NotFound, Errno::ENOENT),
+            (FsError::Exists, Errno::EEXIST),
+            (FsError::NotDir, Errno::ENOTDIR),
+            (FsError::IsDir, Errno::EISDIR),
+            (FsError::NotEmpty, Errno::ENOTEMPTY),
+            (FsError::NoSpace, Errno::ENOSPC),
+            (FsError::NameTooLong, Errno::ENAMETOOLONG),
+            (FsError::TooManyLinks, Errno::EMLINK),
+            (FsError::FileTooBig, Errno::EFBIG),
+            (FsError::Invalid("x"), Errno::EINVAL),
+            (FsError::NotPermitted, Errno::EPERM),
+            (FsError::AccessDenied, Errno::EACCES),
+            (FsError::NoAttribute, Errno::ENODATA),
+            (FsError::Range, Errno::ERANGE),
+            (FsError::ReadOnly, Errno::EROFS),
+            (FsError::NotSupported, Errno::EOPNOTSUPP),
+            (FsError::corrupt("bad"), Errno::EIO),
+            (FsError::Io(std::io::Error::other("disk")), Errno::EIO),
+        ];
+        for (error, expected) in cases {
+            assert_eq!(errno(&error), expected, "{error:?}");
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! `tidefs`: the command-line tool. mkfs, mount (FUSE), umount, fsck, stats and a demo.
+//!
+//! Every failure prints `tidefs: <what>: <why>` on stderr and exits non-zero: 2 for bad usage,
+//! fsck's own codes for `fsck`, 1 otherwise.
+
+mod control;
+mod demo;
+mod fsck;
+mod fuse_adapter;
+mod mount;
+mod sys;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// A failure to report: `tidefs: <what>: <why>`, then exit with `code`.
+#[derive(Debug)]
+pub struct CliError {
+    /// The command or object that failed.
+    pub what: String,
+    /// Why, in words a user can act on.
+    pub why: String,
+    /// The exit code.
+    pub code: u8,
+}
+
+impl CliError {
+    /// A failure with exit code 1.
+    pub fn new(what: impl Into<String>, why: impl Into<String>) -> CliError {
+        CliError {
+            what: what.into(),
+            why: why.into(),
+            code: 1,
+        }
+    }
+
+    /// Bad usage: exit code 2.
+    pub fn usage(what: impl Into<String>, why: impl Into<String>) -> CliError {
+        CliError {
+            code: 2,
+            ..CliError::new(what, why)
+        }
+    }
+}
+
+#[derive(Parser)]
+#[command(
+    name = "tidefs",
+    version,
+    about = "A user-space journaling file system in the ext4 format with a jbd2 journal"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create (or format) an image with the tidefs ext4 feature set.
+    Mkfs {
+        /// Image size, e.g. 1G or 512M (default 1G for a new image; an existing file keeps its
+        /// size unless given).
+        #[arg(long, value_parser = parse_size_arg)]
+        size: Option<u64>,
+        /// Journal size (whole MiB, e.g. 64M), or the size of a new external journal file.
+        #[arg(long, value_parser = parse_size_arg)]
+        journal_size: Option<u64>,
+        /// Put the journal on this external device or file (made with mke2fs -O journal_dev).
+        #[arg(long)]
+        journal_device: Option<PathBuf>,
+        /// Number of inodes (default: one per 16 KiB).
+        #[arg(long)]
+        inodes: Option<u64>,
+        /// The image file or block device.
+        image: PathBuf,
+    },
+    /// Mount an image with FUSE (in the background unless -f).
+    Mount {
+        /// Stay in the foreground (serve until unmounted).
+        #[arg(short, long)]
+        foreground: bool,
+        /// Mount options: ro, rw, commit=SECONDS, journal_device=PATH, cache_size=SIZE,
+        /// allow_other.
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Vec<String>,
+        /// Internal: started by a background mount; report on stdout.
+        #[arg(long, hide = true)]
+        daemon_child: bool,
+        /// The image file or block device.
+        image: PathBuf,
+        /// Where to mount it.
+        mountpoint: PathBuf,
+    },
+    /// Unmount cleanly: final commit, checkpoint, empty journal, clean state.
+    Umount {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+    },
+    /// Replay the journal and check the file system (exit codes as fsck(8)).
+    Fsck {
+        /// Never modify the image: replay and check a temporary copy.
+        #[arg(short = 'n')]
+        no_modify: bool,
+        /// External journal device.
+        #[arg(long)]
+        journal_device: Option<PathBuf>,
+        /// The image file or block device.
+        image: PathBuf,
+    },
+    /// Live counters of a mounted file system.
+    Stats {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// The mountpoint.
+        mountpoint: PathBuf,
+    },
+    /// Show the daemon serving a mountpoint: pid, image, options (JSON).
+    Status {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+    },
+    /// Create an image, mount it, run a short workload, print stats, unmount, check.
+    Demo {
+        /// The image to use (created if missing).
+        #[arg(long, default_value = "tidefs-demo.img")]
+        image: PathBuf,
+        /// Size of a new image.
+        #[arg(long, value_parser = parse_size_arg, default_value = "1G")]
+        size: u64,
+    },
+}
+
+fn parse_size_arg(text: &str) -> Result<u64, String> {
+    tidefs::mkfs::parse_size(text)
+        .ok_or_else(|| format!("'{text}' is not a size (examples: 4096, 64K, 64M, 1G)"))
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                e.exit();
+            }
+            let rendered = e.to_string();
+            let mut lines = rendered
+                .lines()
+                .filter(|l| !l.trim().is_empty() && !l.starts_with("For more information"));
+            let first = lines.next().unwrap_or("").trim_start_matches("error: ");
+            eprintln!("tidefs: usage: {first}");
+            for line in lines {
+                eprintln!("  {}", line.trim());
+            }
+            eprintln!("(run `tidefs --help` for usage)");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli.command) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("tidefs: {}: {}", e.what, e.why);
+            ExitCode::from(e.code)
+        }
+    }
+}
+
+fn run(command: Command) -> Result<u8, CliError> {
+    match command {
+        Command::Mkfs {
+            size,
+            journal_size,
+            journal_device,
+            inodes,
+            image,
+        } => {
+            let opts = tidefs::mkfs::MkfsOptions {
+                size,
+                journal_size,
+                journal_device,
+                inode_count: inodes,
+                label: None,
+            };
+            tidefs::mkfs::mkfs(&image, &opts)
+                .map_err(|e| CliError::new("mkfs", format!("{}: {e}", image.display())))?;
+            Ok(0)
+        }
+        Command::Mount {
+            foreground,
+            options,
+            daemon_child,
+            image,
+            mountpoint,
+        } => {
+            mount::run(mount::MountArgs {
+                foreground,
+                daemon_child,
+                options,
+                image,
+                mountpoint,
+            })?;
+            Ok(0)
+        }
+        Command::Umount { mountpoint } => {
+            umount(&mountpoint)?;
+            Ok(0)
+        }
+        Command::Fsck {
+            no_modify,
+            journal_device,
+            image,
+        } => Ok(fsck::run(&image, journal_device.as_deref(), no_modify)),
+        Command::Stats { json, mountpoint } => {
+            stats(&mountpoint, json)?;
+            Ok(0)
+        }
+        Command::Status { mountpoint } => {
+            let mut client = control::Client::connect(&mountpoint)
+                .map_err(|_| not_tidefs("status", &mountpoint))?;
+            let reply = client.request("status").map_err(|e| match e {
+                control::ClientError::NotTidefs => not_tidefs("status", &mountpoint),
+                control::ClientError::Failed(why) => CliError::new("status", why),
+            })?;
+            println!("{reply}");
+            Ok(0)
+        }
+        Command::Demo { image, size } => {
+            demo::run(&image, size)?;
+            Ok(0)
+        }
+    }
+}
+
+fn not_tidefs(what: &str, mountpoint: &std::path::Path) -> CliError {
+    CliError::new(
+        what,
+        format!("{} is not a tidefs mount", mountpoint.display()),
+    )
+}
+
+/// `tidefs umount`: asks the daemon to unmount, then waits until it closed the file system and
+/// exited.
+pub fn umount(mountpoint: &std::path::Path) -> Result<(), CliError> {
+    let what = "umount";
+    let mut client = match control::Client::connect(mountpoint) {
+        Ok(client) => client,
+        Err(_) if control::is_tidefs_mounted(mountpoint) => {
+            // A tidefs mount without a daemon: it was killed. Detach what is left.
+            let path = control::canonical_mountpoint(mountpoint);
+            sys::umount_detach(&path)
+                .or_else(|_| {
+                    std::process::Command::new("fusermount3")
+                        .arg("-uz")
+                        .arg(&path)
+                        .status()
+                        .map(|_| ())
+                })
+                .map_err(|e| CliError::new(what, format!("{}: {e}", path.display())))?;
+            return Err(CliError::new(
+                what,
+                format!(
+                    "{}: the daemon is gone; removed the mount without a clean close \
+                     (run `tidefs fsck IMAGE`)",
+                    path.display()
+                ),
+            ));
+        }
+        Err(_) => return Err(not_tidefs(what, mountpoint)),
+    };
+    let failed = |e: control::ClientError| match e {
+        control::ClientError::NotTidefs => not_tidefs(what, mountpoint),
+        control::ClientError::Failed(why) => {
+            CliError::new(what, format!("{}: {why}", mountpoint.display()))
+        }
+    };
+    client.request("unmount").map_err(failed)?;
+    client.next_reply().map_err(failed)?;
+    client.wait_closed();
+    Ok(())
+}
+
+fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
+    let what = "stats";
+    let mut client =
+        control::Client::connect(mountpoint).map_err(|_| not_tidefs(what, mountpoint))?;
+    let reply = client.request("stats").map_err(|e| match e {
+        control::ClientError::NotTidefs => not_tidefs(what, mountpoint),
+        control::ClientError::Failed(why) => CliError::new(what, why),
+    })?;
+    let value = reply.get("stats").cloned().unwrap_or_default();
+    let stats: control::StatsReply = serde_json::from_value(value)
+        .map_err(|e| CliError::new(what, format!("bad reply from the daemon: {e}")))?;
+    if as_json {
+        // OK to unwrap: a plain struct of numbers always serializes.
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&stats).expect("stats serialize")
+        );
+    } else {
+        print!("{}", stats_table(&stats));
+    }
+    Ok(())
+}
+
+/// The human form of the counters.
+pub fn stats_table(s: &control::StatsReply) -> String {
+    let rows: [(&str, String); 9] = [
+        ("journal_bytes", bytes(s.journal_bytes)),
+        ("home_bytes", bytes(s.home_bytes)),
+        ("commits", s.commits.to_string()),
+        ("fsyncs", s.fsyncs.to_string()),
+        ("fsyncs_per_commit", format!("{:.2}", s.fsyncs_per_commit)),
+        (
+            "avg_transaction_blocks",
+            format!("{:.2}", s.avg_transaction_blocks),
+        ),
+        ("fsync_p50", format!("{} us", s.fsync_p50_us)),
+        ("fsync_p99", format!("{} us", s.fsync_p99_us)),
+        ("checkpoints", s.checkpoints.to_string()),
+    ];
+    rows.iter()
+        .map(|(k, v)| format!("{k:<24}{v:>20}\n"))
+        .collect()
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{n} ({value:.1} {})", UNITS[unit])
+    }
+}

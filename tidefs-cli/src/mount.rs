@@ -1,0 +1,621 @@
+//! `tidefs mount`: option parsing, the background start-up handshake, and the mount daemon.
+//!
+//! Start-up in the background (the default): the command re-executes itself as
+//! `tidefs mount -f --daemon-child ...` with its standard output on a pipe. The child starts a
+//! new session, opens the file system, mounts, and writes one line on that pipe: `mounted` once
+//! the mount answers a `stat`, or `error: <why>`. The parent prints the error or exits 0. The
+//! parent never forks: a process with threads must not fork, and re-executing avoids the question.
+//!
+//! Invariants:
+//! - The stop signals (SIGTERM, SIGINT, SIGHUP) are blocked before the first thread starts, so
+//!   only the signal thread receives them; it unmounts like `tidefs umount` does.
+//! - The file system is closed exactly once ([`CloseOnce`]): by `destroy` when the session ends
+//!   (umount, `fusermount3 -u`, signal), else by the main thread after the session loop returns.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+use serde_json::{json, Value};
+use tidefs::fs::{Fs, MountOptions, Stats};
+
+use crate::control;
+use crate::fuse_adapter::{CloseOnce, FuseFs};
+use crate::sys;
+use crate::CliError;
+
+/// Mount options as parsed from `-o`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountConfig {
+    /// `ro` (the last of `ro`/`rw` wins).
+    pub read_only: bool,
+    /// `commit=SECONDS`; 0 means the default.
+    pub commit_seconds: Option<u64>,
+    /// `journal_device=PATH`.
+    pub journal_device: Option<PathBuf>,
+    /// `cache_size=SIZE`.
+    pub cache_size_bytes: Option<u64>,
+    /// `allow_other`.
+    pub allow_other: bool,
+}
+
+impl MountConfig {
+    /// Parses `-o` arguments (each a comma-separated list).
+    pub fn parse(lists: &[String]) -> Result<MountConfig, String> {
+        let mut config = MountConfig::default();
+        for item in lists.iter().flat_map(|l| l.split(',')) {
+            let (key, value) = match item.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (item, None),
+            };
+            match (key, value) {
+                ("", None) => {}
+                ("ro", None) => config.read_only = true,
+                ("rw", None) => config.read_only = false,
+                ("allow_other", None) => config.allow_other = true,
+                ("commit", Some(v)) => {
+                    let seconds: u64 = v
+                        .parse()
+                        .map_err(|_| format!("commit={v}: expected a number of seconds"))?;
+                    if seconds > 86_400 {
+                        return Err(format!("commit={v}: at most 86400 seconds"));
+                    }
+                    config.commit_seconds = Some(seconds);
+                }
+                ("journal_device", Some(v)) if !v.is_empty() => {
+                    config.journal_device = Some(PathBuf::from(v));
+                }
+                ("cache_size", Some(v)) => {
+                    let size = tidefs::mkfs::parse_size(v)
+                        .ok_or_else(|| format!("cache_size={v}: expected a size like 64M"))?;
+                    if size < (1 << 20) {
+                        return Err(format!("cache_size={v}: at least 1M"));
+                    }
+                    config.cache_size_bytes = Some(size);
+                }
+                ("ro" | "rw" | "allow_other", Some(_)) => {
+                    return Err(format!("option {key} takes no value"));
+                }
+                ("commit" | "journal_device" | "cache_size", _) => {
+                    return Err(format!("option {key} needs a value ({key}=...)"));
+                }
+                _ => return Err(format!("unknown mount option '{item}'")),
+            }
+        }
+        Ok(config)
+    }
+
+    /// The options as one `-o` argument, with paths made absolute (the daemon runs in `/`).
+    fn to_option_string(&self) -> Result<String, String> {
+        let mut items = vec![if self.read_only { "ro" } else { "rw" }.to_string()];
+        if let Some(seconds) = self.commit_seconds {
+            items.push(format!("commit={seconds}"));
+        }
+        if let Some(path) = &self.journal_device {
+            let path = path
+                .canonicalize()
+                .map_err(|e| format!("journal device {}: {e}", path.display()))?;
+            items.push(format!("journal_device={}", path.display()));
+        }
+        if let Some(size) = self.cache_size_bytes {
+            items.push(format!("cache_size={size}"));
+        }
+        if self.allow_other {
+            items.push("allow_other".into());
+        }
+        Ok(items.join(","))
+    }
+
+    /// The library's options.
+    fn mount_options(&self) -> MountOptions {
+        let mut opts = MountOptions {
+            read_only: self.read_only,
+            journal_device: self.journal_device.clone(),
+            ..MountOptions::default()
+        };
+        if let Some(seconds) = self.commit_seconds.filter(|s| *s > 0) {
+            opts.commit_interval = Duration::from_secs(seconds);
+        }
+        if let Some(size) = self.cache_size_bytes {
+            opts.cache_size_bytes = usize::try_from(size).unwrap_or(usize::MAX);
+        }
+        opts
+    }
+}
+
+/// Arguments of `tidefs mount`.
+pub struct MountArgs {
+    pub foreground: bool,
+    pub daemon_child: bool,
+    pub options: Vec<String>,
+    pub image: PathBuf,
+    pub mountpoint: PathBuf,
+}
+
+/// `tidefs mount`.
+pub fn run(args: MountArgs) -> Result<(), CliError> {
+    let what = "mount";
+    let config = MountConfig::parse(&args.options).map_err(|e| CliError::usage(what, e))?;
+    check_image(&args.image, what)?;
+    if let Some(journal) = &config.journal_device {
+        check_image(journal, what)?;
+    }
+    check_mountpoint(&args.mountpoint, what)?;
+    check_fuse(what)?;
+    if control::find_socket(&args.mountpoint)
+        .map(|s| UnixStream::connect(s).is_ok())
+        .unwrap_or(false)
+    {
+        return Err(CliError::new(
+            what,
+            format!("{} is already a tidefs mount", args.mountpoint.display()),
+        ));
+    }
+    if args.foreground {
+        let notify = if args.daemon_child {
+            Notify::Parent
+        } else {
+            Notify::Terminal
+        };
+        run_daemon(&args, &config, notify)
+    } else {
+        start_background(&args, &config)
+    }
+}
+
+/// Checks that an image (or journal device) exists and is a file or block device.
+pub fn check_image(path: &Path, what: &str) -> Result<(), CliError> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| CliError::new(what, format!("{}: {}", path.display(), io_reason(&e))))?;
+    let kind = meta.file_type();
+    if !(kind.is_file() || kind.is_block_device()) {
+        return Err(CliError::new(
+            what,
+            format!("{}: not a regular file or block device", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_mountpoint(path: &Path, what: &str) -> Result<(), CliError> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        CliError::new(
+            what,
+            format!("mountpoint {}: {}", path.display(), io_reason(&e)),
+        )
+    })?;
+    if !meta.is_dir() {
+        return Err(CliError::new(
+            what,
+            format!("mountpoint {}: not a directory", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_fuse(what: &str) -> Result<(), CliError> {
+    if !Path::new("/dev/fuse").exists() {
+        return Err(CliError::new(
+            what,
+            "/dev/fuse is missing (load the fuse module with `modprobe fuse`, or install fuse3)",
+        ));
+    }
+    if sys::geteuid() != 0 && find_in_path("fusermount3").is_none() {
+        return Err(CliError::new(
+            what,
+            "fusermount3 not found (install it: apt-get install fuse3)",
+        ));
+    }
+    Ok(())
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A short reason for an I/O error, without Rust's "(os error N)" suffix.
+pub fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file or directory".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => {
+            let text = e.to_string();
+            match text.find(" (os error") {
+                Some(i) => text[..i].to_lowercase(),
+                None => text,
+            }
+        }
+    }
+}
+
+/// Starts the daemon as a re-executed child and waits for its verdict.
+fn start_background(args: &MountArgs, config: &MountConfig) -> Result<(), CliError> {
+    let what = "mount";
+    let image = args
+        .image
+        .canonicalize()
+        .map_err(|e| CliError::new(what, format!("{}: {}", args.image.display(), io_reason(&e))))?;
+    let mountpoint = args.mountpoint.canonicalize().map_err(|e| {
+        CliError::new(
+            what,
+            format!("{}: {}", args.mountpoint.display(), io_reason(&e)),
+        )
+    })?;
+    let options = config
+        .to_option_string()
+        .map_err(|e| CliError::new(what, e))?;
+    let (_, log_path) = control::daemon_paths(&mountpoint)
+        .map_err(|e| CliError::new(what, format!("no runtime directory: {e}")))?;
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| CliError::new(what, format!("{}: {e}", log_path.display())))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::new(what, format!("cannot find my own executable: {e}")))?;
+    let mut child = Command::new(exe)
+        .arg("mount")
+        .arg("-f")
+        .arg("--daemon-child")
+        .arg("-o")
+        .arg(options)
+        .arg(&image)
+        .arg(&mountpoint)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| CliError::new(what, format!("cannot start the daemon: {e}")))?;
+    // OK to unwrap: stdout was set to a pipe just above.
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut line = String::new();
+    let read = BufReader::new(stdout).read_line(&mut line);
+    match (read, line.trim_end()) {
+        (Ok(_), "mounted") => Ok(()),
+        (Ok(_), message) if message.starts_with("error: ") => {
+            let _ = child.wait();
+            Err(CliError::new(what, message.trim_start_matches("error: ")))
+        }
+        _ => {
+            let status = child.wait();
+            let tail = std::fs::read_to_string(&log_path)
+                .map(|t| t.lines().last().unwrap_or("").to_string())
+                .unwrap_or_default();
+            Err(CliError::new(
+                what,
+                format!(
+                    "the daemon exited during start-up ({}){}; log: {}",
+                    status.map(|s| s.to_string()).unwrap_or_default(),
+                    if tail.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {tail}")
+                    },
+                    log_path.display()
+                ),
+            ))
+        }
+    }
+}
+
+/// Where the daemon reports whether it mounted.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Notify {
+    /// `-f` from a terminal: a message on stderr.
+    Terminal,
+    /// A background start: one line on stdout, which is the parent's pipe.
+    Parent,
+}
+
+/// The pipe to the parent while start-up lasts: the panic hook reports through it too.
+static PARENT_PIPE: Mutex<bool> = Mutex::new(false);
+
+fn notify_parent(line: &str) {
+    let mut open = PARENT_PIPE.lock().unwrap_or_else(|e| e.into_inner());
+    if *open {
+        let mut stdout = std::io::stdout();
+        let _ = writeln!(stdout, "{line}");
+        let _ = stdout.flush();
+        let _ = sys::stdout_to_null();
+        *open = false;
+    }
+}
+
+/// The running daemon's shared state.
+struct DaemonState {
+    fs: Arc<Fs>,
+    image: PathBuf,
+    mountpoint: PathBuf,
+    read_only: bool,
+    /// Taken by the first unmount request. [own lock]
+    unmounter: Mutex<Option<SessionUnmounter>>,
+    /// Control connections waiting for the final close. [own lock]
+    waiters: Mutex<Vec<UnixStream>>,
+}
+
+impl DaemonState {
+    fn unmount_kernel(&self, detach_if_busy: bool) -> Result<(), String> {
+        let mut slot = self.unmounter.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(unmounter) = slot.as_mut() else {
+            return Ok(()); // Already unmounting.
+        };
+        match unmounter.unmount() {
+            Ok(()) => {
+                *slot = None;
+                Ok(())
+            }
+            Err(e) if detach_if_busy => {
+                eprintln!(
+                    "tidefs: unmount {}: {e}; detaching lazily",
+                    self.mountpoint.display()
+                );
+                *slot = None;
+                sys::umount_detach(&self.mountpoint).map_err(|e| io_reason(&e))
+            }
+            Err(e) => Err(format!(
+                "cannot unmount {}: {}",
+                self.mountpoint.display(),
+                io_reason(&e)
+            )),
+        }
+    }
+}
+
+impl control::Daemon for DaemonState {
+    fn status(&self) -> Value {
+        json!({
+            "ok": true,
+            "pid": std::process::id(),
+            "image": self.image.display().to_string(),
+            "mountpoint": self.mountpoint.display().to_string(),
+            "read_only": self.read_only,
+        })
+    }
+
+    fn stats(&self) -> Stats {
+        self.fs.stats()
+    }
+
+    fn unmount(&self, mut stream: UnixStream) {
+        // Hold the waiters while unmounting: the session may end at once, and the main thread
+        // must find this stream when it sends the final reply.
+        let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        match self.unmount_kernel(false) {
+            Ok(()) => {
+                if control::send(&mut stream, &json!({"ok": true, "state": "unmounting"})).is_ok()
+                {
+                    waiters.push(stream);
+                }
+            }
+            Err(e) => {
+                let _ = control::send(&mut stream, &json!({"ok": false, "error": e}));
+            }
+        }
+    }
+}
+
+/// The daemon: opens, mounts, serves until unmounted, closes.
+fn run_daemon(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), CliError> {
+    let what = "mount";
+    if notify == Notify::Parent {
+        *PARENT_PIPE.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            notify_parent(&format!("error: internal error: {info}").replace('\n', " "));
+            default_hook(info);
+        }));
+        // The parent's process group and terminal are not ours to keep.
+        let _ = sys::setsid();
+    }
+    // Before any thread exists (the file system starts its own).
+    sys::block_signals(&sys::STOP_SIGNALS)
+        .map_err(|e| CliError::new(what, format!("cannot block signals: {e}")))?;
+
+    let result = serve(args, config, notify);
+    if let Err(e) = &result {
+        if notify == Notify::Parent {
+            notify_parent(&format!("error: {}", e.why));
+        }
+    }
+    result
+}
+
+fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), CliError> {
+    let what = "mount";
+    let image = &args.image;
+    let mountpoint = control::canonical_mountpoint(&args.mountpoint);
+    let fs = Fs::open(image, &config.mount_options())
+        .map_err(|e| CliError::new(what, format!("{}: {e}", image.display())))?;
+    let fs = Arc::new(fs);
+    let close = Arc::new(CloseOnce::default());
+    let fail = |why: String| -> CliError {
+        if let Err(e) = close.close(&fs) {
+            eprintln!("tidefs: closing {}: {e}", image.display());
+        }
+        CliError::new(what, why)
+    };
+
+    let (socket_path, _) = control::daemon_paths(&mountpoint)
+        .map_err(|e| fail(format!("no runtime directory for the control socket: {e}")))?;
+    let listener = control::bind(&socket_path)
+        .map_err(|e| fail(format!("control socket {}: {e}", socket_path.display())))?;
+    let _socket_guard = RemoveOnDrop(socket_path.clone());
+
+    let mut mount_options = vec![
+        MountOption::FSName("tidefs".into()),
+        MountOption::Subtype("tidefs".into()),
+        MountOption::DefaultPermissions,
+    ];
+    if config.read_only {
+        mount_options.push(MountOption::RO);
+    }
+    let mut fuse_config = Config::default();
+    fuse_config.mount_options = mount_options;
+    fuse_config.n_threads = Some(16);
+    fuse_config.clone_fd = true;
+    if config.allow_other {
+        fuse_config.acl = SessionACL::All;
+    }
+    let adapter = FuseFs::new(fs.clone(), close.clone());
+    let mut session = Session::new(adapter, &mountpoint, &fuse_config).map_err(|e| {
+        fail(format!(
+            "cannot mount on {}: {}",
+            mountpoint.display(),
+            io_reason(&e)
+        ))
+    })?;
+
+    let state = Arc::new(DaemonState {
+        fs: fs.clone(),
+        image: image.clone(),
+        mountpoint: mountpoint.clone(),
+        read_only: config.read_only,
+        unmounter: Mutex::new(Some(session.unmount_callable())),
+        waiters: Mutex::new(Vec::new()),
+    });
+    spawn("tidefs-signals", {
+        let state = state.clone();
+        move || loop {
+            match sys::wait_signal(&sys::STOP_SIGNALS) {
+                Ok(signal) => {
+                    eprintln!("tidefs: signal {signal}: unmounting");
+                    if let Err(e) = state.unmount_kernel(true) {
+                        eprintln!("tidefs: unmount: {e}");
+                    }
+                }
+                Err(e) => {
+                    eprintln!("tidefs: waiting for signals: {e}");
+                    return;
+                }
+            }
+        }
+    });
+    spawn("tidefs-control", {
+        let state = state.clone();
+        move || control::serve(listener, state)
+    });
+    spawn("tidefs-ready", {
+        let mountpoint = mountpoint.clone();
+        let image = image.clone();
+        let state = state.clone();
+        move || {
+            // The mount is usable once its root answers a stat through the session loop.
+            match std::fs::metadata(&mountpoint) {
+                Ok(_) => match notify {
+                    Notify::Parent => notify_parent("mounted"),
+                    Notify::Terminal => eprintln!(
+                        "tidefs: mounted {} on {} (pid {})",
+                        image.display(),
+                        mountpoint.display(),
+                        std::process::id()
+                    ),
+                },
+                Err(e) => {
+                    let why = format!("the new mount does not answer: {}", io_reason(&e));
+                    if notify == Notify::Parent {
+                        notify_parent(&format!("error: {why}"));
+                    } else {
+                        eprintln!("tidefs: mount: {why}");
+                    }
+                    let _ = state.unmount_kernel(true);
+                }
+            }
+        }
+    });
+
+    let run_result = session.run();
+    let close_result = close.close(&fs);
+    let final_reply = match &close_result {
+        Ok(()) => json!({"ok": true, "state": "closed"}),
+        Err(e) => json!({"ok": false, "error": format!("closing the file system: {e}")}),
+    };
+    drop(_socket_guard);
+    for mut waiter in state
+        .waiters
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .drain(..)
+    {
+        let _ = control::send(&mut waiter, &final_reply);
+    }
+    if let Err(e) = run_result {
+        eprintln!("tidefs: session ended with an error: {e}");
+    }
+    close_result.map_err(|e| CliError::new("unmount", format!("closing {}: {e}", image.display())))
+}
+
+fn spawn(name: &str, body: impl FnOnce() + Send + 'static) {
+    if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(body) {
+        eprintln!("tidefs: cannot start thread {name}: {e}");
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(list: &[&str]) -> Result<MountConfig, String> {
+        MountConfig::parse(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn options_parse() {
+        let c = parse(&[
+            "ro,commit=7,cache_size=64M",
+            "allow_other,journal_device=/dev/x",
+        ])
+        .expect("OK to unwrap: valid options");
+        assert_eq!(
+            c,
+            MountConfig {
+                read_only: true,
+                commit_seconds: Some(7),
+                journal_device: Some(PathBuf::from("/dev/x")),
+                cache_size_bytes: Some(64 << 20),
+                allow_other: true,
+            }
+        );
+        assert!(!parse(&["ro,rw"]).expect("OK to unwrap: valid").read_only);
+        assert_eq!(
+            parse(&[]).expect("OK to unwrap: valid"),
+            MountConfig::default()
+        );
+        let opts = parse(&["commit=0"])
+            .expect("OK to unwrap: valid")
+            .mount_options();
+        assert_eq!(
+            opts.commit_interval,
+            MountOptions::default().commit_interval
+        );
+    }
+
+    #[test]
+    fn bad_options_are_refused_with_the_option_named() {
+        for (list, needle) in [
+            ("bogus", "unknown mount option 'bogus'"),
+            ("ro,frob=1", "unknown mount option 'frob=1'"),
+            ("commit=soon", "commit=soon"),
+            ("commit", "needs a value"),
+            ("cache_size=lots", "cache_size=lots"),
+            ("cache_size=4K", "at least 1M"),
+            ("ro=1", "takes no value"),
+        ] {
+            let err = parse(&[list]).expect_err("must be refused");
+            assert!(err.contains(needle), "{list}: {err}");
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! Shared test support: the `tidefs` binary, skip rules, a mounted image with a guard that
+//! always unmounts, and thin libc wrappers for calls std does not offer.
+//!
+//! Tests skip (with a printed reason) only when the machine lacks what they need: e2fsprogs,
+//! /dev/fuse, or root. CI has all of them, so there every test runs.
+
+#![allow(dead_code, unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// A `tidefs` command.
+pub fn tidefs() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tidefs"))
+}
+
+/// Runs a command and returns its output.
+pub fn output(command: &mut Command) -> Output {
+    // OK to unwrap: the binary was built by cargo for this test.
+    command.output().expect("command runs")
+}
+
+/// stderr as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// stdout as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Finds an e2fsprogs tool in PATH or the sbin directories.
+pub fn tool(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Whether we run as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Why mount tests cannot run here, if they cannot.
+pub fn mount_skip_reason() -> Option<String> {
+    if tool("mke2fs").is_none() || tool("e2fsck").is_none() {
+        return Some("e2fsprogs (mke2fs, e2fsck) is not installed".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse is missing".into());
+    }
+    if !is_root() && tool("fusermount3").is_none() {
+        return Some("not root and fusermount3 is missing".into());
+    }
+    None
+}
+
+/// Prints why a test is skipped.
+pub fn skip(test: &str, why: &str) {
+    eprintln!("skipped {test}: {why}");
+}
+
+/// Runs `e2fsck -fn` on an image; returns (exit code, output).
+pub fn e2fsck(image: &Path) -> (i32, String) {
+    // OK to unwrap: mount_skip_reason checked e2fsck exists.
+    let out = Command::new(tool("e2fsck").expect("e2fsck installed"))
+        .arg("-fn")
+        .arg(image)
+        .output()
+        .expect("OK to unwrap: e2fsck runs");
+    (
+        out.status.code().unwrap_or(-1),
+        format!("{}{}", stdout(&out), stderr(&out)),
+    )
+}
+
+/// Makes an image with `tidefs mkfs`.
+pub fn mkfs(image: &Path, size: &str, extra: &[&str]) {
+    let out = output(tidefs().arg("mkfs").arg("--size").arg(size).args(extra).arg(image));
+    assert!(out.status.success(), "mkfs failed: {}", stderr(&out));
+}
+
+/// A temporary directory holding an image and a mountpoint, mounted while `mounted` is set.
+/// Dropping it unmounts (cleanly if possible, else lazily) and removes everything.
+pub struct Mount {
+    /// The temporary directory (removed last).
+    pub dir: tempfile::TempDir,
+    /// The image file.
+    pub image: PathBuf,
+    /// The mountpoint.
+    pub mnt: PathBuf,
+    /// Whether the image is mounted now.
+    pub mounted: bool,
+}
+
+impl Mount {
+    /// Makes a fresh image of `size` (plus mkfs arguments `mkfs_extra`) and mounts it with
+    /// `options`. Returns `None` (after printing why) when the machine cannot mount.
+    pub fn new(test: &str, size: &str, mkfs_extra: &[&str], options: &[&str]) -> Option<Mount> {
+        if let Some(why) = mount_skip_reason() {
+            skip(test, &why);
+            return None;
+        }
+        let m = Mount::unmounted(size, mkfs_extra);
+        let mut m = m;
+        m.mount(options);
+        Some(m)
+    }
+
+    /// Makes a fresh image but does not mount it. Call only after `mount_skip_reason()`.
+    pub fn unmounted(size: &str, mkfs_extra: &[&str]) -> Mount {
+        // The mountpoint must be reachable by other users for the multi-user tests.
+        let dir = tempfile::Builder::new()
+            .prefix("tidefs-test-")
+            .tempdir()
+            .expect("OK to unwrap: temp dir");
+        set_mode(dir.path(), 0o755);
+        let image = dir.path().join("fs.img");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("OK to unwrap: mountpoint");
+        mkfs(&image, size, mkfs_extra);
+        Mount {
+            dir,
+            image,
+            mnt,
+            mounted: false,
+        }
+    }
+
+    /// Mounts in the background; panics with the tool's message if that fails.
+    pub fn mount(&mut self, options: &[&str]) {
+        let mut command = tidefs();
+        command.arg("mount");
+        for option in options {
+            command.arg("-o").arg(option);
+        }
+        let out = output(command.arg(&self.image).arg(&self.mnt));
+        assert!(
+            out.status.success(),
+            "mount failed ({}): {}",
+            out.status,
+            stderr(&out)
+        );
+        self.mounted = true;
+    }
+
+    /// `tidefs umount`; returns its output.
+    pub fn umount(&mut self) -> Output {
+        let out = output(tidefs().arg("umount").arg(&self.mnt));
+        if out.status.success() {
+            self.mounted = false;
+        }
+        out
+    }
+
+    /// `tidefs umount`, which must succeed.
+    pub fn umount_ok(&mut self) {
+        let out = self.umount();
+        assert!(out.status.success(), "umount failed: {}", stderr(&out));
+    }
+
+    /// A path inside the mount.
+    pub fn path(&self, relative: &str) -> PathBuf {
+        self.mnt.join(relative)
+    }
+
+    /// The daemon's pid, from `tidefs status`.
+    pub fn daemon_pid(&self) -> u32 {
+        let out = output(tidefs().arg("status").arg(&self.mnt));
+        assert!(out.status.success(), "status failed: {}", stderr(&out));
+        let value: serde_json::Value =
+            serde_json::from_str(&stdout(&out)).expect("OK to unwrap: status is JSON");
+        let pid = value["pid"].as_u64().expect("OK to unwrap: status has a pid");
+        u32::try_from(pid).expect("OK to unwrap: pids fit in u32")
+    }
+
+    /// Waits until the kernel no longer lists the mount.
+    pub fn wait_unmounted(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if !is_mounted(&self.mnt) {
+                self.mounted = false;
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.mounted || is_mounted(&self.mnt) {
+            let out = tidefs().arg("umount").arg(&self.mnt).output();
+            if !matches!(out, Ok(ref o) if o.status.success()) && is_mounted(&self.mnt) {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+                let _ = Command::new("fusermount3")
+                    .arg("-uz")
+                    .arg(&self.mnt)
+                    .status();
+            }
+        }
+    }
+}
+
+/// Whether the kernel lists a mount at `path`.
+pub fn is_mounted(path: &Path) -> bool {
+    let canonical = path
+        .canonicalize()
+        .unwrap_or_else(|_| path.to_path_buf());
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = canonical.to_string_lossy().replace(' ', "\\040");
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(wanted.as_str()))
+}
+
+/// chmod that must work.
+pub fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .expect("OK to unwrap: chmod");
+}
+
+/// The mode bits of a path (lstat).
+pub fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path)
+        .expect("OK to unwrap: stat")
+        .mode()
+}
+
+/// Runs `sh -c script` as `uid`/`gid` (no supplementary groups); returns its output.
+pub fn run_as(uid: u32, gid: u32, script: &str) -> Output {
+    use std::os::unix::process::CommandExt as _;
+    Command::new("/bin/sh")
+        .arg("-c")
+        .arg(script)
+        .uid(uid)
+        .gid(gid)
+        .groups(&[])
+        .output()
+        .expect("OK to unwrap: sh runs")
+}
+
+/// The errno of a failed std call.
+pub fn errno<T: std::fmt::Debug>(result: io::Result<T>) -> i32 {
+    match result {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e
+            .raw_os_error()
+            .unwrap_or_else(|| panic!("not an OS error: {e}")),
+    }
+}
+
+fn cstr(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).expect("OK to unwrap: no NUL in test paths")
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn check_size(rc: libc::ssize_t) -> io::Result<usize> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(usize::try_from(rc).unwrap_or(0))
+    }
+}
+
+/// renameat2(AT_FDCWD, from, AT_FDCWD, to, flags).
+pub fn rename2(from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+    let (from, to) = (cstr(from), cstr(to));
+    // SAFETY: both strings are valid NUL-terminated paths that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            flags,
+        )
+    };
+    check(rc)
+}
+
+/// mknod(path, mode, dev).
+pub fn mknod(path: &Path, mode: u32, dev: libc::dev_t) -> io::Result<()> {
+    let path = cstr(path);
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+    check(unsafe { libc::mknod(path.as_ptr(), mode, dev) })
+}
+
+/// fallocate(fd, mode, offset, len).
+pub fn fallocate(file: &std::fs::File, mode: i32, offset: i64, len: i64) -> io::Result<()> {
+    use std::os::unix::io::AsRawFd as _;
+    // SAFETY: the descriptor is owned by `file`, borrowed for the call.
+    check(unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) })
+}
+
+/// setxattr(path, name, value, flags).
+pub fn setxattr(path: &Path, name: &str, value: &[u8], flags: i32) -> io::Result<()> {
+    let (path, name) = (cstr(path), CString::new(name).expect("OK to unwrap: no NUL"));
+    // SAFETY: the strings are NUL-terminated and `value` is valid for `value.len()` bytes.
+    check(unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    })
+}
+
+/// getxattr(path, name, buf of `size` bytes); size 0 probes. Returns the bytes (or the probed
+/// size as a vector of that many zeros when `size` is 0).
+pub fn getxattr(path: &Path, name: &str, size: usize) -> io::Result<Vec<u8>> {
+    let (path, name) = (cstr(path), CString::new(name).expect("OK to unwrap: no NUL"));
+    let mut buf = vec![0u8; size];
+    // SAFETY: `buf` is valid for `size` bytes (a null pointer with size 0 is a probe).
+    let rc = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            if size == 0 {
+                std::ptr::null_mut()
+            } else {
+                buf.as_mut_ptr().cast()
+            },
+            size,
+        )
+    };
+    let n = check_size(rc)?;
+    if size == 0 {
+        return Ok(vec![0; n]);
+    }
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// listxattr(path) → names.
+pub fn listxattr(path: &Path) -> io::Result<Vec<String>> {
+    let path = cstr(path);
+    // SAFETY: a null buffer with size 0 asks for the needed size.
+    let needed = check_size(unsafe { libc::listxattr(path.as_ptr(), std::ptr::null_mut(), 0) })?;
+    let mut buf = vec![0u8; needed];
+    // SAFETY: `buf` is valid for `needed` bytes.
+    let n = check_size(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), needed) })?;
+    buf.truncate(n);
+    Ok(buf
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect())
+}
+
+/// removexattr(path, name).
+pub fn removexattr(path: &Path, name: &str) -> io::Result<()> {
+    let (path, name) = (cstr(path), CString::new(name).expect("OK to unwrap: no NUL"));
+    // SAFETY: both strings are valid NUL-terminated strings.
+    check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })
+}
+
+/// utimensat(AT_FDCWD, path, [atime, mtime], 0) with raw timespecs (UTIME_NOW allowed).
+pub fn utimens(path: &Path, atime: (i64, i64), mtime: (i64, i64)) -> io::Result<()> {
+    let path = cstr(path);
+    let times = [
+        libc::timespec {
+            tv_sec: atime.0,
+            tv_nsec: atime.1,
+        },
+        libc::timespec {
+            tv_sec: mtime.0,
+            tv_nsec: mtime.1,
+        },
+    ];
+    // SAFETY: `path` is NUL-terminated and `times` points to two timespecs.
+    check(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) })
+}
+
+/// statvfs(path).
+pub fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
+    let path = cstr(path);
+    // SAFETY: an all-zero statvfs is a valid value for the out-parameter.
+    let mut out: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `out` is a valid out-pointer.
+    check(unsafe { libc::statvfs(path.as_ptr(), &mut out) })?;
+    Ok(out)
+}
+
+/// kill(pid, signal).
+pub fn kill(pid: u32, signal: i32) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).expect("OK to unwrap: pids fit");
+    // SAFETY: kill has no memory-safety preconditions.
+    check(unsafe { libc::kill(pid, signal) })
+}
+
+/// Whether a process exists.
+pub fn alive(pid: u32) -> bool {
+    kill(pid, 0).is_ok()
+}
+
+/// Waits until process `pid` is gone.
+pub fn wait_gone(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if !alive(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// makedev(major, minor).
+pub fn makedev(major: u32, minor: u32) -> libc::dev_t {
+    libc::makedev(major, minor)
+}

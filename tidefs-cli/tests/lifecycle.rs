@@ -1,0 +1,325 @@
+//! Goal: the mount daemon's life cycle. A background mount is usable when `tidefs mount`
+//! returns; `tidefs umount`, `fusermount3 -u` and SIGTERM all close the file system cleanly
+//! (the daemon exits, `e2fsck -fn` is clean, data is there after a remount); `stats` reports
+//! the counters; `fsck` follows fsck(8)'s exit codes and `-n` never writes; a daemon killed
+//! with SIGKILL in the middle of fsyncs leaves an image that `tidefs fsck` recovers to a clean
+//! state with every fsynced record present.
+//! Method: drive the real binary against real images and a real FUSE mount.
+
+mod common;
+
+use std::io::Write as _;
+use std::os::unix::fs::FileExt as _;
+use std::time::Duration;
+
+use common::*;
+
+fn write_tree(m: &Mount) {
+    std::fs::create_dir_all(m.path("a/b/c")).expect("OK to unwrap: mkdir");
+    for i in 0..20 {
+        std::fs::write(m.path(&format!("a/b/c/f{i}")), format!("file {i}\n").repeat(i + 1))
+            .expect("OK to unwrap: write");
+    }
+    std::os::unix::fs::symlink("b/c/f1", m.path("a/link")).expect("OK to unwrap: symlink");
+}
+
+fn check_tree(m: &Mount) {
+    for i in 0..20 {
+        let text = std::fs::read_to_string(m.path(&format!("a/b/c/f{i}")))
+            .expect("OK to unwrap: read");
+        assert_eq!(text, format!("file {i}\n").repeat(i + 1));
+    }
+    assert_eq!(
+        std::fs::read_to_string(m.path("a/link")).expect("OK to unwrap: read"),
+        "file 1\nfile 1\n"
+    );
+}
+
+fn assert_clean(m: &Mount) {
+    let (code, text) = e2fsck(&m.image);
+    assert_eq!(code, 0, "e2fsck -fn after a clean close:\n{text}");
+}
+
+#[test]
+fn umount_closes_cleanly_and_data_survives_a_remount() {
+    let Some(mut m) = Mount::new("umount_closes_cleanly", "64M", &[], &[]) else {
+        return;
+    };
+    write_tree(&m);
+    let pid = m.daemon_pid();
+    m.umount_ok();
+    assert!(!is_mounted(&m.mnt));
+    assert!(!alive(pid), "the daemon must have exited when umount returns");
+    assert_clean(&m);
+    let out = output(tidefs().arg("fsck").arg(&m.image));
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    m.mount(&[]);
+    check_tree(&m);
+    m.umount_ok();
+    assert_clean(&m);
+}
+
+#[test]
+fn fusermount_u_closes_cleanly() {
+    if tool("fusermount3").is_none() {
+        skip("fusermount_u_closes_cleanly", "fusermount3 is not installed");
+        return;
+    }
+    let Some(mut m) = Mount::new("fusermount_u_closes_cleanly", "64M", &[], &[]) else {
+        return;
+    };
+    write_tree(&m);
+    let pid = m.daemon_pid();
+    let out = output(std::process::Command::new("fusermount3").arg("-u").arg(&m.mnt));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(m.wait_unmounted(Duration::from_secs(10)));
+    assert!(wait_gone(pid, Duration::from_secs(60)), "daemon still running");
+    assert_clean(&m);
+    m.mount(&[]);
+    check_tree(&m);
+}
+
+#[test]
+fn sigterm_closes_cleanly() {
+    let Some(mut m) = Mount::new("sigterm_closes_cleanly", "64M", &[], &[]) else {
+        return;
+    };
+    write_tree(&m);
+    let pid = m.daemon_pid();
+    kill(pid, libc::SIGTERM).expect("OK to unwrap: kill");
+    assert!(wait_gone(pid, Duration::from_secs(60)), "daemon still running");
+    assert!(m.wait_unmounted(Duration::from_secs(5)));
+    assert_clean(&m);
+    m.mount(&[]);
+    check_tree(&m);
+}
+
+#[test]
+fn a_second_mount_on_the_same_mountpoint_is_refused() {
+    let Some(m) = Mount::new("a_second_mount_is_refused", "64M", &[], &[]) else {
+        return;
+    };
+    let out = output(tidefs().arg("mount").arg(&m.image).arg(&m.mnt));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("already a tidefs mount"), "{}", stderr(&out));
+}
+
+#[test]
+fn umount_of_a_busy_mount_fails_and_keeps_serving() {
+    let Some(mut m) = Mount::new("umount_of_a_busy_mount", "64M", &[], &[]) else {
+        return;
+    };
+    let file = std::fs::File::create(m.path("open")).expect("OK to unwrap: create");
+    let out = m.umount();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).starts_with("tidefs: umount: "), "{}", stderr(&out));
+    file.write_all_at(b"still here", 0).expect("OK to unwrap: write");
+    drop(file);
+    assert_eq!(
+        std::fs::read(m.path("open")).expect("OK to unwrap: read"),
+        b"still here"
+    );
+    m.umount_ok();
+    assert_clean(&m);
+}
+
+#[test]
+fn read_only_mount_refuses_changes() {
+    let Some(mut m) = Mount::new("read_only_mount", "64M", &[], &[]) else {
+        return;
+    };
+    write_tree(&m);
+    m.umount_ok();
+    let before = std::fs::read(&m.image).expect("OK to unwrap: read");
+    m.mount(&["ro"]);
+    check_tree(&m);
+    assert_eq!(errno(std::fs::File::create(m.path("new"))), libc::EROFS);
+    assert_eq!(errno(std::fs::remove_file(m.path("a/link"))), libc::EROFS);
+    m.umount_ok();
+    assert!(
+        std::fs::read(&m.image).expect("OK to unwrap: read") == before,
+        "a read-only mount changed the image"
+    );
+}
+
+#[test]
+fn mount_options_are_accepted() {
+    let Some(m) = Mount::new(
+        "mount_options_are_accepted",
+        "64M",
+        &[],
+        &["commit=1,cache_size=16M", "rw"],
+    ) else {
+        return;
+    };
+    std::fs::write(m.path("x"), b"x").expect("OK to unwrap: write");
+}
+
+#[test]
+fn stats_reports_the_counters() {
+    let Some(m) = Mount::new("stats_reports_the_counters", "64M", &[], &[]) else {
+        return;
+    };
+    let mut file = std::fs::File::create(m.path("log")).expect("OK to unwrap: create");
+    for _ in 0..10 {
+        file.write_all(&[b'x'; 125]).expect("OK to unwrap: write");
+        file.sync_data().expect("OK to unwrap: fdatasync");
+    }
+    let out = output(tidefs().args(["stats", "--json"]).arg(&m.mnt));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let value: serde_json::Value =
+        serde_json::from_str(&stdout(&out)).expect("OK to unwrap: JSON");
+    for key in [
+        "journal_bytes",
+        "home_bytes",
+        "commits",
+        "fsyncs",
+        "fsyncs_per_commit",
+        "avg_transaction_blocks",
+        "fsync_p50_us",
+        "fsync_p99_us",
+    ] {
+        assert!(value.get(key).is_some(), "{key} missing in {value}");
+    }
+    assert!(value["fsyncs"].as_u64().unwrap_or(0) >= 10, "{value}");
+    assert!(value["commits"].as_u64().unwrap_or(0) >= 1, "{value}");
+    assert!(value["journal_bytes"].as_u64().unwrap_or(0) > 0, "{value}");
+    let out = output(tidefs().arg("stats").arg(&m.mnt));
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("fsyncs_per_commit"), "{}", stdout(&out));
+}
+
+/// Goal: with -n, fsck never writes to the image, even when the journal needs replay.
+#[test]
+fn fsck_n_never_writes() {
+    let Some(mut m) = Mount::new("fsck_n_never_writes", "64M", &[], &[]) else {
+        return;
+    };
+    write_tree(&m);
+    m.umount_ok();
+    let before = std::fs::read(&m.image).expect("OK to unwrap: read");
+    let out = output(tidefs().arg("fsck").arg("-n").arg(&m.image));
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("e2fsck -fn: clean"), "{}", stdout(&out));
+    assert!(std::fs::read(&m.image).expect("OK to unwrap: read") == before);
+}
+
+/// Goal: SIGKILL in the middle of many fsyncs loses nothing that an fsync promised, and
+/// `tidefs fsck` (or a plain remount) brings the image back to clean.
+/// Method: 8 writer threads append numbered 125-byte records with fdatasync after each and
+/// count the ones that returned; kill the daemon; check that every counted record is there.
+#[test]
+fn sigkill_during_fsyncs_loses_nothing_promised() {
+    let Some(mut m) = Mount::new("sigkill_during_fsyncs", "128M", &[], &[]) else {
+        return;
+    };
+    let pid = m.daemon_pid();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..8)
+        .map(|t| {
+            let path = m.path(&format!("log{t}"));
+            let stop = stop.clone();
+            std::thread::spawn(move || -> usize {
+                let Ok(mut file) = std::fs::File::create(&path) else {
+                    return 0;
+                };
+                let mut durable = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut record = format!("{t} {durable:08}").into_bytes();
+                    record.resize(124, b'.');
+                    record.push(b'\n');
+                    if file.write_all(&record).is_err() || file.sync_data().is_err() {
+                        break;
+                    }
+                    durable += 1;
+                }
+                durable
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    kill(pid, libc::SIGKILL).expect("OK to unwrap: kill");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let durable: Vec<usize> = writers
+        .into_iter()
+        .map(|w| w.join().expect("OK to unwrap: writer"))
+        .collect();
+    assert!(wait_gone(pid, Duration::from_secs(10)));
+    // Remove the dead mount (umount says the daemon is gone and exits 1).
+    let _ = m.umount();
+    assert!(!is_mounted(&m.mnt));
+    m.mounted = false;
+
+    let out = output(tidefs().arg("fsck").arg(&m.image));
+    let code = out.status.code();
+    assert!(
+        code == Some(0) || code == Some(1),
+        "fsck after SIGKILL: {code:?}\n{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let (code, text) = e2fsck(&m.image);
+    assert_eq!(code, 0, "e2fsck -fn after tidefs fsck:\n{text}");
+    m.mount(&[]);
+    for (t, &count) in durable.iter().enumerate() {
+        let data = std::fs::read(m.path(&format!("log{t}"))).expect("OK to unwrap: read");
+        assert!(
+            data.len() >= count * 125,
+            "log{t}: {} bytes, but {count} records were fsynced",
+            data.len()
+        );
+        for r in 0..count {
+            let record = &data[r * 125..(r + 1) * 125];
+            let prefix = format!("{t} {r:08}");
+            assert!(record.starts_with(prefix.as_bytes()), "log{t} record {r}");
+        }
+    }
+    m.umount_ok();
+    let (code, text) = e2fsck(&m.image);
+    assert_eq!(code, 0, "{text}");
+}
+
+#[test]
+fn external_journal_device() {
+    if !is_root() {
+        skip("external_journal_device", "needs root (losetup for mkfs)");
+        return;
+    }
+    if let Some(why) = mount_skip_reason() {
+        skip("external_journal_device", &why);
+        return;
+    }
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let image = dir.path().join("fs.img");
+    let journal = dir.path().join("journal.img");
+    let out = output(
+        tidefs()
+            .args(["mkfs", "--size", "64M", "--journal-size", "8M", "--journal-device"])
+            .arg(&journal)
+            .arg(&image),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("OK to unwrap: mkdir");
+    let mut m = Mount {
+        image: image.clone(),
+        mnt: mnt.clone(),
+        mounted: false,
+        dir,
+    };
+    let option = format!("journal_device={}", journal.display());
+    m.mount(&[&option]);
+    std::fs::write(m.path("x"), b"through an external journal").expect("OK to unwrap: write");
+    std::fs::File::open(m.path("x"))
+        .and_then(|f| f.sync_all())
+        .expect("OK to unwrap: fsync");
+    m.umount_ok();
+    let out = output(
+        tidefs()
+            .arg("fsck")
+            .arg("--journal-device")
+            .arg(&journal)
+            .arg(&image),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+}

@@ -1,0 +1,118 @@
+//! The metadata buffer cache: whole file-system blocks keyed by block number.
+//!
+//! Invariants:
+//! - a block modified by the running transaction (`dirty`) is never evicted: it is the only
+//!   copy of that change until the transaction commits;
+//! - any other block may be dropped at any time; the layer above reloads it from the newest
+//!   committed journal copy (not yet checkpointed) or else from its home location.
+//! File data does not pass through this cache (DESIGN.md §1: data goes home directly, or
+//! through the journal records of its mode).
+
+use std::collections::{BTreeSet, HashMap};
+
+/// Cached metadata blocks and the set of blocks the running transaction has modified.
+pub struct BlockCache {
+    blocks: HashMap<u64, Box<[u8]>>,
+    /// Blocks changed since the running transaction began; cleared when it is snapshotted.
+    dirty: BTreeSet<u64>,
+    max_blocks: usize,
+}
+
+impl BlockCache {
+    /// A cache holding at most about `max_blocks` clean blocks.
+    pub fn new(max_blocks: usize) -> BlockCache {
+        BlockCache {
+            blocks: HashMap::new(),
+            dirty: BTreeSet::new(),
+            max_blocks: max_blocks.max(64),
+        }
+    }
+
+    /// Whether block `nr` is cached.
+    pub fn contains(&self, nr: u64) -> bool {
+        self.blocks.contains_key(&nr)
+    }
+
+    /// Adds a block read from disk; may evict clean blocks first.
+    pub fn insert(&mut self, nr: u64, data: Box<[u8]>) {
+        if self.blocks.len() >= self.max_blocks {
+            self.evict();
+        }
+        self.blocks.insert(nr, data);
+    }
+
+    fn evict(&mut self) {
+        let target = self.max_blocks * 3 / 4;
+        let excess = self.blocks.len().saturating_sub(target);
+        let victims: Vec<u64> = self
+            .blocks
+            .keys()
+            .filter(|nr| !self.dirty.contains(nr))
+            .take(excess)
+            .copied()
+            .collect();
+        for nr in victims {
+            self.blocks.remove(&nr);
+        }
+    }
+
+    /// A cached block, if present.
+    pub fn get(&self, nr: u64) -> Option<&[u8]> {
+        self.blocks.get(&nr).map(|b| &b[..])
+    }
+
+    /// A cached block for modification; marks it dirty in the running transaction.
+    pub fn get_mut(&mut self, nr: u64) -> Option<&mut [u8]> {
+        let b = self.blocks.get_mut(&nr)?;
+        self.dirty.insert(nr);
+        Some(&mut b[..])
+    }
+
+    /// Forgets a block (freed and about to be reused for something else).
+    pub fn forget(&mut self, nr: u64) {
+        self.blocks.remove(&nr);
+        self.dirty.remove(&nr);
+    }
+
+    /// Number of dirty blocks in the running transaction.
+    pub fn dirty_count(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Whether block `nr` is dirty in the running transaction.
+    pub fn is_dirty(&self, nr: u64) -> bool {
+        self.dirty.contains(&nr)
+    }
+
+    /// Copies of every dirty block, and clears the dirty set: the running transaction closes.
+    pub fn take_dirty(&mut self) -> Vec<(u64, std::sync::Arc<[u8]>)> {
+        let dirty = std::mem::take(&mut self.dirty);
+        dirty
+            .into_iter()
+            .filter_map(|nr| self.blocks.get(&nr).map(|b| (nr, std::sync::Arc::from(&b[..]))))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirty_blocks_survive_eviction() {
+        let mut c = BlockCache::new(64);
+        for nr in 0..64 {
+            c.insert(nr, vec![0u8; 16].into_boxed_slice());
+        }
+        c.get_mut(3).unwrap()[0] = 9;
+        for nr in 64..200 {
+            c.insert(nr, vec![0u8; 16].into_boxed_slice());
+        }
+        assert_eq!(c.get(3).unwrap()[0], 9);
+        assert!(c.blocks.len() <= 64);
+        let snap = c.take_dirty();
+        assert_eq!(snap.len(), 1);
+        assert_eq!(snap[0].0, 3);
+        assert_eq!(c.dirty_count(), 0);
+    }
+}

@@ -1,0 +1,230 @@
+//! Types of the public file-system API: attributes, credentials, options, directory entries and
+//! statistics. The FUSE adapter and library users see only these and [`super::Fs`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// An inode number as ext4 numbers them (the root directory is [`ROOT_INO`]).
+pub type Ino = u64;
+
+/// The root directory's inode number in ext4.
+pub const ROOT_INO: Ino = 2;
+
+/// Seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timestamp {
+    /// Whole seconds (may be negative).
+    pub sec: i64,
+    /// Nanoseconds, below 1 000 000 000.
+    pub nsec: u32,
+}
+
+impl Timestamp {
+    /// The current wall-clock time.
+    pub fn now() -> Timestamp {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp {
+            sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nsec: d.subsec_nanos(),
+        }
+    }
+}
+
+/// What kind of object an inode is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Character device.
+    CharDev,
+    /// Block device.
+    BlockDev,
+    /// Named pipe.
+    Fifo,
+    /// Unix socket.
+    Socket,
+}
+
+/// Attributes of an inode, as `stat` reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: Ino,
+    /// Size in bytes.
+    pub size: u64,
+    /// Space used, in 512-byte units.
+    pub blocks: u64,
+    /// Last access.
+    pub atime: Timestamp,
+    /// Last data change.
+    pub mtime: Timestamp,
+    /// Last status change.
+    pub ctime: Timestamp,
+    /// Creation.
+    pub crtime: Timestamp,
+    /// Kind of object.
+    pub kind: FileKind,
+    /// Permission bits, including set-uid, set-gid and sticky (mask 0o7777).
+    pub perm: u16,
+    /// Hard links.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number for character and block devices (Linux `makedev` encoding).
+    pub rdev: u32,
+    /// Preferred I/O size (the block size).
+    pub blksize: u32,
+    /// Inode generation.
+    pub generation: u32,
+}
+
+/// Who is asking: used for ownership of new inodes and for set-gid inheritance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Creds {
+    /// Effective user id.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+}
+
+impl Creds {
+    /// The superuser.
+    pub const ROOT: Creds = Creds { uid: 0, gid: 0 };
+}
+
+/// A time to set: a given instant, or the current time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetTime {
+    /// This instant.
+    At(Timestamp),
+    /// The current time.
+    Now,
+}
+
+/// Attribute changes for [`super::Fs::setattr`]; `None` leaves a field as it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// New permission bits (0o7777 mask).
+    pub mode: Option<u16>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate or extend).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<SetTime>,
+    /// New modification time.
+    pub mtime: Option<SetTime>,
+    /// New change time.
+    pub ctime: Option<Timestamp>,
+}
+
+/// Flags of [`super::Fs::rename`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// Fail with `Exists` if the target exists (RENAME_NOREPLACE).
+    pub noreplace: bool,
+    /// Swap source and target atomically; both must exist (RENAME_EXCHANGE).
+    pub exchange: bool,
+}
+
+/// How [`super::Fs::setxattr`] treats an existing or missing attribute.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XattrSetMode {
+    /// Create or replace.
+    #[default]
+    Any,
+    /// Fail with `Exists` if present (XATTR_CREATE).
+    Create,
+    /// Fail with `NoAttribute` if missing (XATTR_REPLACE).
+    Replace,
+}
+
+/// One directory entry returned by [`super::Fs::readdir`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Inode of the entry.
+    pub ino: Ino,
+    /// Kind of the entry.
+    pub kind: FileKind,
+    /// Name (no NUL, no '/').
+    pub name: Vec<u8>,
+    /// Cookie to pass to `readdir` to continue after this entry. Cookies stay valid while the
+    /// directory changes.
+    pub next_offset: u64,
+}
+
+/// File-system totals, as `statfs` reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    /// Total blocks.
+    pub blocks: u64,
+    /// Free blocks.
+    pub blocks_free: u64,
+    /// Free blocks available to unprivileged users.
+    pub blocks_available: u64,
+    /// Total inodes.
+    pub files: u64,
+    /// Free inodes.
+    pub files_free: u64,
+    /// Block size.
+    pub block_size: u32,
+    /// Longest name.
+    pub name_max: u32,
+}
+
+/// Options of [`super::Fs::open`].
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Refuse every change (EROFS).
+    pub read_only: bool,
+    /// How often the running transaction commits on its own.
+    pub commit_interval: Duration,
+    /// External journal device, when the image's journal is not internal.
+    pub journal_device: Option<PathBuf>,
+    /// Upper bound of the metadata buffer cache, in bytes.
+    pub cache_size_bytes: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            read_only: false,
+            commit_interval: Duration::from_secs(5),
+            journal_device: None,
+            cache_size_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Live counters of a mounted file system (`tidefs stats`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Bytes written to the journal.
+    pub journal_bytes: u64,
+    /// Bytes written to home locations (file data, checkpointed metadata).
+    pub home_bytes: u64,
+    /// Transactions committed.
+    pub commits: u64,
+    /// fsync/fdatasync calls served.
+    pub fsyncs: u64,
+    /// fsyncs served per commit.
+    pub fsyncs_per_commit: f64,
+    /// Average metadata blocks per committed transaction.
+    pub avg_transaction_blocks: f64,
+    /// Median fsync latency, microseconds.
+    pub fsync_p50_us: u64,
+    /// 99th percentile fsync latency, microseconds.
+    pub fsync_p99_us: u64,
+    /// Checkpoints run.
+    pub checkpoints: u64,
+}

@@ -1,0 +1,325 @@
+//! Directories: lookup through an in-memory name index, insertion and removal of records in
+//! linear directory blocks, and readdir with cookies that stay valid while the directory
+//! changes (a cookie is the byte position of a record, and records never move).
+//!
+//! Invariants:
+//! - a directory tidefs has modified has no htree index: the first change to an indexed
+//!   directory rewrites its index blocks as empty record blocks and clears the index flag, so
+//!   no stale index is ever left behind;
+//! - `DirIndex::names` holds exactly the live records of the directory, with their positions.
+
+use std::collections::HashMap;
+
+use crate::format::ext4::dirent::{
+    self, init_empty_block, is_index_block, parse_block, rec_size, records_end, set_tail_checksum,
+    verify_tail_checksum, write_record, DirRecord,
+};
+use crate::format::ext4::inode::{flags, Inode};
+use crate::format::ext4::inode_csum_seed;
+use crate::{FsError, Result};
+
+use super::extents::{inode_goal, ExtentMap};
+use super::meta::{Io, Meta};
+
+/// Where a name lives in its directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DirSlot {
+    pub ino: u32,
+    pub file_type: u8,
+    pub lblk: u32,
+    pub offset: u32,
+}
+
+/// The in-memory index of one directory.
+#[derive(Debug, Default)]
+pub(crate) struct DirIndex {
+    pub names: HashMap<Vec<u8>, DirSlot>,
+    /// Largest record that fits in each block.
+    pub space: Vec<usize>,
+    /// Whether the on-disk directory still carries an htree index.
+    pub indexed: bool,
+    pub generation: u32,
+}
+
+fn block_space(recs: &[DirRecord]) -> usize {
+    recs.iter()
+        .map(|r| if r.inode == 0 { r.rec_len } else { r.rec_len - rec_size(r.name.len()) })
+        .max()
+        .unwrap_or(0)
+}
+
+impl Meta {
+    /// The cached block map of `ino` (loaded from `inode` on first use).
+    pub(crate) fn extent_map(&mut self, io: &Io, ino: u32, inode: &Inode) -> Result<&mut ExtentMap> {
+        if !self.maps.contains_key(&ino) {
+            let map = ExtentMap::load(self, io, ino, inode)?;
+            self.maps.insert(ino, map);
+        }
+        // OK to unwrap: inserted above if it was missing.
+        Ok(self.maps.get_mut(&ino).expect("map present"))
+    }
+
+    fn dir_csum_seed(&self, ino: u32, generation: u32) -> Option<u32> {
+        self.geo.csum_seed.map(|s| inode_csum_seed(s, ino, generation))
+    }
+
+    /// Reads and parses block `lblk` of directory `dir`.
+    fn dir_block_records(&mut self, io: &Io, dir: u32, lblk: u32, pblk: u64, indexed: bool, generation: u32) -> Result<Vec<DirRecord>> {
+        let bs = self.geo.bs();
+        let seed = self.dir_csum_seed(dir, generation);
+        let b = self.block(io, pblk)?;
+        let index_block = indexed && is_index_block(b, u64::from(lblk));
+        let end = if index_block || seed.is_none() { bs } else { records_end(bs, true) };
+        if let (Some(s), false) = (seed, index_block) {
+            if dirent::has_tail(b) {
+                verify_tail_checksum(b, s).map_err(|c| FsError::corrupt(format!("directory {dir} block {lblk}: {c}")))?;
+            }
+        }
+        let end = if seed.is_some() && !index_block && !dirent::has_tail(b) { bs } else { end };
+        let mut recs = parse_block(b, end).map_err(|c| FsError::corrupt(format!("directory {dir} block {lblk}: {c}")))?;
+        if index_block && lblk != 0 {
+            recs.clear();
+        }
+        Ok(recs)
+    }
+
+    /// Number of blocks in a directory (from its size).
+    fn dir_blocks(&self, inode: &Inode) -> u32 {
+        (inode.size() / u64::from(self.geo.block_size)) as u32
+    }
+
+    /// The name index of directory `dir`, built on first use.
+    pub(crate) fn dir_index(&mut self, io: &Io, dir: u32) -> Result<&mut DirIndex> {
+        if !self.dirs.contains_key(&dir) {
+            let inode = self.read_inode(io, dir)?;
+            if !inode.is_dir() {
+                return Err(FsError::NotDir);
+            }
+            let indexed = inode.flags() & flags::INDEX != 0;
+            let generation = inode.generation();
+            let nblocks = self.dir_blocks(&inode);
+            let mut idx = DirIndex { indexed, generation, ..DirIndex::default() };
+            for lblk in 0..nblocks {
+                let map = self.extent_map(io, dir, &inode)?;
+                let Some((pblk, _)) = map.map(lblk) else {
+                    idx.space.push(0);
+                    continue;
+                };
+                let recs = self.dir_block_records(io, dir, lblk, pblk, indexed, generation)?;
+                idx.space.push(if indexed { 0 } else { block_space(&recs) });
+                for r in recs {
+                    if r.inode != 0 {
+                        idx.names.insert(r.name, DirSlot { ino: r.inode, file_type: r.file_type, lblk, offset: r.offset as u32 });
+                    }
+                }
+            }
+            self.dirs.insert(dir, idx);
+        }
+        // OK to unwrap: inserted above if it was missing.
+        Ok(self.dirs.get_mut(&dir).expect("index present"))
+    }
+
+    /// Looks `name` up in `dir`.
+    pub(crate) fn dir_lookup(&mut self, io: &Io, dir: u32, name: &[u8]) -> Result<Option<DirSlot>> {
+        Ok(self.dir_index(io, dir)?.names.get(name).copied())
+    }
+
+    /// Rewrites an htree directory as a plain linear one (before its first change).
+    fn dir_unindex(&mut self, io: &Io, dir: u32) -> Result<()> {
+        if !self.dir_index(io, dir)?.indexed {
+            return Ok(());
+        }
+        let mut inode = self.read_inode(io, dir)?;
+        let csum = self.geo.csum_seed.is_some();
+        let seed = self.dir_csum_seed(dir, inode.generation());
+        let nblocks = self.dir_blocks(&inode);
+        let parent = self.dir_lookup(io, dir, b"..")?.map_or(dir, |s| s.ino);
+        for lblk in 0..nblocks {
+            let map = self.extent_map(io, dir, &inode)?;
+            let Some((pblk, _)) = map.map(lblk) else { continue };
+            let b = self.block(io, pblk)?;
+            if !is_index_block(b, u64::from(lblk)) {
+                continue;
+            }
+            let b = self.block_mut(io, pblk)?;
+            if lblk == 0 {
+                dirent::htree_root_to_linear(b, dir, parent, csum);
+            } else {
+                init_empty_block(b, csum);
+            }
+            if let Some(s) = seed {
+                set_tail_checksum(b, s);
+            }
+        }
+        inode.set_flags(inode.flags() & !flags::INDEX);
+        self.write_inode(io, dir, &mut inode)?;
+        self.dirs.remove(&dir);
+        let idx = self.dir_index(io, dir)?;
+        debug_assert!(!idx.indexed);
+        // Keep the flag off even if the scan above saw the old inode.
+        idx.indexed = false;
+        Ok(())
+    }
+
+    /// Adds `name → ino` to directory `dir` (the caller has checked it is absent).
+    pub(crate) fn dir_add(&mut self, io: &Io, dir: u32, name: &[u8], ino: u32, file_type: u8) -> Result<()> {
+        if name.len() > dirent::NAME_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        self.dir_unindex(io, dir)?;
+        let need = rec_size(name.len());
+        let bs = self.geo.bs();
+        let csum = self.geo.csum_seed.is_some();
+        let mut inode = self.read_inode(io, dir)?;
+        let seed = self.dir_csum_seed(dir, inode.generation());
+        let idx = self.dir_index(io, dir)?;
+        let found = idx.space.iter().position(|s| *s >= need);
+        let lblk = match found {
+            Some(l) => l as u32,
+            None => {
+                // Append a block.
+                let lblk = self.dir_blocks(&inode);
+                let map = self.extent_map(io, dir, &inode)?.clone();
+                let goal = inode_goal(&map, self, dir);
+                let pblk = self.alloc_block(io, goal)?;
+                let b = self.new_block_mut(pblk);
+                init_empty_block(b, csum);
+                if let Some(s) = seed {
+                    set_tail_checksum(b, s);
+                }
+                let mut map = map;
+                map.insert(lblk, pblk, false);
+                map.store(self, io, dir, &mut inode)?;
+                self.maps.insert(dir, map);
+                inode.set_size(u64::from(lblk + 1) * bs as u64);
+                inode.set_blocks_512(inode.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512));
+                self.write_inode(io, dir, &mut inode)?;
+                let space = records_end(bs, csum);
+                self.dir_index(io, dir)?.space.push(space);
+                lblk
+            }
+        };
+        let map = self.extent_map(io, dir, &inode)?;
+        let Some((pblk, _)) = map.map(lblk) else {
+            return Err(FsError::corrupt(format!("directory {dir}: block {lblk} unmapped")));
+        };
+        let generation = inode.generation();
+        let recs = self.dir_block_records(io, dir, lblk, pblk, false, generation)?;
+        let Some(r) = recs.iter().find(|r| if r.inode == 0 { r.rec_len >= need } else { r.rec_len - rec_size(r.name.len()) >= need }) else {
+            return Err(FsError::corrupt(format!("directory {dir}: free space index is stale")));
+        };
+        let b = self.block_mut(io, pblk)?;
+        let offset = if r.inode == 0 {
+            write_record(b, r.offset, ino, r.rec_len, file_type, name);
+            r.offset
+        } else {
+            let used = rec_size(r.name.len());
+            write_record(b, r.offset, r.inode, used, r.file_type, &r.name);
+            write_record(b, r.offset + used, ino, r.rec_len - used, file_type, name);
+            r.offset + used
+        };
+        if let Some(s) = seed {
+            set_tail_checksum(b, s);
+        }
+        let recs = self.dir_block_records(io, dir, lblk, pblk, false, generation)?;
+        let idx = self.dir_index(io, dir)?;
+        idx.space[lblk as usize] = block_space(&recs);
+        idx.names.insert(name.to_vec(), DirSlot { ino, file_type, lblk, offset: offset as u32 });
+        Ok(())
+    }
+
+    /// Removes `name` from directory `dir`; returns what it pointed to.
+    pub(crate) fn dir_remove(&mut self, io: &Io, dir: u32, name: &[u8]) -> Result<DirSlot> {
+        self.dir_unindex(io, dir)?;
+        let slot = self.dir_lookup(io, dir, name)?.ok_or(FsError::NotFound)?;
+        let inode = self.read_inode(io, dir)?;
+        let generation = inode.generation();
+        let seed = self.dir_csum_seed(dir, generation);
+        let map = self.extent_map(io, dir, &inode)?;
+        let Some((pblk, _)) = map.map(slot.lblk) else {
+            return Err(FsError::corrupt(format!("directory {dir}: block {} unmapped", slot.lblk)));
+        };
+        let recs = self.dir_block_records(io, dir, slot.lblk, pblk, false, generation)?;
+        let pos = recs
+            .iter()
+            .position(|r| r.offset == slot.offset as usize)
+            .ok_or_else(|| FsError::corrupt(format!("directory {dir}: index points between records")))?;
+        let b = self.block_mut(io, pblk)?;
+        let r = &recs[pos];
+        if pos == 0 {
+            write_record(b, r.offset, 0, r.rec_len, 0, &[]);
+        } else {
+            let p = &recs[pos - 1];
+            write_record(b, p.offset, p.inode, p.rec_len + r.rec_len, p.file_type, &p.name);
+            let end = r.offset + r.rec_len;
+            b[r.offset..end].fill(0);
+        }
+        if let Some(s) = seed {
+            set_tail_checksum(b, s);
+        }
+        let recs = self.dir_block_records(io, dir, slot.lblk, pblk, false, generation)?;
+        let idx = self.dir_index(io, dir)?;
+        idx.space[slot.lblk as usize] = block_space(&recs);
+        idx.names.remove(name);
+        Ok(slot)
+    }
+
+    /// Points the existing entry `name` of `dir` at another inode.
+    pub(crate) fn dir_retarget(&mut self, io: &Io, dir: u32, name: &[u8], ino: u32, file_type: u8) -> Result<()> {
+        self.dir_unindex(io, dir)?;
+        let slot = self.dir_lookup(io, dir, name)?.ok_or(FsError::NotFound)?;
+        let inode = self.read_inode(io, dir)?;
+        let seed = self.dir_csum_seed(dir, inode.generation());
+        let map = self.extent_map(io, dir, &inode)?;
+        let Some((pblk, _)) = map.map(slot.lblk) else {
+            return Err(FsError::corrupt(format!("directory {dir}: block {} unmapped", slot.lblk)));
+        };
+        let b = self.block_mut(io, pblk)?;
+        let off = slot.offset as usize;
+        crate::format::put_le32(b, off, ino);
+        b[off + 7] = file_type;
+        if let Some(s) = seed {
+            set_tail_checksum(b, s);
+        }
+        // OK to unwrap: looked up above.
+        let e = self.dir_index(io, dir)?.names.get_mut(name).expect("entry present");
+        e.ino = ino;
+        e.file_type = file_type;
+        Ok(())
+    }
+
+    /// Whether directory `dir` holds nothing but "." and "..".
+    pub(crate) fn dir_is_empty(&mut self, io: &Io, dir: u32) -> Result<bool> {
+        Ok(self.dir_index(io, dir)?.names.keys().all(|n| dirent::is_dot_or_dotdot(n)))
+    }
+
+    /// Records of `dir` from cookie `offset` on, as (record, cookie of the next one).
+    pub(crate) fn dir_records_from(&mut self, io: &Io, dir: u32, offset: u64, max: usize) -> Result<Vec<(DirRecord, u64)>> {
+        let inode = self.read_inode(io, dir)?;
+        if !inode.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        let indexed = inode.flags() & flags::INDEX != 0;
+        let bs = u64::from(self.geo.block_size);
+        let nblocks = self.dir_blocks(&inode);
+        let mut out = Vec::new();
+        let mut lblk = (offset / bs) as u32;
+        let mut pos = (offset % bs) as usize;
+        while lblk < nblocks && out.len() < max {
+            let map = self.extent_map(io, dir, &inode)?;
+            if let Some((pblk, _)) = map.map(lblk) {
+                let recs = self.dir_block_records(io, dir, lblk, pblk, indexed, inode.generation())?;
+                for r in recs {
+                    if r.offset < pos || r.inode == 0 {
+                        continue;
+                    }
+                    let next = u64::from(lblk) * bs + (r.offset + r.rec_len) as u64;
+                    out.push((r, next));
+                }
+            }
+            lblk += 1;
+            pos = 0;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,602 @@
+//! The metadata state guarded by the file-system lock: superblock, group summaries, the buffer
+//! cache, the running transaction's revokes and freed blocks, and the block and inode
+//! allocators. Every change here lands in a cached block that the running transaction owns.
+//!
+//! Invariants:
+//! - every modified metadata block is marked dirty in the cache in the same critical section
+//!   that modified it, with its checksum already updated;
+//! - a block freed by a transaction that has not committed is never handed out again (it sits
+//!   in `quarantine`), so ordered-mode data never overwrites a block that the last committed
+//!   metadata still points to;
+//! - `groups[g]` always equals group descriptor `g` as stored in its cached GDT block.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::cache::BlockCache;
+use crate::dev::BlockDevice;
+use crate::format::ext4::group_desc::{
+    bitmap_checksum, GroupDesc, GroupDescRef, BG_BLOCK_UNINIT, BG_INODE_UNINIT,
+};
+use crate::format::ext4::inode::Inode;
+use crate::format::ext4::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE};
+use crate::journal::Journal;
+use crate::{FsError, Result};
+
+/// Devices and journal, shared outside the lock.
+pub(crate) struct Io {
+    pub dev: Arc<dyn BlockDevice>,
+    pub journal: Journal,
+    /// Byte counters of the fs device.
+    pub counted: Arc<crate::dev::CountingDevice>,
+    /// Whether the journal lives on the fs device (its writes are then counted there too).
+    pub internal_journal: bool,
+}
+
+/// Fixed geometry derived from the superblock at mount.
+#[derive(Clone, Debug)]
+pub(crate) struct Geometry {
+    pub block_size: u32,
+    pub blocks_count: u64,
+    pub first_data_block: u64,
+    pub blocks_per_group: u32,
+    pub inodes_per_group: u32,
+    pub inode_size: u32,
+    pub desc_size: u32,
+    pub groups: u32,
+    pub first_ino: u32,
+    pub csum_seed: Option<u32>,
+    pub extra_isize: u16,
+    pub bit64: bool,
+}
+
+impl Geometry {
+    pub fn from_superblock(sb: &Superblock) -> Result<Geometry> {
+        let groups = u32::try_from(sb.group_count())
+            .map_err(|_| FsError::corrupt("too many block groups"))?;
+        let inode_size = u32::from(sb.inode_size());
+        let extra = if inode_size > 128 {
+            sb.want_extra_isize().max(sb.min_extra_isize()).max(32)
+        } else {
+            0
+        };
+        Ok(Geometry {
+            block_size: sb.block_size(),
+            blocks_count: sb.blocks_count(),
+            first_data_block: u64::from(sb.first_data_block()),
+            blocks_per_group: sb.blocks_per_group(),
+            inodes_per_group: sb.inodes_per_group(),
+            inode_size,
+            desc_size: sb.desc_size(),
+            groups,
+            first_ino: sb.first_ino(),
+            csum_seed: sb.csum_seed(),
+            extra_isize: extra.min(u16::try_from(inode_size.saturating_sub(128)).unwrap_or(0)),
+            bit64: sb.has_incompat(crate::format::ext4::superblock::incompat::BIT64),
+        })
+    }
+
+    pub fn bs(&self) -> usize {
+        self.block_size as usize
+    }
+
+    /// Block and byte offset of group descriptor `g` in the primary table.
+    pub fn desc_location(&self, g: u32) -> (u64, usize) {
+        let byte = u64::from(g) * u64::from(self.desc_size);
+        let bs = u64::from(self.block_size);
+        (self.first_data_block + 1 + byte / bs, (byte % bs) as usize)
+    }
+
+    pub fn group_of_block(&self, b: u64) -> u32 {
+        ((b - self.first_data_block) / u64::from(self.blocks_per_group)) as u32
+    }
+
+    pub fn group_first_block(&self, g: u32) -> u64 {
+        self.first_data_block + u64::from(g) * u64::from(self.blocks_per_group)
+    }
+
+    /// Blocks in group `g` (the last group may be short).
+    pub fn blocks_in_group(&self, g: u32) -> u32 {
+        let first = self.group_first_block(g);
+        (self.blocks_count - first).min(u64::from(self.blocks_per_group)) as u32
+    }
+
+    pub fn valid_ino(&self, ino: u64) -> bool {
+        ino >= 1 && ino <= u64::from(self.inodes_per_group) * u64::from(self.groups)
+    }
+}
+
+/// In-memory summary of one group descriptor.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupInfo {
+    pub block_bitmap: u64,
+    pub inode_bitmap: u64,
+    pub inode_table: u64,
+    pub free_blocks: u32,
+    pub free_inodes: u32,
+    pub used_dirs: u32,
+    pub flags: u16,
+    pub itable_unused: u32,
+}
+
+/// The state behind the file-system lock.
+pub(crate) struct Meta {
+    pub geo: Geometry,
+    pub sb: Superblock,
+    pub groups: Vec<GroupInfo>,
+    pub cache: BlockCache,
+    /// Tid of the running transaction.
+    pub tid: u32,
+    /// Blocks freed by the running transaction that need revoke records.
+    pub revoked: BTreeSet<u64>,
+    /// Blocks freed by the running transaction (released from quarantine after its commit).
+    pub freed_running: Vec<u64>,
+    /// Blocks that must not be allocated yet.
+    pub quarantine: HashSet<u64>,
+    /// Where the next block search starts, per flow of allocation.
+    pub block_cursor: u64,
+    pub read_only: bool,
+    /// The superblock's free counts changed and must be copied into its block.
+    pub sb_dirty: bool,
+    /// Block maps of inodes in use, loaded on first access.
+    pub maps: HashMap<u32, super::extents::ExtentMap>,
+    /// Name indexes of directories, built on first access.
+    pub dirs: HashMap<u32, super::dir::DirIndex>,
+    /// Open handles per inode.
+    pub open: HashMap<u32, u32>,
+    /// Next inode generation number.
+    pub next_generation: u32,
+    /// Copies of the blocks of the transaction being committed, until the journal holds them.
+    pub committing: HashMap<u64, Arc<[u8]>>,
+}
+
+impl Meta {
+    /// Loads block `nr` into the cache (newest committed journal copy first, else home).
+    pub fn load(&mut self, io: &Io, nr: u64) -> Result<()> {
+        if self.cache.contains(nr) {
+            return Ok(());
+        }
+        if nr >= self.geo.blocks_count {
+            return Err(FsError::corrupt(format!(
+                "metadata block {nr} is past the end of the file system ({} blocks)",
+                self.geo.blocks_count
+            )));
+        }
+        let newest = self.committing.get(&nr).cloned().or_else(|| io.journal.pending(nr));
+        let data: Box<[u8]> = match newest {
+            Some(copy) => Box::from(&copy[..]),
+            None => {
+                let mut buf = vec![0u8; self.geo.bs()].into_boxed_slice();
+                io.dev.read_at(nr * u64::from(self.geo.block_size), &mut buf)?;
+                buf
+            }
+        };
+        self.cache.insert(nr, data);
+        Ok(())
+    }
+
+    /// A metadata block for reading.
+    pub fn block(&mut self, io: &Io, nr: u64) -> Result<&[u8]> {
+        self.load(io, nr)?;
+        // OK to unwrap: `load` just inserted it and nothing ran in between.
+        Ok(self.cache.get(nr).expect("block just loaded"))
+    }
+
+    /// A metadata block for modification; it joins the running transaction.
+    pub fn block_mut(&mut self, io: &Io, nr: u64) -> Result<&mut [u8]> {
+        if self.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        self.load(io, nr)?;
+        self.revoked.remove(&nr);
+        // OK to unwrap: `load` just inserted it and nothing ran in between.
+        Ok(self.cache.get_mut(nr).expect("block just loaded"))
+    }
+
+    /// A block newly allocated as metadata: zero-filled, owned by the running transaction,
+    /// without reading its old content.
+    pub fn new_block_mut(&mut self, nr: u64) -> &mut [u8] {
+        self.cache.forget(nr);
+        self.cache.insert(nr, vec![0u8; self.geo.bs()].into_boxed_slice());
+        self.revoked.remove(&nr);
+        // OK to unwrap: inserted just above.
+        self.cache.get_mut(nr).expect("block just inserted")
+    }
+
+    /// Block number and byte offset of the superblock.
+    pub fn sb_location(&self) -> (u64, usize) {
+        let bs = u64::from(self.geo.block_size);
+        (SUPERBLOCK_OFFSET / bs, (SUPERBLOCK_OFFSET % bs) as usize)
+    }
+
+    /// Copies the in-memory superblock into its cached block (with a fresh checksum).
+    pub fn flush_sb_to_cache(&mut self, io: &Io) -> Result<()> {
+        self.sb.update_checksum();
+        let (nr, off) = self.sb_location();
+        let sb = self.sb.clone();
+        let b = self.block_mut(io, nr)?;
+        sb.write(&mut b[off..off + SUPERBLOCK_SIZE]);
+        self.sb_dirty = false;
+        Ok(())
+    }
+
+    // ----- group descriptors -----
+
+    pub fn load_groups(&mut self, io: &Io) -> Result<()> {
+        let mut groups = Vec::with_capacity(self.geo.groups as usize);
+        for g in 0..self.geo.groups {
+            let (nr, off) = self.geo.desc_location(g);
+            let ds = self.geo.desc_size as usize;
+            let seed = self.geo.csum_seed;
+            let b = self.block(io, nr)?;
+            let d = GroupDescRef::new(&b[off..off + ds]);
+            if let Some(seed) = seed {
+                if d.checksum() != d.compute_checksum(seed, g) {
+                    return Err(FsError::corrupt(format!(
+                        "group descriptor {g} checksum mismatch"
+                    )));
+                }
+            }
+            let info = GroupInfo {
+                block_bitmap: d.block_bitmap(),
+                inode_bitmap: d.inode_bitmap(),
+                inode_table: d.inode_table(),
+                free_blocks: d.free_blocks(),
+                free_inodes: d.free_inodes(),
+                used_dirs: d.used_dirs(),
+                flags: d.flags(),
+                itable_unused: d.itable_unused(),
+            };
+            let limit = self.geo.blocks_count;
+            for (what, b) in [
+                ("block bitmap", info.block_bitmap),
+                ("inode bitmap", info.inode_bitmap),
+                ("inode table", info.inode_table),
+            ] {
+                if b == 0 || b >= limit {
+                    return Err(FsError::corrupt(format!(
+                        "group {g}: {what} at block {b} is outside the file system"
+                    )));
+                }
+            }
+            groups.push(info);
+        }
+        self.groups = groups;
+        Ok(())
+    }
+
+    /// Writes `groups[g]` into its descriptor, with bitmap checksums `bb`/`ib` if given.
+    fn store_group(&mut self, io: &Io, g: u32, bb_csum: Option<u32>, ib_csum: Option<u32>) -> Result<()> {
+        let info = self.groups[g as usize];
+        let (nr, off) = self.geo.desc_location(g);
+        let ds = self.geo.desc_size as usize;
+        let seed = self.geo.csum_seed;
+        let b = self.block_mut(io, nr)?;
+        let mut d = GroupDesc::new(&mut b[off..off + ds]);
+        d.set_free_blocks(info.free_blocks);
+        d.set_free_inodes(info.free_inodes);
+        d.set_used_dirs(info.used_dirs);
+        d.set_flags(info.flags);
+        d.set_itable_unused(info.itable_unused);
+        if let Some(c) = bb_csum {
+            d.set_block_bitmap_csum(c);
+        }
+        if let Some(c) = ib_csum {
+            d.set_inode_bitmap_csum(c);
+        }
+        if let Some(seed) = seed {
+            d.update_checksum(seed, g);
+        }
+        self.sb_dirty = true;
+        Ok(())
+    }
+
+    // ----- bitmaps -----
+
+    /// Computes the block bitmap of a BLOCK_UNINIT group: group metadata that lies inside it.
+    fn init_block_bitmap(&self, g: u32) -> Vec<u8> {
+        let bs = self.geo.bs();
+        let mut bm = vec![0u8; bs];
+        let first = self.geo.group_first_block(g);
+        let n = u64::from(self.geo.blocks_in_group(g));
+        let mut mark = |b: u64| {
+            if b >= first && b < first + n {
+                let i = (b - first) as usize;
+                bm[i / 8] |= 1 << (i % 8);
+            }
+        };
+        if self.sb.group_has_super(u64::from(g)) {
+            let meta = 1 + self.sb.gdt_blocks() + u64::from(self.sb.reserved_gdt_blocks());
+            for b in first..first + meta {
+                mark(b);
+            }
+        }
+        let itable_blocks =
+            (u64::from(self.geo.inodes_per_group) * u64::from(self.geo.inode_size)).div_ceil(u64::from(self.geo.block_size));
+        for h in &self.groups {
+            mark(h.block_bitmap);
+            mark(h.inode_bitmap);
+            for b in h.inode_table..h.inode_table + itable_blocks {
+                mark(b);
+            }
+        }
+        for i in n as usize..bs * 8 {
+            bm[i / 8] |= 1 << (i % 8);
+        }
+        bm
+    }
+
+    fn block_bitmap_len(&self) -> usize {
+        (self.geo.blocks_per_group / 8) as usize
+    }
+
+    fn inode_bitmap_len(&self) -> usize {
+        (self.geo.inodes_per_group / 8) as usize
+    }
+
+    /// Makes sure group `g`'s block bitmap is initialised in the cache.
+    fn prepare_block_bitmap(&mut self, io: &Io, g: u32) -> Result<()> {
+        let info = self.groups[g as usize];
+        if info.flags & BG_BLOCK_UNINIT != 0 {
+            let bm = self.init_block_bitmap(g);
+            self.new_block_mut(info.block_bitmap).copy_from_slice(&bm);
+            self.groups[g as usize].flags &= !BG_BLOCK_UNINIT;
+            let c = self.geo.csum_seed.map(|s| bitmap_checksum(s, &bm, self.block_bitmap_len()));
+            self.store_group(io, g, c, None)?;
+        }
+        Ok(())
+    }
+
+    /// Whether block `b` is marked in use.
+    pub fn block_in_use(&mut self, io: &Io, b: u64) -> Result<bool> {
+        let g = self.geo.group_of_block(b);
+        let info = self.groups[g as usize];
+        let i = (b - self.geo.group_first_block(g)) as usize;
+        if info.flags & BG_BLOCK_UNINIT != 0 {
+            let bm = self.init_block_bitmap(g);
+            return Ok(bm[i / 8] & (1 << (i % 8)) != 0);
+        }
+        let bm = self.block(io, info.block_bitmap)?;
+        Ok(bm[i / 8] & (1 << (i % 8)) != 0)
+    }
+
+    /// Free blocks in the whole file system.
+    pub fn free_blocks(&self) -> u64 {
+        self.sb.free_blocks_count()
+    }
+
+    /// Allocates one block, searching from `goal`. Fails with `NoSpace`.
+    pub fn alloc_block(&mut self, io: &Io, goal: u64) -> Result<u64> {
+        if self.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        let goal = if goal < self.geo.first_data_block || goal >= self.geo.blocks_count {
+            self.block_cursor
+        } else {
+            goal
+        };
+        let start_group = self.geo.group_of_block(goal.max(self.geo.first_data_block));
+        let groups = self.geo.groups;
+        for step in 0..=groups {
+            let g = (start_group + step) % groups;
+            if self.groups[g as usize].free_blocks == 0 {
+                continue;
+            }
+            let first = self.geo.group_first_block(g);
+            let n = self.geo.blocks_in_group(g) as usize;
+            let from = if step == 0 && goal >= first { (goal - first) as usize } else { 0 };
+            self.prepare_block_bitmap(io, g)?;
+            let bb = self.groups[g as usize].block_bitmap;
+            let found = {
+                self.load(io, bb)?;
+                let quarantine = &self.quarantine;
+                // OK to unwrap: loaded just above.
+                let bm = self.cache.get(bb).expect("bitmap loaded");
+                let mut found = None;
+                for pass in 0..2 {
+                    let (lo, hi) = if pass == 0 { (from, n) } else { (0, from.min(n)) };
+                    let mut i = lo;
+                    while i < hi {
+                        if bm[i / 8] == 0xFF && i % 8 == 0 {
+                            i += 8;
+                            continue;
+                        }
+                        if bm[i / 8] & (1 << (i % 8)) == 0 && !quarantine.contains(&(first + i as u64)) {
+                            found = Some(i);
+                            break;
+                        }
+                        i += 1;
+                    }
+                    if found.is_some() {
+                        break;
+                    }
+                }
+                found
+            };
+            let Some(i) = found else { continue };
+            let len = self.block_bitmap_len();
+            let seed = self.geo.csum_seed;
+            let bm = self.block_mut(io, bb)?;
+            bm[i / 8] |= 1 << (i % 8);
+            let c = seed.map(|s| bitmap_checksum(s, bm, len));
+            self.groups[g as usize].free_blocks -= 1;
+            self.store_group(io, g, c, None)?;
+            let free = self.sb.free_blocks_count().saturating_sub(1);
+            self.sb.set_free_blocks_count(free);
+            let b = first + i as u64;
+            self.block_cursor = b + 1;
+            return Ok(b);
+        }
+        Err(FsError::NoSpace)
+    }
+
+    /// Frees block `b`. `journaled` says whether it held journaled metadata (then a revoke
+    /// record keeps replay from overwriting its next use).
+    pub fn free_block(&mut self, io: &Io, b: u64, journaled: bool) -> Result<()> {
+        if b < self.geo.first_data_block || b >= self.geo.blocks_count {
+            return Err(FsError::corrupt(format!("freeing block {b} outside the file system")));
+        }
+        let g = self.geo.group_of_block(b);
+        self.prepare_block_bitmap(io, g)?;
+        let bb = self.groups[g as usize].block_bitmap;
+        let i = (b - self.geo.group_first_block(g)) as usize;
+        let len = self.block_bitmap_len();
+        let seed = self.geo.csum_seed;
+        let bm = self.block_mut(io, bb)?;
+        if bm[i / 8] & (1 << (i % 8)) == 0 {
+            return Err(FsError::corrupt(format!("block {b} freed twice")));
+        }
+        bm[i / 8] &= !(1 << (i % 8));
+        let c = seed.map(|s| bitmap_checksum(s, bm, len));
+        self.groups[g as usize].free_blocks += 1;
+        self.store_group(io, g, c, None)?;
+        let free = self.sb.free_blocks_count() + 1;
+        self.sb.set_free_blocks_count(free);
+        self.quarantine.insert(b);
+        self.freed_running.push(b);
+        if journaled {
+            self.cache.forget(b);
+            self.revoked.insert(b);
+        }
+        Ok(())
+    }
+
+    /// Allocates an inode near group `near`. Directories prefer the emptiest group.
+    pub fn alloc_inode(&mut self, io: &Io, near: u32, is_dir: bool) -> Result<u32> {
+        if self.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        let groups = self.geo.groups;
+        let start = if is_dir {
+            // Spread directories: the group with the most free inodes, ties to the nearest.
+            (0..groups)
+                .max_by_key(|g| (self.groups[*g as usize].free_inodes, u32::MAX - g.abs_diff(near)))
+                .unwrap_or(0)
+        } else {
+            near % groups
+        };
+        let ipg = self.geo.inodes_per_group;
+        for step in 0..groups {
+            let g = (start + step) % groups;
+            if self.groups[g as usize].free_inodes == 0 {
+                continue;
+            }
+            let info = self.groups[g as usize];
+            let len = self.inode_bitmap_len();
+            let seed = self.geo.csum_seed;
+            if info.flags & BG_INODE_UNINIT != 0 {
+                let bs = self.geo.bs();
+                let bm = self.new_block_mut(info.inode_bitmap);
+                for i in ipg as usize..bs * 8 {
+                    bm[i / 8] |= 1 << (i % 8);
+                }
+                self.groups[g as usize].flags &= !BG_INODE_UNINIT;
+            }
+            let first_usable = if g == 0 { self.geo.first_ino - 1 } else { 0 };
+            let bm = self.block_mut(io, info.inode_bitmap)?;
+            let mut found = None;
+            for i in first_usable as usize..ipg as usize {
+                if bm[i / 8] & (1 << (i % 8)) == 0 {
+                    found = Some(i);
+                    break;
+                }
+            }
+            let Some(i) = found else {
+                // The descriptor said free inodes exist but the bitmap disagrees.
+                return Err(FsError::corrupt(format!("group {g}: free inode count disagrees with its bitmap")));
+            };
+            bm[i / 8] |= 1 << (i % 8);
+            let c = seed.map(|s| bitmap_checksum(s, bm, len));
+            let gi = &mut self.groups[g as usize];
+            gi.free_inodes -= 1;
+            if is_dir {
+                gi.used_dirs += 1;
+            }
+            let used_end = ipg - gi.itable_unused;
+            if i as u32 >= used_end {
+                gi.itable_unused = ipg - i as u32 - 1;
+            }
+            self.store_group(io, g, None, c)?;
+            let free = self.sb.free_inodes_count().saturating_sub(1);
+            self.sb.set_free_inodes_count(free);
+            return Ok(g * ipg + i as u32 + 1);
+        }
+        Err(FsError::NoSpace)
+    }
+
+    /// Frees inode `ino`.
+    pub fn free_inode(&mut self, io: &Io, ino: u32, is_dir: bool) -> Result<()> {
+        let ipg = self.geo.inodes_per_group;
+        let g = (ino - 1) / ipg;
+        let i = ((ino - 1) % ipg) as usize;
+        let info = self.groups[g as usize];
+        let len = self.inode_bitmap_len();
+        let seed = self.geo.csum_seed;
+        let bm = self.block_mut(io, info.inode_bitmap)?;
+        if bm[i / 8] & (1 << (i % 8)) == 0 {
+            return Err(FsError::corrupt(format!("inode {ino} freed twice")));
+        }
+        bm[i / 8] &= !(1 << (i % 8));
+        let c = seed.map(|s| bitmap_checksum(s, bm, len));
+        let gi = &mut self.groups[g as usize];
+        gi.free_inodes += 1;
+        if is_dir {
+            gi.used_dirs = gi.used_dirs.saturating_sub(1);
+        }
+        self.store_group(io, g, None, c)?;
+        let free = self.sb.free_inodes_count() + 1;
+        self.sb.set_free_inodes_count(free);
+        Ok(())
+    }
+
+    // ----- inodes -----
+
+    fn inode_location(&self, ino: u32) -> Result<(u64, usize)> {
+        if !self.geo.valid_ino(u64::from(ino)) {
+            return Err(FsError::NotFound);
+        }
+        let ipg = self.geo.inodes_per_group;
+        let g = (ino - 1) / ipg;
+        let idx = u64::from((ino - 1) % ipg);
+        let byte = idx * u64::from(self.geo.inode_size);
+        let bs = u64::from(self.geo.block_size);
+        Ok((self.groups[g as usize].inode_table + byte / bs, (byte % bs) as usize))
+    }
+
+    /// Reads inode `ino` (checksum verified).
+    pub fn read_inode(&mut self, io: &Io, ino: u32) -> Result<Inode> {
+        let (nr, off) = self.inode_location(ino)?;
+        let isz = self.geo.inode_size as usize;
+        let seed = self.geo.csum_seed;
+        let b = self.block(io, nr)?;
+        let inode = Inode::from_bytes(&b[off..off + isz]);
+        inode.verify(seed, ino)?;
+        Ok(inode)
+    }
+
+    /// Stores inode `ino` with a fresh checksum.
+    pub fn write_inode(&mut self, io: &Io, ino: u32, inode: &mut Inode) -> Result<()> {
+        let (nr, off) = self.inode_location(ino)?;
+        inode.update_checksum(self.geo.csum_seed, ino);
+        let isz = self.geo.inode_size as usize;
+        let b = self.block_mut(io, nr)?;
+        b[off..off + isz].copy_from_slice(inode.as_bytes());
+        Ok(())
+    }
+
+    /// Whether inode `ino` is marked in use in its bitmap.
+    pub fn inode_in_use(&mut self, io: &Io, ino: u32) -> Result<bool> {
+        if !self.geo.valid_ino(u64::from(ino)) {
+            return Ok(false);
+        }
+        let ipg = self.geo.inodes_per_group;
+        let g = (ino - 1) / ipg;
+        let i = ((ino - 1) % ipg) as usize;
+        let info = self.groups[g as usize];
+        if info.flags & BG_INODE_UNINIT != 0 {
+            return Ok(false);
+        }
+        let bm = self.block(io, info.inode_bitmap)?;
+        Ok(bm[i / 8] & (1 << (i % 8)) != 0)
+    }
+}

@@ -1,0 +1,841 @@
+//! The file system: inodes, directories, files, allocation, all through journal transactions.
+//! This is the embeddable library API; the FUSE adapter is a thin layer over [`Fs`].
+//!
+//! Concurrency: one lock (`meta`) guards all metadata; every operation runs inside it, so each
+//! lands whole in the running transaction. Commits are serialised by `commit_lock` and do their
+//! journal I/O without holding `meta`, so operations go on while a transaction commits, and all
+//! the fsyncs that arrive during one commit share the next one (group commit). File reads plan
+//! under `meta` and read the device outside it, under a per-inode data lock that keeps a
+//! truncate from freeing the blocks being read.
+
+mod api;
+mod dir;
+mod extents;
+mod meta;
+mod ops;
+
+pub use api::*;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::cache::BlockCache;
+use crate::dev::{BlockDevice, FileDev};
+use crate::format::ext4::extent::{parse_node, ExtentNode};
+use crate::format::ext4::group_desc::GroupDescRef;
+use crate::format::ext4::inode::Inode;
+use crate::format::ext4::superblock::{
+    self, compat, describe_unknown, incompat, ro_compat, Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE,
+};
+use crate::journal::{CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, RecoveryReport};
+use crate::{FsError, Result};
+
+use meta::{Geometry, Io, Meta};
+
+/// Live counters kept by the fs layer (the journal keeps its own).
+#[derive(Default)]
+struct Counters {
+    fsyncs: AtomicU64,
+    commits: AtomicU64,
+    committed_blocks: AtomicU64,
+    /// Recent fsync latencies in microseconds (a bounded window).
+    fsync_us: Mutex<Vec<u32>>,
+}
+
+const LATENCY_WINDOW: usize = 100_000;
+
+struct Inner {
+    io: Io,
+    meta: Mutex<Meta>,
+    /// Serialises commits; held across the journal I/O of one transaction.
+    commit_lock: Mutex<()>,
+    /// Tid of the last transaction that is durable.
+    committed_tid: AtomicU32,
+    data_locks: Mutex<HashMap<u32, Arc<RwLock<()>>>>,
+    counters: Counters,
+    read_only: bool,
+    closed: AtomicBool,
+    /// Wakes the background thread early (unmount).
+    wake: (Mutex<bool>, Condvar),
+    commit_interval: Duration,
+    recovery: Option<RecoveryReport>,
+}
+
+/// A mounted tidefs file system. All methods take `&self` and may be called from many threads.
+pub struct Fs {
+    inner: Arc<Inner>,
+    background: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn journal_err_to_readonly(meta: &mut Meta, e: FsError) -> FsError {
+    // A failed journal write or flush latches the file system read-only (DESIGN.md; jbd2 abort).
+    meta.read_only = true;
+    e
+}
+
+/// Reads the superblock of `dev` and refuses what tidefs cannot handle.
+fn read_superblock(dev: &dyn BlockDevice, read_only: bool) -> Result<Superblock> {
+    if dev.len_bytes() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
+        return Err(FsError::corrupt(format!(
+            "image is too small ({} bytes) to hold an ext4 superblock",
+            dev.len_bytes()
+        )));
+    }
+    let mut buf = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(SUPERBLOCK_OFFSET, &mut buf)?;
+    let sb = Superblock::parse(&buf)?;
+    if sb.has_incompat(incompat::JOURNAL_DEV) {
+        return Err(FsError::Incompatible(
+            "journal_dev: this is an external journal device, not a file system".into(),
+        ));
+    }
+    if let Some(names) = describe_unknown(sb.feature_incompat(), incompat::SUPPORTED, incompat::NAMES) {
+        return Err(FsError::Incompatible(format!("incompat feature(s) {names}")));
+    }
+    if !read_only {
+        if let Some(names) = describe_unknown(sb.feature_ro_compat(), ro_compat::SUPPORTED, ro_compat::NAMES) {
+            return Err(FsError::Incompatible(format!(
+                "ro_compat feature(s) {names} (the image can only be mounted read-only)"
+            )));
+        }
+        if !sb.has_compat(compat::HAS_JOURNAL) {
+            return Err(FsError::Incompatible("no journal (has_journal is off); tidefs writes only through a journal".into()));
+        }
+        if !sb.has_incompat(incompat::EXTENTS) {
+            return Err(FsError::Incompatible("extent feature off (ext2/ext3 block maps)".into()));
+        }
+    }
+    let need = sb.blocks_count() * u64::from(sb.block_size());
+    if dev.len_bytes() < need {
+        return Err(FsError::corrupt(format!(
+            "image is truncated: {} bytes, but the superblock describes {need}",
+            dev.len_bytes()
+        )));
+    }
+    Ok(sb)
+}
+
+/// Reads inode `ino` straight from the device (before the journal exists).
+fn read_inode_direct(dev: &dyn BlockDevice, sb: &Superblock, geo: &Geometry, ino: u32) -> Result<Inode> {
+    let g = (ino - 1) / geo.inodes_per_group;
+    let (nr, off) = geo.desc_location(g);
+    let bs = u64::from(geo.block_size);
+    let mut desc = vec![0u8; geo.desc_size as usize];
+    dev.read_at(nr * bs + off as u64, &mut desc)?;
+    let d = GroupDescRef::new(&desc);
+    let idx = u64::from((ino - 1) % geo.inodes_per_group);
+    let pos = d.inode_table() * bs + idx * u64::from(geo.inode_size);
+    let mut raw = vec![0u8; geo.inode_size as usize];
+    dev.read_at(pos, &mut raw)?;
+    let inode = Inode::from_bytes(&raw);
+    inode.verify(sb.csum_seed(), ino)?;
+    Ok(inode)
+}
+
+/// The journal's extents, from inode 8's extent tree read straight from the device.
+fn journal_extents(dev: &dyn BlockDevice, geo: &Geometry, inode: &Inode) -> Result<Vec<JournalExtent>> {
+    let mut out = Vec::new();
+    let mut stack = vec![parse_node(inode.i_block())?];
+    let mut budget = 10_000;
+    while let Some(node) = stack.pop() {
+        budget -= 1;
+        if budget == 0 {
+            return Err(FsError::corrupt("journal inode extent tree too large"));
+        }
+        match node {
+            ExtentNode::Leaf(exts) => {
+                for e in exts {
+                    out.push(JournalExtent { logical_start: e.logical, device_block: e.physical, len: e.len });
+                }
+            }
+            ExtentNode::Index { entries, .. } => {
+                for x in entries {
+                    let mut b = vec![0u8; geo.bs()];
+                    dev.read_at(x.child * u64::from(geo.block_size), &mut b)?;
+                    stack.push(parse_node(&b)?);
+                }
+            }
+        }
+    }
+    out.sort_by_key(|e| e.logical_start);
+    if out.is_empty() {
+        return Err(FsError::corrupt("journal inode has no blocks"));
+    }
+    Ok(out)
+}
+
+impl Fs {
+    /// Opens the image (file or block device) at `image`, replaying its journal first if needed.
+    pub fn open(image: &Path, opts: &MountOptions) -> Result<Fs> {
+        let dev = FileDev::open(image, opts.read_only).map_err(|e| {
+            FsError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", image.display())))
+        })?;
+        let jdev: Option<Arc<dyn BlockDevice>> = match &opts.journal_device {
+            Some(p) => Some(Arc::new(FileDev::open(p, opts.read_only).map_err(|e| {
+                FsError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+            })?)),
+            None => None,
+        };
+        Fs::open_devices(Arc::new(dev), jdev, opts)
+    }
+
+    /// Opens a file system on already-open devices.
+    pub fn open_devices(
+        dev: Arc<dyn BlockDevice>,
+        journal_dev: Option<Arc<dyn BlockDevice>>,
+        opts: &MountOptions,
+    ) -> Result<Fs> {
+        let ro = opts.read_only;
+        let counted = Arc::new(crate::dev::CountingDevice::new(dev));
+        let dev: Arc<dyn BlockDevice> = counted.clone();
+        let sb = read_superblock(dev.as_ref(), ro)?;
+        let geo = Geometry::from_superblock(&sb)?;
+        let jopts = JournalOptions {
+            read_only: ro,
+            csum_v3: sb.has_ro_compat(ro_compat::METADATA_CSUM),
+            tags_64bit: sb.has_incompat(incompat::BIT64),
+        };
+        let jgeo = if sb.journal_inum() != 0 {
+            if journal_dev.is_some() {
+                return Err(FsError::Invalid("the image has an internal journal; journal_device does not apply"));
+            }
+            let ji = read_inode_direct(dev.as_ref(), &sb, &geo, sb.journal_inum())?;
+            JournalGeometry::internal(dev.clone(), geo.block_size, journal_extents(dev.as_ref(), &geo, &ji)?)
+        } else if sb.has_compat(compat::HAS_JOURNAL) {
+            let Some(jdev) = journal_dev else {
+                return Err(FsError::Invalid(
+                    "the image uses an external journal: pass journal_device=PATH",
+                ));
+            };
+            JournalGeometry::external(jdev, geo.block_size, sb.uuid())?
+        } else {
+            return Err(FsError::Incompatible("no journal (has_journal is off)".into()));
+        };
+        let journal = Journal::open(jgeo, dev.clone(), jopts)?;
+        let recovery = if journal.needs_recovery() || sb.has_incompat(incompat::RECOVER) && journal.needs_recovery() {
+            Some(journal.recover()?)
+        } else {
+            None
+        };
+        // Recovery may have replayed the superblock itself.
+        let sb = if recovery.is_some() && !ro { read_superblock(dev.as_ref(), ro)? } else { sb };
+        let geo = Geometry::from_superblock(&sb)?;
+        let internal_journal = sb.journal_inum() != 0;
+        let io = Io { dev, journal, counted, internal_journal };
+        let tid = io.journal.next_tid();
+        let cache_blocks = opts.cache_size_bytes / geo.bs();
+        let mut meta = Meta {
+            geo,
+            sb,
+            groups: Vec::new(),
+            cache: BlockCache::new(cache_blocks),
+            tid,
+            revoked: BTreeSet::new(),
+            freed_running: Vec::new(),
+            quarantine: HashSet::new(),
+            block_cursor: 0,
+            read_only: false,
+            sb_dirty: false,
+            maps: HashMap::new(),
+            dirs: HashMap::new(),
+            open: HashMap::new(),
+            next_generation: ops::now().nsec,
+            committing: HashMap::new(),
+        };
+        meta.load_groups(&io)?;
+        meta.read_only = ro;
+        let root = meta.read_inode(&io, ROOT_INO as u32)?;
+        if !root.is_dir() {
+            return Err(FsError::corrupt("the root inode is not a directory"));
+        }
+        let inner = Arc::new(Inner {
+            io,
+            meta: Mutex::new(meta),
+            commit_lock: Mutex::new(()),
+            committed_tid: AtomicU32::new(tid.wrapping_sub(1)),
+            data_locks: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+            read_only: ro,
+            closed: AtomicBool::new(false),
+            wake: (Mutex::new(false), Condvar::new()),
+            commit_interval: opts.commit_interval.max(Duration::from_millis(10)),
+            recovery,
+        });
+        if !ro {
+            inner.mark_mounted()?;
+            inner.process_orphans()?;
+        }
+        let fs = Fs { inner: inner.clone(), background: Mutex::new(None) };
+        if !ro {
+            let bg = std::thread::Builder::new()
+                .name("tidefs-commit".into())
+                .spawn(move || inner.background_loop())
+                .map_err(FsError::Io)?;
+            *fs.background.lock() = Some(bg);
+        }
+        Ok(fs)
+    }
+
+    /// What journal recovery did when this file system was opened (`None` if not needed).
+    pub fn recovery_report(&self) -> Option<RecoveryReport> {
+        self.inner.recovery.clone()
+    }
+
+    /// Clean unmount: final commit, checkpoint, empty journal, clean state. Later calls fail.
+    pub fn unmount(&self) -> Result<()> {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        {
+            let (lock, cv) = &self.inner.wake;
+            *lock.lock() = true;
+            cv.notify_all();
+        }
+        if let Some(h) = self.background.lock().take() {
+            let _ = h.join();
+        }
+        if self.inner.read_only {
+            return Ok(());
+        }
+        self.inner.mark_clean()
+    }
+
+    /// Block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.inner.meta.lock().geo.block_size
+    }
+
+    /// Runs `f` on the locked metadata, after checking the fs is open, then commits early if the
+    /// running transaction grew too large.
+    fn with_meta<T>(&self, write: bool, f: impl FnOnce(&mut Meta, &Io) -> Result<T>) -> Result<T> {
+        let inner = &self.inner;
+        if inner.closed.load(Ordering::SeqCst) {
+            return Err(FsError::ReadOnly);
+        }
+        let (r, big) = {
+            let mut m = inner.meta.lock();
+            if write && m.read_only {
+                return Err(FsError::ReadOnly);
+            }
+            let r = f(&mut m, &inner.io);
+            let big = m.cache.dirty_count() + m.revoked.len() >= inner.io.journal.max_transaction_blocks() / 2;
+            (r, big)
+        };
+        if write && big {
+            inner.commit_running()?;
+        }
+        r
+    }
+
+    fn data_lock(&self, ino: u32) -> Arc<RwLock<()>> {
+        self.inner.data_locks.lock().entry(ino).or_default().clone()
+    }
+
+    /// Finds `name` in directory `parent`.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        self.with_meta(false, |m, io| {
+            let p = m.ino32(parent)?;
+            let pi = m.live_inode(io, p)?;
+            if !pi.is_dir() {
+                return Err(FsError::NotDir);
+            }
+            if name.len() > crate::format::ext4::dirent::NAME_MAX {
+                return Err(FsError::NameTooLong);
+            }
+            let slot = m.dir_lookup(io, p, name)?.ok_or(FsError::NotFound)?;
+            let i = m.live_inode(io, slot.ino)?;
+            Ok(m.attr(slot.ino, &i))
+        })
+    }
+
+    /// Attributes of `ino`.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.with_meta(false, |m, io| {
+            let n = m.ino32(ino)?;
+            let i = m.live_inode(io, n)?;
+            Ok(m.attr(n, &i))
+        })
+    }
+
+    /// Changes attributes (chmod, chown, truncate, utimens). Permission checks are the caller's.
+    pub fn setattr(&self, ino: Ino, changes: &SetAttr) -> Result<Attr> {
+        let n = self.inner.meta.lock().ino32(ino)?;
+        let lock = self.data_lock(n);
+        let _g = changes.size.map(|_| lock.write());
+        self.with_meta(true, |m, io| m.setattr(io, n, changes))
+    }
+
+    /// Creates a regular file, device node, fifo or socket; `mode` carries the `S_IFMT` type bits
+    /// and the permission bits; `rdev` is the device number for device nodes.
+    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, rdev: u32, creds: Creds) -> Result<Attr> {
+        self.with_meta(true, |m, io| {
+            let p = m.ino32(parent)?;
+            m.create(io, p, name, mode, rdev, creds)
+        })
+    }
+
+    /// Creates a directory with permission bits `perm`.
+    pub fn mkdir(&self, parent: Ino, name: &[u8], perm: u16, creds: Creds) -> Result<Attr> {
+        self.with_meta(true, |m, io| {
+            let p = m.ino32(parent)?;
+            m.mkdir(io, p, name, perm, creds)
+        })
+    }
+
+    /// Creates a symbolic link to `target`.
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], creds: Creds) -> Result<Attr> {
+        self.with_meta(true, |m, io| {
+            let p = m.ino32(parent)?;
+            m.symlink(io, p, name, target, creds)
+        })
+    }
+
+    /// Adds a hard link to `ino` as `new_name` in `new_parent`.
+    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
+        self.with_meta(true, |m, io| {
+            let (n, p) = (m.ino32(ino)?, m.ino32(new_parent)?);
+            m.link(io, n, p, new_name)
+        })
+    }
+
+    /// Removes a non-directory entry.
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.with_meta(true, |m, io| {
+            let p = m.ino32(parent)?;
+            m.unlink(io, p, name)
+        })
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.with_meta(true, |m, io| {
+            let p = m.ino32(parent)?;
+            m.rmdir(io, p, name)
+        })
+    }
+
+    /// Renames an entry, possibly replacing or exchanging with the target.
+    pub fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: RenameFlags) -> Result<()> {
+        self.with_meta(true, |m, io| {
+            let (p, np) = (m.ino32(parent)?, m.ino32(new_parent)?);
+            m.rename(io, p, name, np, new_name, flags)
+        })
+    }
+
+    /// Target of a symbolic link.
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        self.with_meta(false, |m, io| {
+            let n = m.ino32(ino)?;
+            m.readlink(io, n)
+        })
+    }
+
+    /// Reads up to `size` bytes at `offset` (short at end of file).
+    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let n = self.inner.meta.lock().ino32(ino)?;
+        let lock = self.data_lock(n);
+        let _g = lock.read();
+        let plan = self.with_meta(false, |m, io| m.read_plan(io, n, offset, size))?;
+        let total: usize = plan.iter().map(|s| s.len).sum();
+        let mut out = vec![0u8; total];
+        let mut at = 0;
+        for s in plan {
+            if let Some(d) = s.device_offset {
+                self.inner.io.dev.read_at(d, &mut out[at..at + s.len])?;
+            }
+            at += s.len;
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset`; returns the bytes written.
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
+        let n = self.inner.meta.lock().ino32(ino)?;
+        let lock = self.data_lock(n);
+        let _g = lock.write();
+        self.with_meta(true, |m, io| m.write(io, n, offset, data))
+    }
+
+    /// Allocates `[offset, offset+len)`; grows the size unless `keep_size`.
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        let n = self.inner.meta.lock().ino32(ino)?;
+        let lock = self.data_lock(n);
+        let _g = lock.write();
+        self.with_meta(true, |m, io| m.fallocate(io, n, offset, len, keep_size))
+    }
+
+    /// Makes the file durable (only its data and the metadata needed to read it if `datasync`).
+    pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
+        let _ = datasync;
+        let start = Instant::now();
+        self.getattr(ino)?;
+        let r = self.inner.sync_all();
+        let us = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
+        let c = &self.inner.counters;
+        c.fsyncs.fetch_add(1, Ordering::Relaxed);
+        let mut lat = c.fsync_us.lock();
+        if lat.len() >= LATENCY_WINDOW {
+            lat.drain(..LATENCY_WINDOW / 2);
+        }
+        lat.push(us);
+        r
+    }
+
+    /// Makes everything durable.
+    pub fn sync(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(FsError::ReadOnly);
+        }
+        self.inner.sync_all()
+    }
+
+    /// Lists `ino` from cookie `offset` (0 = start), calling `emit` per entry until it returns
+    /// false (reply buffer full). Includes "." and "..".
+    pub fn readdir(&self, ino: Ino, offset: u64, emit: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
+        let mut offset = offset;
+        loop {
+            let batch = self.with_meta(false, |m, io| {
+                let n = m.ino32(ino)?;
+                m.live_inode(io, n)?;
+                let recs = m.dir_records_from(io, n, offset, 256)?;
+                let mut out = Vec::with_capacity(recs.len());
+                for (r, next) in recs {
+                    let kind = match ops::kind_of_ft(r.file_type) {
+                        Some(k) => k,
+                        None => ops::kind_of(m.read_inode(io, r.inode)?.mode()),
+                    };
+                    out.push(DirEntry { ino: u64::from(r.inode), kind, name: r.name, next_offset: next });
+                }
+                Ok(out)
+            })?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for e in batch {
+                offset = e.next_offset;
+                if !emit(e) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// File-system totals.
+    pub fn statfs(&self) -> Result<StatFs> {
+        self.with_meta(false, |m, _| {
+            let sb = &m.sb;
+            let free = sb.free_blocks_count();
+            Ok(StatFs {
+                blocks: sb.blocks_count(),
+                blocks_free: free,
+                blocks_available: free.saturating_sub(sb.r_blocks_count()),
+                files: u64::from(sb.inodes_count()),
+                files_free: u64::from(sb.free_inodes_count()),
+                block_size: m.geo.block_size,
+                name_max: 255,
+            })
+        })
+    }
+
+    /// Value of extended attribute `name` (full name with namespace prefix, e.g. `user.x`).
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        self.with_meta(false, |m, io| {
+            let n = m.ino32(ino)?;
+            m.getxattr(io, n, name)
+        })
+    }
+
+    /// Names of all extended attributes of `ino`.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        self.with_meta(false, |m, io| {
+            let n = m.ino32(ino)?;
+            m.listxattr(io, n)
+        })
+    }
+
+    /// Sets extended attribute `name`.
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
+        self.with_meta(true, |m, io| {
+            let n = m.ino32(ino)?;
+            m.setxattr(io, n, name, value, mode)
+        })
+    }
+
+    /// Removes extended attribute `name`.
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        self.with_meta(true, |m, io| {
+            let n = m.ino32(ino)?;
+            m.removexattr(io, n, name)
+        })
+    }
+
+    /// Notes an open handle on `ino`: an unlinked inode stays alive until its last release.
+    pub fn open_inode(&self, ino: Ino) -> Result<()> {
+        self.with_meta(false, |m, io| {
+            let n = m.ino32(ino)?;
+            m.live_inode(io, n)?;
+            *m.open.entry(n).or_insert(0) += 1;
+            Ok(())
+        })
+    }
+
+    /// Drops an open handle; the last release of an unlinked inode frees it.
+    pub fn release_inode(&self, ino: Ino) -> Result<()> {
+        self.with_meta(false, |m, io| {
+            let n = m.ino32(ino)?;
+            let Some(c) = m.open.get_mut(&n) else { return Ok(()) };
+            *c -= 1;
+            if *c > 0 {
+                return Ok(());
+            }
+            m.open.remove(&n);
+            let i = m.read_inode(io, n)?;
+            if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
+                m.free_inode_fully(io, n)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Live counters.
+    pub fn stats(&self) -> Stats {
+        let c = &self.inner.counters;
+        let j = self.inner.io.journal.stats();
+        let fsyncs = c.fsyncs.load(Ordering::Relaxed);
+        let commits = c.commits.load(Ordering::Relaxed);
+        let blocks = c.committed_blocks.load(Ordering::Relaxed);
+        let mut lat = c.fsync_us.lock().clone();
+        lat.sort_unstable();
+        let pct = |p: usize| -> u64 {
+            if lat.is_empty() {
+                0
+            } else {
+                u64::from(lat[(lat.len() - 1) * p / 100])
+            }
+        };
+        Stats {
+            journal_bytes: j.journal_bytes,
+            home_bytes: self.inner.io.home_bytes_written(j.journal_bytes),
+            commits,
+            fsyncs,
+            fsyncs_per_commit: if commits == 0 { 0.0 } else { fsyncs as f64 / commits as f64 },
+            avg_transaction_blocks: if commits == 0 { 0.0 } else { blocks as f64 / commits as f64 },
+            fsync_p50_us: pct(50),
+            fsync_p99_us: pct(99),
+            checkpoints: j.checkpoints,
+        }
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        // A library user who forgets to unmount still gets a clean image.
+        let _ = self.unmount();
+    }
+}
+
+impl Io {
+    /// Bytes written to home locations of the fs device (journal writes excluded).
+    fn home_bytes_written(&self, journal_bytes: u64) -> u64 {
+        let all = self.counted.counters.bytes_written.load(Ordering::Relaxed);
+        if self.internal_journal {
+            all.saturating_sub(journal_bytes)
+        } else {
+            all
+        }
+    }
+}
+
+impl Inner {
+    /// Sets needs_recovery and clears the clean flag on disk before any transaction is logged.
+    fn mark_mounted(&self) -> Result<()> {
+        let mut m = self.meta.lock();
+        let now = ops::now().sec as u32;
+        m.sb.set_incompat(incompat::RECOVER, true);
+        let st = m.sb.state() & !superblock::STATE_VALID;
+        m.sb.set_state(st);
+        m.sb.note_mount(now);
+        m.sb.set_wtime(now);
+        write_sb_direct(&mut m, &self.io)
+    }
+
+    /// Frees the inodes left on the orphan list by a crash.
+    fn process_orphans(&self) -> Result<()> {
+        {
+            let mut m = self.meta.lock();
+            let mut n = 0u32;
+            while m.sb.last_orphan() != 0 {
+                let ino = m.sb.last_orphan();
+                n += 1;
+                if n > m.sb.inodes_count() || !m.geo.valid_ino(u64::from(ino)) {
+                    return Err(FsError::corrupt("orphan list loops or names an invalid inode"));
+                }
+                let i = m.read_inode(&self.io, ino)?;
+                if i.links_count() == 0 && i.mode() != 0 {
+                    m.free_inode_fully(&self.io, ino)?;
+                } else {
+                    m.sb.set_last_orphan(i.dtime());
+                    m.sb_dirty = true;
+                }
+            }
+        }
+        self.commit_running()
+    }
+
+    /// Final commit, checkpoint, empty journal, clean superblock.
+    fn mark_clean(&self) -> Result<()> {
+        {
+            let mut m = self.meta.lock();
+            let orphans: Vec<u32> = m.open.keys().copied().collect();
+            m.open.clear();
+            for ino in orphans {
+                let i = m.read_inode(&self.io, ino)?;
+                if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
+                    m.free_inode_fully(&self.io, ino)?;
+                }
+            }
+        }
+        self.commit_running()?;
+        let _c = self.commit_lock.lock();
+        self.io.journal.close()?;
+        let mut m = self.meta.lock();
+        m.sb.set_incompat(incompat::RECOVER, false);
+        let st = m.sb.state() | superblock::STATE_VALID;
+        m.sb.set_state(st);
+        m.sb.set_wtime(ops::now().sec as u32);
+        write_sb_direct(&mut m, &self.io)
+    }
+
+    /// Makes everything written so far durable.
+    fn sync_all(&self) -> Result<()> {
+        let target = {
+            let m = self.meta.lock();
+            if m.read_only && self.read_only {
+                return Ok(());
+            }
+            if m.cache.dirty_count() > 0 || !m.revoked.is_empty() || m.sb_dirty || !m.freed_running.is_empty() {
+                Some(m.tid)
+            } else {
+                None
+            }
+        };
+        match target {
+            Some(t) => self.commit_up_to(t),
+            None => {
+                // Nothing new in the running transaction: wait for a commit in flight, then make
+                // in-place data durable.
+                let _c = self.commit_lock.lock();
+                self.io.dev.flush().map_err(FsError::Io)
+            }
+        }
+    }
+
+    /// Commits the running transaction if it holds anything.
+    fn commit_running(&self) -> Result<()> {
+        let t = self.meta.lock().tid;
+        self.commit_up_to(t)
+    }
+
+    /// Returns once transaction `target` is durable, committing it if nobody else has.
+    fn commit_up_to(&self, target: u32) -> Result<()> {
+        let _c = self.commit_lock.lock();
+        let done = self.committed_tid.load(Ordering::SeqCst);
+        if tid_ge(done, target) {
+            return Ok(());
+        }
+        let (req, freed, tid) = {
+            let mut m = self.meta.lock();
+            if m.tid != target {
+                // Committed by someone else between our check and the lock.
+                return Ok(());
+            }
+            if m.sb_dirty {
+                m.flush_sb_to_cache(&self.io)?;
+            }
+            let blocks = m.cache.take_dirty();
+            let revoked: Vec<u64> = std::mem::take(&mut m.revoked).into_iter().collect();
+            let freed = std::mem::take(&mut m.freed_running);
+            m.committing = blocks.iter().map(|(nr, b)| (*nr, b.clone())).collect();
+            let tid = m.tid;
+            m.tid = m.tid.wrapping_add(1);
+            (CommitRequest { blocks, revoked }, freed, tid)
+        };
+        let nblocks = req.blocks.len() as u64;
+        let r = self.io.journal.commit(req);
+        let mut m = self.meta.lock();
+        m.committing.clear();
+        match r {
+            Ok(t) => {
+                debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
+                self.committed_tid.store(tid, Ordering::SeqCst);
+                for b in freed {
+                    m.quarantine.remove(&b);
+                }
+                self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                self.counters.committed_blocks.fetch_add(nblocks, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(journal_err_to_readonly(&mut m, e)),
+        }
+    }
+
+    /// Commits on the timer and checkpoints when the log is half full, until unmount.
+    fn background_loop(&self) {
+        let (lock, cv) = &self.wake;
+        loop {
+            {
+                let mut stop = lock.lock();
+                if !*stop {
+                    cv.wait_for(&mut stop, self.commit_interval);
+                }
+                if *stop {
+                    return;
+                }
+            }
+            if self.commit_running().is_err() {
+                continue;
+            }
+            let j = &self.io.journal;
+            if j.used_blocks() > j.len_blocks() / 2 {
+                let _ = j.checkpoint();
+            }
+        }
+    }
+}
+
+/// Whether tid `a` is at or after `b` in wrapping tid order.
+fn tid_ge(a: u32, b: u32) -> bool {
+    a.wrapping_sub(b) < (1 << 31)
+}
+
+/// Writes the in-memory superblock straight to its home block and flushes: used only when the
+/// journal holds nothing (mount, after close), where no transaction can own the block.
+fn write_sb_direct(m: &mut Meta, io: &Io) -> Result<()> {
+    m.sb.update_checksum();
+    let (nr, off) = m.sb_location();
+    let mut block = m.block(io, nr)?.to_vec();
+    m.sb.write(&mut block[off..off + SUPERBLOCK_SIZE]);
+    let bs = u64::from(m.geo.block_size);
+    io.dev.write_at(nr * bs, &block)?;
+    io.dev.flush()?;
+    m.cache.forget(nr);
+    m.cache.insert(nr, block.into_boxed_slice());
+    m.sb_dirty = false;
+    Ok(())
+}
+
+/// Replays the journal of an image (and finishes orphan cleanup) without mounting it, as
+/// `tidefs fsck` does. Returns what recovery did; an image that needs none gets an empty report.
+pub fn recover_image(image: &Path, journal_device: Option<&Path>) -> Result<RecoveryReport> {
+    let opts = MountOptions { journal_device: journal_device.map(Path::to_path_buf), ..MountOptions::default() };
+    let fs = Fs::open(image, &opts)?;
+    let report = fs.recovery_report().unwrap_or_default();
+    fs.unmount()?;
+    Ok(report)
+}

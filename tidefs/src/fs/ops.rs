@@ -1,0 +1,988 @@
+//! File-system operations on the locked metadata state: namespace changes (create, link,
+//! unlink, rename...), file contents (read mapping, write, truncate, fallocate) and extended
+//! attributes. Each public operation runs inside one critical section, so it lands whole in
+//! one transaction; each checks what can fail before it changes anything.
+
+use crate::format::ext4::dirent::{self, ft};
+use crate::format::ext4::inode::{self, flags, mode, Inode, InodeTime};
+use crate::format::ext4::xattr::{self, Xattr};
+use crate::{FsError, Result};
+
+use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode};
+use super::extents::{inode_goal, ExtentMap};
+use super::meta::{Io, Meta};
+
+/// Most hard links an inode may have (and subdirectories before `dir_nlink` takes over).
+pub(crate) const LINK_MAX: u16 = 65000;
+
+pub(crate) fn now() -> InodeTime {
+    let t = Timestamp::now();
+    InodeTime { sec: t.sec, nsec: t.nsec }
+}
+
+fn to_ts(t: InodeTime) -> Timestamp {
+    Timestamp { sec: t.sec, nsec: t.nsec }
+}
+
+pub(crate) fn kind_of(m: u16) -> FileKind {
+    match m & mode::S_IFMT {
+        mode::S_IFDIR => FileKind::Dir,
+        mode::S_IFLNK => FileKind::Symlink,
+        mode::S_IFCHR => FileKind::CharDev,
+        mode::S_IFBLK => FileKind::BlockDev,
+        mode::S_IFIFO => FileKind::Fifo,
+        mode::S_IFSOCK => FileKind::Socket,
+        _ => FileKind::File,
+    }
+}
+
+pub(crate) fn ft_of(m: u16) -> u8 {
+    match m & mode::S_IFMT {
+        mode::S_IFDIR => ft::DIR,
+        mode::S_IFLNK => ft::SYMLINK,
+        mode::S_IFCHR => ft::CHR,
+        mode::S_IFBLK => ft::BLK,
+        mode::S_IFIFO => ft::FIFO,
+        mode::S_IFSOCK => ft::SOCK,
+        _ => ft::REG,
+    }
+}
+
+pub(crate) fn kind_of_ft(t: u8) -> Option<FileKind> {
+    Some(match t {
+        ft::REG => FileKind::File,
+        ft::DIR => FileKind::Dir,
+        ft::CHR => FileKind::CharDev,
+        ft::BLK => FileKind::BlockDev,
+        ft::FIFO => FileKind::Fifo,
+        ft::SOCK => FileKind::Socket,
+        ft::SYMLINK => FileKind::Symlink,
+        _ => return None,
+    })
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(FsError::Invalid("bad file name"));
+    }
+    if name.len() > dirent::NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    Ok(())
+}
+
+/// A piece of a read: `len` bytes at file offset `file_offset`, from device byte `device_offset`
+/// or zeros.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadSegment {
+    pub len: usize,
+    pub device_offset: Option<u64>,
+}
+
+impl Meta {
+    pub(crate) fn ino32(&self, ino: u64) -> Result<u32> {
+        if !self.geo.valid_ino(ino) {
+            return Err(FsError::NotFound);
+        }
+        // valid_ino bounds it by the inode count, a u32.
+        Ok(ino as u32)
+    }
+
+    /// Reads an inode that must be in use.
+    pub(crate) fn live_inode(&mut self, io: &Io, ino: u32) -> Result<Inode> {
+        let inode = self.read_inode(io, ino)?;
+        if inode.links_count() == 0 && !self.open.contains_key(&ino) && ino != super::api::ROOT_INO as u32 {
+            return Err(FsError::NotFound);
+        }
+        if inode.mode() == 0 {
+            return Err(FsError::NotFound);
+        }
+        Ok(inode)
+    }
+
+    pub(crate) fn attr(&self, ino: u32, i: &Inode) -> Attr {
+        let kind = kind_of(i.mode());
+        let rdev = if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
+            inode::decode_rdev(i.i_block())
+        } else {
+            0
+        };
+        Attr {
+            ino: u64::from(ino),
+            size: i.size(),
+            blocks: i.blocks_512(self.geo.block_size),
+            atime: to_ts(i.atime()),
+            mtime: to_ts(i.mtime()),
+            ctime: to_ts(i.ctime()),
+            crtime: to_ts(i.crtime()),
+            kind,
+            perm: i.mode() & 0o7777,
+            nlink: u32::from(i.links_count()),
+            uid: i.uid(),
+            gid: i.gid(),
+            rdev,
+            blksize: self.geo.block_size,
+            generation: i.generation(),
+        }
+    }
+
+    fn dir_inode(&mut self, io: &Io, ino: u32) -> Result<Inode> {
+        let i = self.live_inode(io, ino)?;
+        if !i.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        Ok(i)
+    }
+
+    /// Allocates and initialises a new inode in the running transaction.
+    fn new_inode(&mut self, io: &Io, parent: u32, parent_inode: &Inode, m: u16, creds: Creds) -> Result<(u32, Inode)> {
+        let is_dir = m & mode::S_IFMT == mode::S_IFDIR;
+        let near = (parent - 1) / self.geo.inodes_per_group;
+        let ino = self.alloc_inode(io, near, is_dir)?;
+        let mut i = Inode::new_zeroed(self.geo.inode_size as usize, self.geo.extra_isize);
+        let mut m = m;
+        let mut gid = creds.gid;
+        if parent_inode.mode() & mode::S_ISGID != 0 {
+            gid = parent_inode.gid();
+            if is_dir {
+                m |= mode::S_ISGID;
+            }
+        }
+        i.set_mode(m);
+        i.set_uid(creds.uid);
+        i.set_gid(gid);
+        let t = now();
+        i.set_atime(t);
+        i.set_mtime(t);
+        i.set_ctime(t);
+        i.set_crtime(t);
+        self.next_generation = self.next_generation.wrapping_add(0x9E37_79B9);
+        i.set_generation(self.next_generation);
+        i.set_links_count(1);
+        if matches!(m & mode::S_IFMT, mode::S_IFREG | mode::S_IFDIR) {
+            let map = ExtentMap::default();
+            let mut tmp = map.clone();
+            tmp.store(self, io, ino, &mut i)?;
+            self.maps.insert(ino, map);
+        }
+        self.dirs.remove(&ino);
+        Ok((ino, i))
+    }
+
+    /// Blocks an operation may need beyond data: inode-table and bitmap blocks are already
+    /// allocated, so this covers a new directory block plus extent-tree growth.
+    fn ensure_space(&self, blocks: u64) -> Result<()> {
+        if self.free_blocks() < blocks + 8 {
+            return Err(FsError::NoSpace);
+        }
+        Ok(())
+    }
+
+    fn touch_dir(&mut self, io: &Io, dir: u32) -> Result<()> {
+        let mut d = self.read_inode(io, dir)?;
+        let t = now();
+        d.set_mtime(t);
+        d.set_ctime(t);
+        self.write_inode(io, dir, &mut d)
+    }
+
+    fn check_absent(&mut self, io: &Io, parent: u32, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        if self.dir_lookup(io, parent, name)?.is_some() {
+            return Err(FsError::Exists);
+        }
+        Ok(())
+    }
+
+    /// Creates a non-directory inode (file, device, fifo, socket).
+    pub(crate) fn create(&mut self, io: &Io, parent: u32, name: &[u8], m: u32, rdev: u32, creds: Creds) -> Result<Attr> {
+        let pi = self.dir_inode(io, parent)?;
+        self.check_absent(io, parent, name)?;
+        self.ensure_space(2)?;
+        let m = u16::try_from(m & 0o177777).map_err(|_| FsError::Invalid("mode"))?;
+        let m = if m & mode::S_IFMT == 0 { m | mode::S_IFREG } else { m };
+        if m & mode::S_IFMT == mode::S_IFDIR || m & mode::S_IFMT == mode::S_IFLNK {
+            return Err(FsError::Invalid("create cannot make directories or symlinks"));
+        }
+        let (ino, mut i) = self.new_inode(io, parent, &pi, m, creds)?;
+        if matches!(m & mode::S_IFMT, mode::S_IFCHR | mode::S_IFBLK) {
+            inode::encode_rdev(i.i_block_mut(), rdev);
+        }
+        self.write_inode(io, ino, &mut i)?;
+        self.dir_add(io, parent, name, ino, ft_of(m))?;
+        self.touch_dir(io, parent)?;
+        Ok(self.attr(ino, &i))
+    }
+
+    /// Creates a directory.
+    pub(crate) fn mkdir(&mut self, io: &Io, parent: u32, name: &[u8], perm: u16, creds: Creds) -> Result<Attr> {
+        let mut pi = self.dir_inode(io, parent)?;
+        self.check_absent(io, parent, name)?;
+        self.ensure_space(3)?;
+        let (ino, mut i) = self.new_inode(io, parent, &pi, mode::S_IFDIR | (perm & 0o7777), creds)?;
+        // First block with "." and "..".
+        let csum = self.geo.csum_seed.is_some();
+        let bs = self.geo.bs();
+        let mut map = ExtentMap::default();
+        let goal = inode_goal(&map, self, ino);
+        let pblk = self.alloc_block(io, goal)?;
+        let seed = self.geo.csum_seed.map(|s| crate::format::ext4::inode_csum_seed(s, ino, i.generation()));
+        let b = self.new_block_mut(pblk);
+        dirent::htree_root_to_linear(b, ino, parent, csum);
+        if let Some(s) = seed {
+            dirent::set_tail_checksum(b, s);
+        }
+        map.insert(0, pblk, false);
+        map.store(self, io, ino, &mut i)?;
+        self.maps.insert(ino, map);
+        i.set_size(bs as u64);
+        i.set_blocks_512(i.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512));
+        i.set_links_count(2);
+        self.write_inode(io, ino, &mut i)?;
+        self.dir_add(io, parent, name, ino, ft::DIR)?;
+        // Re-read: dir_add may have grown the parent.
+        pi = self.read_inode(io, parent)?;
+        let links = pi.links_count();
+        if links != 1 {
+            pi.set_links_count(if links + 1 >= LINK_MAX { 1 } else { links + 1 });
+        }
+        let t = now();
+        pi.set_mtime(t);
+        pi.set_ctime(t);
+        self.write_inode(io, parent, &mut pi)?;
+        Ok(self.attr(ino, &i))
+    }
+
+    /// Creates a symbolic link.
+    pub(crate) fn symlink(&mut self, io: &Io, parent: u32, name: &[u8], target: &[u8], creds: Creds) -> Result<Attr> {
+        let pi = self.dir_inode(io, parent)?;
+        self.check_absent(io, parent, name)?;
+        let bs = self.geo.bs();
+        if target.is_empty() {
+            return Err(FsError::NotFound);
+        }
+        if target.len() >= bs {
+            return Err(FsError::NameTooLong);
+        }
+        self.ensure_space(3)?;
+        let (ino, mut i) = self.new_inode(io, parent, &pi, mode::S_IFLNK | 0o777, creds)?;
+        if target.len() < inode::I_BLOCK_LEN {
+            i.i_block_mut()[..target.len()].copy_from_slice(target);
+        } else {
+            let mut map = ExtentMap::default();
+            let goal = inode_goal(&map, self, ino);
+            let pblk = self.alloc_block(io, goal)?;
+            let mut buf = vec![0u8; bs];
+            buf[..target.len()].copy_from_slice(target);
+            io.dev.write_at(pblk * bs as u64, &buf)?;
+            map.insert(0, pblk, false);
+            map.store(self, io, ino, &mut i)?;
+            self.maps.insert(ino, map);
+            i.set_blocks_512(u64::from(self.geo.block_size / 512));
+        }
+        i.set_size(target.len() as u64);
+        self.write_inode(io, ino, &mut i)?;
+        self.dir_add(io, parent, name, ino, ft::SYMLINK)?;
+        self.touch_dir(io, parent)?;
+        Ok(self.attr(ino, &i))
+    }
+
+    /// Target of a symbolic link.
+    pub(crate) fn readlink(&mut self, io: &Io, ino: u32) -> Result<Vec<u8>> {
+        let i = self.live_inode(io, ino)?;
+        if !i.is_symlink() {
+            return Err(FsError::Invalid("not a symbolic link"));
+        }
+        let size = usize::try_from(i.size()).map_err(|_| FsError::corrupt("symlink size"))?;
+        if i.flags() & flags::EXTENTS == 0 {
+            if size >= inode::I_BLOCK_LEN {
+                return Err(FsError::corrupt(format!("inode {ino}: inline symlink too long")));
+            }
+            return Ok(i.i_block()[..size].to_vec());
+        }
+        let bs = self.geo.bs();
+        if size > bs {
+            return Err(FsError::corrupt(format!("inode {ino}: symlink longer than a block")));
+        }
+        let map = self.extent_map(io, ino, &i)?;
+        let Some((pblk, _)) = map.map(0) else {
+            return Err(FsError::corrupt(format!("inode {ino}: symlink without a block")));
+        };
+        let mut buf = vec![0u8; size];
+        io.dev.read_at(pblk * bs as u64, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Adds a hard link.
+    pub(crate) fn link(&mut self, io: &Io, ino: u32, new_parent: u32, new_name: &[u8]) -> Result<Attr> {
+        let mut i = self.live_inode(io, ino)?;
+        if i.is_dir() {
+            return Err(FsError::NotPermitted);
+        }
+        self.dir_inode(io, new_parent)?;
+        self.check_absent(io, new_parent, new_name)?;
+        if i.links_count() >= LINK_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        self.ensure_space(2)?;
+        self.dir_add(io, new_parent, new_name, ino, ft_of(i.mode()))?;
+        i.set_links_count(i.links_count() + 1);
+        i.set_ctime(now());
+        self.write_inode(io, ino, &mut i)?;
+        self.touch_dir(io, new_parent)?;
+        Ok(self.attr(ino, &i))
+    }
+
+    /// Drops one link of a non-directory inode; frees it when unused.
+    fn drop_link(&mut self, io: &Io, ino: u32) -> Result<()> {
+        let mut i = self.read_inode(io, ino)?;
+        let links = i.links_count().saturating_sub(1);
+        i.set_links_count(links);
+        i.set_ctime(now());
+        if links == 0 {
+            if self.open.contains_key(&ino) {
+                // Keep it until the last release; the orphan list frees it after a crash.
+                i.set_dtime(self.sb.last_orphan());
+                self.sb.set_last_orphan(ino);
+                self.sb_dirty = true;
+                self.write_inode(io, ino, &mut i)?;
+            } else {
+                self.write_inode(io, ino, &mut i)?;
+                self.free_inode_fully(io, ino)?;
+            }
+        } else {
+            self.write_inode(io, ino, &mut i)?;
+        }
+        Ok(())
+    }
+
+    /// Releases everything an unused inode holds, and the inode.
+    pub(crate) fn free_inode_fully(&mut self, io: &Io, ino: u32) -> Result<()> {
+        let mut i = self.read_inode(io, ino)?;
+        let is_dir = i.is_dir();
+        if i.flags() & flags::EXTENTS != 0 {
+            let mut map = self.extent_map(io, ino, &i)?.clone();
+            for (start, len) in map.truncate_from(0) {
+                for b in start..start + u64::from(len) {
+                    self.free_block(io, b, is_dir)?;
+                }
+            }
+            for b in std::mem::take(&mut map.tree_blocks) {
+                self.free_block(io, b, true)?;
+            }
+        }
+        let acl = i.file_acl();
+        if acl != 0 {
+            self.release_xattr_block(io, acl)?;
+        }
+        self.maps.remove(&ino);
+        self.dirs.remove(&ino);
+        self.remove_orphan(io, ino)?;
+        let mut dead = Inode::new_zeroed(self.geo.inode_size as usize, self.geo.extra_isize);
+        dead.set_dtime(now().sec as u32);
+        dead.set_generation(i.generation());
+        i = dead;
+        self.write_inode(io, ino, &mut i)?;
+        self.free_inode(io, ino, is_dir)
+    }
+
+    fn release_xattr_block(&mut self, io: &Io, blk: u64) -> Result<()> {
+        let b = self.block(io, blk)?;
+        let refs = xattr::block_refcount(b);
+        if refs > 1 {
+            let seed = self.geo.csum_seed;
+            let mut attrs = xattr::parse_block(self.block(io, blk)?, seed, blk)?;
+            let _ = &mut attrs;
+            let b = self.block_mut(io, blk)?;
+            crate::format::put_le32(b, 4, refs - 1);
+            if let Some(s) = seed {
+                // Re-seal the checksum after the refcount change.
+                let mut tmp = b.to_vec();
+                crate::format::put_le32(&mut tmp, 0x10, 0);
+                let c = crate::format::crc32c_raw(crate::format::crc32c_raw(s, &blk.to_le_bytes()), &tmp);
+                crate::format::put_le32(b, 0x10, c);
+            }
+            Ok(())
+        } else {
+            self.free_block(io, blk, true)
+        }
+    }
+
+    fn remove_orphan(&mut self, io: &Io, ino: u32) -> Result<()> {
+        let head = self.sb.last_orphan();
+        if head == 0 {
+            return Ok(());
+        }
+        if head == ino {
+            let i = self.read_inode(io, ino)?;
+            self.sb.set_last_orphan(i.dtime());
+            self.sb_dirty = true;
+            return Ok(());
+        }
+        let mut cur = head;
+        for _ in 0..self.sb.inodes_count() {
+            let mut ci = self.read_inode(io, cur)?;
+            let next = ci.dtime();
+            if next == 0 {
+                break;
+            }
+            if next == ino {
+                let ni = self.read_inode(io, ino)?;
+                ci.set_dtime(ni.dtime());
+                return self.write_inode(io, cur, &mut ci);
+            }
+            cur = next;
+        }
+        Ok(())
+    }
+
+    /// Removes a non-directory entry.
+    pub(crate) fn unlink(&mut self, io: &Io, parent: u32, name: &[u8]) -> Result<()> {
+        self.dir_inode(io, parent)?;
+        check_name(name)?;
+        let slot = self.dir_lookup(io, parent, name)?.ok_or(FsError::NotFound)?;
+        let i = self.read_inode(io, slot.ino)?;
+        if i.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        self.dir_remove(io, parent, name)?;
+        self.touch_dir(io, parent)?;
+        self.drop_link(io, slot.ino)
+    }
+
+    /// Removes an empty directory.
+    pub(crate) fn rmdir(&mut self, io: &Io, parent: u32, name: &[u8]) -> Result<()> {
+        self.dir_inode(io, parent)?;
+        if name == b"." {
+            return Err(FsError::Invalid("cannot remove '.'"));
+        }
+        if name == b".." {
+            return Err(FsError::NotEmpty);
+        }
+        check_name(name)?;
+        let slot = self.dir_lookup(io, parent, name)?.ok_or(FsError::NotFound)?;
+        let i = self.read_inode(io, slot.ino)?;
+        if !i.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        if !self.dir_is_empty(io, slot.ino)? {
+            return Err(FsError::NotEmpty);
+        }
+        self.dir_remove(io, parent, name)?;
+        self.drop_dir(io, parent, slot.ino)
+    }
+
+    /// Frees an empty directory `ino` already unlinked from `parent`, fixing `parent`'s links.
+    fn drop_dir(&mut self, io: &Io, parent: u32, ino: u32) -> Result<()> {
+        let mut i = self.read_inode(io, ino)?;
+        i.set_links_count(0);
+        i.set_ctime(now());
+        self.write_inode(io, ino, &mut i)?;
+        let mut pi = self.read_inode(io, parent)?;
+        let l = pi.links_count();
+        if l > 2 && l != 1 {
+            pi.set_links_count(l - 1);
+        }
+        let t = now();
+        pi.set_mtime(t);
+        pi.set_ctime(t);
+        self.write_inode(io, parent, &mut pi)?;
+        if self.open.contains_key(&ino) {
+            i.set_dtime(self.sb.last_orphan());
+            self.sb.set_last_orphan(ino);
+            self.sb_dirty = true;
+            self.write_inode(io, ino, &mut i)
+        } else {
+            self.free_inode_fully(io, ino)
+        }
+    }
+
+    /// Whether `ancestor` is `dir` or one of its ancestors.
+    fn is_ancestor(&mut self, io: &Io, ancestor: u32, dir: u32) -> Result<bool> {
+        let mut cur = dir;
+        for _ in 0..100_000 {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            if cur == super::api::ROOT_INO as u32 {
+                return Ok(false);
+            }
+            cur = self.dir_lookup(io, cur, b"..")?.map_or(super::api::ROOT_INO as u32, |s| s.ino);
+        }
+        Err(FsError::corrupt("directory tree loops"))
+    }
+
+    fn adjust_links(&mut self, io: &Io, ino: u32, delta: i32) -> Result<()> {
+        let mut i = self.read_inode(io, ino)?;
+        let l = i.links_count();
+        let nl = if delta > 0 {
+            if l == 1 || l + 1 >= LINK_MAX {
+                1
+            } else {
+                l + 1
+            }
+        } else if l > 2 {
+            l - 1
+        } else {
+            l
+        };
+        i.set_links_count(nl);
+        let t = now();
+        i.set_mtime(t);
+        i.set_ctime(t);
+        self.write_inode(io, ino, &mut i)
+    }
+
+    /// Renames, replaces or exchanges entries.
+    pub(crate) fn rename(&mut self, io: &Io, parent: u32, name: &[u8], new_parent: u32, new_name: &[u8], fl: RenameFlags) -> Result<()> {
+        if fl.exchange && fl.noreplace {
+            return Err(FsError::Invalid("RENAME_EXCHANGE with RENAME_NOREPLACE"));
+        }
+        self.dir_inode(io, parent)?;
+        self.dir_inode(io, new_parent)?;
+        check_name(name)?;
+        check_name(new_name)?;
+        if dirent::is_dot_or_dotdot(name) || dirent::is_dot_or_dotdot(new_name) {
+            return Err(FsError::Invalid("cannot rename '.' or '..'"));
+        }
+        let src = self.dir_lookup(io, parent, name)?.ok_or(FsError::NotFound)?;
+        let dst = self.dir_lookup(io, new_parent, new_name)?;
+        let si = self.read_inode(io, src.ino)?;
+        let src_dir = si.is_dir();
+        self.ensure_space(2)?;
+        if fl.exchange {
+            let dst = dst.ok_or(FsError::NotFound)?;
+            let di = self.read_inode(io, dst.ino)?;
+            let dst_dir = di.is_dir();
+            if parent != new_parent {
+                if src_dir && self.is_ancestor(io, src.ino, new_parent)? {
+                    return Err(FsError::Invalid("cannot move a directory into itself"));
+                }
+                if dst_dir && self.is_ancestor(io, dst.ino, parent)? {
+                    return Err(FsError::Invalid("cannot move a directory into itself"));
+                }
+            }
+            self.dir_retarget(io, parent, name, dst.ino, dst.file_type)?;
+            self.dir_retarget(io, new_parent, new_name, src.ino, src.file_type)?;
+            if parent != new_parent {
+                if src_dir {
+                    self.dir_retarget(io, src.ino, b"..", new_parent, ft::DIR)?;
+                }
+                if dst_dir {
+                    self.dir_retarget(io, dst.ino, b"..", parent, ft::DIR)?;
+                }
+                if src_dir != dst_dir {
+                    let (gain, lose) = if src_dir { (new_parent, parent) } else { (parent, new_parent) };
+                    self.adjust_links(io, gain, 1)?;
+                    self.adjust_links(io, lose, -1)?;
+                }
+            }
+            for ino in [src.ino, dst.ino] {
+                let mut i = self.read_inode(io, ino)?;
+                i.set_ctime(now());
+                self.write_inode(io, ino, &mut i)?;
+            }
+            self.touch_dir(io, parent)?;
+            return self.touch_dir(io, new_parent);
+        }
+        if src_dir && self.is_ancestor(io, src.ino, new_parent)? {
+            return Err(FsError::Invalid("cannot move a directory into itself"));
+        }
+        if let Some(d) = dst {
+            if fl.noreplace {
+                return Err(FsError::Exists);
+            }
+            if d.ino == src.ino {
+                return Ok(());
+            }
+            let di = self.read_inode(io, d.ino)?;
+            if src_dir && !di.is_dir() {
+                return Err(FsError::NotDir);
+            }
+            if !src_dir && di.is_dir() {
+                return Err(FsError::IsDir);
+            }
+            if di.is_dir() && !self.dir_is_empty(io, d.ino)? {
+                return Err(FsError::NotEmpty);
+            }
+            self.dir_retarget(io, new_parent, new_name, src.ino, src.file_type)?;
+            self.dir_remove(io, parent, name)?;
+            if di.is_dir() {
+                self.drop_dir(io, new_parent, d.ino)?;
+            } else {
+                self.drop_link(io, d.ino)?;
+            }
+        } else {
+            self.dir_add(io, new_parent, new_name, src.ino, src.file_type)?;
+            self.dir_remove(io, parent, name)?;
+        }
+        if src_dir && parent != new_parent {
+            self.dir_retarget(io, src.ino, b"..", new_parent, ft::DIR)?;
+            self.adjust_links(io, new_parent, 1)?;
+            self.adjust_links(io, parent, -1)?;
+        }
+        let mut i = self.read_inode(io, src.ino)?;
+        i.set_ctime(now());
+        self.write_inode(io, src.ino, &mut i)?;
+        self.touch_dir(io, parent)?;
+        if parent != new_parent {
+            self.touch_dir(io, new_parent)?;
+        }
+        Ok(())
+    }
+
+    // ----- attributes -----
+
+    /// Applies attribute changes.
+    pub(crate) fn setattr(&mut self, io: &Io, ino: u32, c: &SetAttr) -> Result<Attr> {
+        let mut i = self.live_inode(io, ino)?;
+        let t = now();
+        if let Some(size) = c.size {
+            if i.is_dir() {
+                return Err(FsError::IsDir);
+            }
+            if !i.is_reg() {
+                return Err(FsError::Invalid("size of a special file"));
+            }
+            self.truncate(io, ino, &mut i, size)?;
+            i.set_mtime(t);
+        }
+        if let Some(m) = c.mode {
+            i.set_mode((i.mode() & mode::S_IFMT) | (m & 0o7777));
+        }
+        if let Some(uid) = c.uid {
+            i.set_uid(uid);
+        }
+        if let Some(gid) = c.gid {
+            i.set_gid(gid);
+        }
+        let at = |s: SetTime| match s {
+            SetTime::Now => t,
+            SetTime::At(ts) => InodeTime { sec: ts.sec, nsec: ts.nsec },
+        };
+        if let Some(a) = c.atime {
+            i.set_atime(at(a));
+        }
+        if let Some(m) = c.mtime {
+            i.set_mtime(at(m));
+        }
+        i.set_ctime(match c.ctime {
+            Some(ts) => InodeTime { sec: ts.sec, nsec: ts.nsec },
+            None => t,
+        });
+        self.write_inode(io, ino, &mut i)?;
+        Ok(self.attr(ino, &i))
+    }
+
+    // ----- file data -----
+
+    fn max_file_blocks(&self) -> u64 {
+        // Logical block numbers are 32 bits; keep the last one unused like ext4 does.
+        (1u64 << 32) - 1
+    }
+
+    /// Plans a read: segments of device bytes or zeros, clipped to the file size.
+    pub(crate) fn read_plan(&mut self, io: &Io, ino: u32, offset: u64, size: u32) -> Result<Vec<ReadSegment>> {
+        let i = self.live_inode(io, ino)?;
+        if i.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        let fsize = i.size();
+        if offset >= fsize || size == 0 {
+            return Ok(Vec::new());
+        }
+        let end = fsize.min(offset + u64::from(size));
+        let bs = u64::from(self.geo.block_size);
+        let map = self.extent_map(io, ino, &i)?;
+        let mut segs: Vec<ReadSegment> = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let lblk = (pos / bs) as u32;
+            let in_block = pos % bs;
+            let len = (bs - in_block).min(end - pos);
+            let dev = match map.map(lblk) {
+                Some((p, false)) => Some(p * bs + in_block),
+                _ => None,
+            };
+            // Merge with the previous segment when contiguous.
+            match segs.last_mut() {
+                Some(last) if match (last.device_offset, dev) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => a + last.len as u64 == b,
+                    _ => false,
+                } => last.len += len as usize,
+                _ => segs.push(ReadSegment { len: len as usize, device_offset: dev }),
+            }
+            pos += len;
+        }
+        Ok(segs)
+    }
+
+    /// Writes file data home (ordered mode: before the transaction that maps it commits).
+    pub(crate) fn write(&mut self, io: &Io, ino: u32, offset: u64, data: &[u8]) -> Result<u32> {
+        let mut i = self.live_inode(io, ino)?;
+        if i.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let bs = u64::from(self.geo.block_size);
+        let end = offset.checked_add(data.len() as u64).ok_or(FsError::FileTooBig)?;
+        if end.div_ceil(bs) > self.max_file_blocks() {
+            return Err(FsError::FileTooBig);
+        }
+        let mut map = self.extent_map(io, ino, &i)?.clone();
+        let mut pos = offset;
+        let mut written = 0usize;
+        let mut new_blocks = 0u64;
+        let mut result = Ok(());
+        while pos < end {
+            let lblk = (pos / bs) as u32;
+            let in_block = (pos % bs) as usize;
+            let len = ((bs as usize) - in_block).min((end - pos) as usize);
+            let chunk = &data[written..written + len];
+            match map.map(lblk) {
+                Some((p, false)) => io.dev.write_at(p * bs + in_block as u64, chunk)?,
+                Some((p, true)) => {
+                    let mut buf = vec![0u8; bs as usize];
+                    buf[in_block..in_block + len].copy_from_slice(chunk);
+                    io.dev.write_at(p * bs, &buf)?;
+                    map.mark_written(lblk);
+                }
+                None => {
+                    if self.free_blocks() < 8 {
+                        result = Err(FsError::NoSpace);
+                        break;
+                    }
+                    let goal = inode_goal(&map, self, ino);
+                    let goal = map.map(lblk.wrapping_sub(1)).map_or(goal, |(p, _)| p + 1);
+                    let p = match self.alloc_block(io, goal) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    };
+                    let mut buf = vec![0u8; bs as usize];
+                    buf[in_block..in_block + len].copy_from_slice(chunk);
+                    io.dev.write_at(p * bs, &buf)?;
+                    map.insert(lblk, p, false);
+                    new_blocks += 1;
+                }
+            }
+            pos += len as u64;
+            written += len;
+        }
+        map.store(self, io, ino, &mut i)?;
+        self.maps.insert(ino, map);
+        i.set_blocks_512(i.blocks_512(self.geo.block_size) + new_blocks * (bs / 512));
+        if pos > i.size() {
+            i.set_size(pos);
+        }
+        let t = now();
+        i.set_mtime(t);
+        i.set_ctime(t);
+        self.write_inode(io, ino, &mut i)?;
+        match (written, result) {
+            (0, Err(e)) => Err(e),
+            // `written` is at most the request, itself at most u32::MAX from FUSE.
+            (n, _) => Ok(n as u32),
+        }
+    }
+
+    /// Sets the size of a regular file: frees blocks past the end and zeroes the tail of the
+    /// last partial block, so a later extension reads zeros.
+    pub(crate) fn truncate(&mut self, io: &Io, ino: u32, i: &mut Inode, size: u64) -> Result<()> {
+        let bs = u64::from(self.geo.block_size);
+        if size.div_ceil(bs) > self.max_file_blocks() {
+            return Err(FsError::FileTooBig);
+        }
+        let old = i.size();
+        let mut map = self.extent_map(io, ino, i)?.clone();
+        if size < old {
+            if size % bs != 0 {
+                if let Some((p, false)) = map.map((size / bs) as u32) {
+                    let zeros = vec![0u8; (bs - size % bs) as usize];
+                    io.dev.write_at(p * bs + size % bs, &zeros)?;
+                }
+            }
+        }
+        // Drop blocks past the new end (also unwritten ones past EOF when shrinking).
+        if size <= old {
+            let freed = map.truncate_from(size.div_ceil(bs) as u32);
+            let mut n = 0u64;
+            for (start, len) in freed {
+                for b in start..start + u64::from(len) {
+                    self.free_block(io, b, false)?;
+                    n += 1;
+                }
+            }
+            map.store(self, io, ino, i)?;
+            i.set_blocks_512(i.blocks_512(self.geo.block_size).saturating_sub(n * (bs / 512)));
+        }
+        self.maps.insert(ino, map);
+        i.set_size(size);
+        Ok(())
+    }
+
+    /// Allocates unwritten blocks for `[offset, offset+len)`.
+    pub(crate) fn fallocate(&mut self, io: &Io, ino: u32, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        let mut i = self.live_inode(io, ino)?;
+        if i.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        if !i.is_reg() {
+            return Err(FsError::NotSupported);
+        }
+        if len == 0 {
+            return Err(FsError::Invalid("fallocate length 0"));
+        }
+        let bs = u64::from(self.geo.block_size);
+        let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
+        if end.div_ceil(bs) > self.max_file_blocks() {
+            return Err(FsError::FileTooBig);
+        }
+        let mut map = self.extent_map(io, ino, &i)?.clone();
+        let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
+        let missing = (first..last).filter(|l| map.map(*l).is_none()).count() as u64;
+        self.ensure_space(missing + 8)?;
+        let mut goal = inode_goal(&map, self, ino);
+        for l in first..last {
+            if map.map(l).is_some() {
+                continue;
+            }
+            let p = self.alloc_block(io, goal)?;
+            goal = p + 1;
+            map.insert(l, p, true);
+        }
+        map.store(self, io, ino, &mut i)?;
+        self.maps.insert(ino, map);
+        i.set_blocks_512(i.blocks_512(self.geo.block_size) + missing * (bs / 512));
+        if !keep_size && end > i.size() {
+            i.set_size(end);
+        }
+        i.set_ctime(now());
+        if !keep_size {
+            i.set_mtime(now());
+        }
+        self.write_inode(io, ino, &mut i)
+    }
+
+    // ----- extended attributes -----
+
+    fn load_xattrs(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<Vec<Xattr>> {
+        let mut all = xattr::parse_inode_area(i.xattr_area()).map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
+        let blk = i.file_acl();
+        if blk != 0 {
+            if blk >= self.geo.blocks_count {
+                return Err(FsError::corrupt(format!("inode {ino}: xattr block {blk} out of range")));
+            }
+            let seed = self.geo.csum_seed;
+            let b = self.block(io, blk)?;
+            all.extend(xattr::parse_block(b, seed, blk)?);
+        }
+        Ok(all)
+    }
+
+    fn store_xattrs(&mut self, io: &Io, ino: u32, i: &mut Inode, attrs: &[Xattr]) -> Result<()> {
+        let area_len = i.xattr_area().len();
+        let bs = self.geo.bs();
+        // Greedy: as many as fit in the inode, the rest in one block.
+        let mut inside = Vec::new();
+        let mut outside = Vec::new();
+        for a in attrs {
+            let mut trial = inside.clone();
+            trial.push(a.clone());
+            if outside.is_empty() && xattr::fits_in_inode(&trial, area_len) {
+                inside = trial;
+            } else {
+                outside.push(a.clone());
+            }
+        }
+        if !xattr::fits_in_block(&outside, bs) {
+            return Err(FsError::NoSpace);
+        }
+        let old_blk = i.file_acl();
+        if outside.is_empty() {
+            if old_blk != 0 {
+                self.release_xattr_block(io, old_blk)?;
+                i.set_file_acl(0);
+                i.set_blocks_512(i.blocks_512(self.geo.block_size).saturating_sub(u64::from(self.geo.block_size / 512)));
+            }
+        } else {
+            let shared = old_blk != 0 && xattr::block_refcount(self.block(io, old_blk)?) > 1;
+            let blk = if old_blk == 0 || shared {
+                self.ensure_space(1)?;
+                let goal = self.geo.group_first_block((ino - 1) / self.geo.inodes_per_group);
+                let b = self.alloc_block(io, goal)?;
+                self.new_block_mut(b);
+                if shared {
+                    self.release_xattr_block(io, old_blk)?;
+                } else {
+                    i.set_blocks_512(i.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512));
+                }
+                b
+            } else {
+                old_blk
+            };
+            let seed = self.geo.csum_seed;
+            let b = self.block_mut(io, blk)?;
+            xattr::write_block(b, &outside, seed, blk);
+            i.set_file_acl(blk);
+        }
+        xattr::write_inode_area(i.xattr_area_mut(), &inside);
+        Ok(())
+    }
+
+    pub(crate) fn getxattr(&mut self, io: &Io, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
+        let i = self.live_inode(io, ino)?;
+        let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
+        self.load_xattrs(io, ino, &i)?
+            .into_iter()
+            .find(|a| a.index == index && a.name == suffix)
+            .map(|a| a.value)
+            .ok_or(FsError::NoAttribute)
+    }
+
+    pub(crate) fn listxattr(&mut self, io: &Io, ino: u32) -> Result<Vec<Vec<u8>>> {
+        let i = self.live_inode(io, ino)?;
+        Ok(self.load_xattrs(io, ino, &i)?.iter().map(|a| xattr::full_name(a.index, &a.name)).collect())
+    }
+
+    pub(crate) fn setxattr(&mut self, io: &Io, ino: u32, name: &[u8], value: &[u8], how: XattrSetMode) -> Result<()> {
+        let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
+        if matches!(index, 2 | 3 | 7 | 8) {
+            return Err(FsError::NotSupported);
+        }
+        if suffix.is_empty() || suffix.len() > 255 {
+            return Err(if suffix.is_empty() { FsError::Invalid("empty xattr name") } else { FsError::Range });
+        }
+        if value.len() > self.geo.bs() - 64 {
+            return Err(FsError::NoSpace);
+        }
+        let mut i = self.live_inode(io, ino)?;
+        let mut attrs = self.load_xattrs(io, ino, &i)?;
+        let pos = attrs.iter().position(|a| a.index == index && a.name == suffix);
+        match (pos, how) {
+            (Some(_), XattrSetMode::Create) => return Err(FsError::Exists),
+            (None, XattrSetMode::Replace) => return Err(FsError::NoAttribute),
+            (Some(p), _) => attrs[p].value = value.to_vec(),
+            (None, _) => attrs.push(Xattr { index, name: suffix.to_vec(), value: value.to_vec() }),
+        }
+        self.store_xattrs(io, ino, &mut i, &attrs)?;
+        i.set_ctime(now());
+        self.write_inode(io, ino, &mut i)
+    }
+
+    pub(crate) fn removexattr(&mut self, io: &Io, ino: u32, name: &[u8]) -> Result<()> {
+        let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
+        let mut i = self.live_inode(io, ino)?;
+        let mut attrs = self.load_xattrs(io, ino, &i)?;
+        let pos = attrs.iter().position(|a| a.index == index && a.name == suffix).ok_or(FsError::NoAttribute)?;
+        attrs.remove(pos);
+        self.store_xattrs(io, ino, &mut i, &attrs)?;
+        i.set_ctime(now());
+        self.write_inode(io, ino, &mut i)
+    }
+}

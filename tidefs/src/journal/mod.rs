@@ -1,0 +1,25 @@
+//! The jbd2 journal: commit, checkpoint and recovery (DESIGN.md §2, §4).
+//!
+//! INTERFACE CONTRACT (the fs layer codes against exactly this; keep signatures stable):
+//!
+//! - The fs layer owns the running transaction (which metadata blocks are dirty, which are
+//!   revoked). To commit it, it snapshots the dirty blocks and hands a [`CommitRequest`] to
+//!   [`Journal::commit`], which writes descriptor blocks + block copies + revoke blocks + a commit
+//!   block (checksum v3, 64-bit tags), with the ordering points described there, and returns only
+//!   when the transaction is durable.
+//! - Committed blocks are remembered until checkpointed; [`Journal::pending`] returns the newest
+//!   committed copy of a block not yet written home, so the cache above can reload it.
+//! - [`Journal::checkpoint`] writes the newest committed copy of each block home, flushes the home
+//!   device, then advances the log tail in the journal superblock.
+//! - Recovery ([`Journal::recover`]) scans, collects revokes, replays, and leaves the journal empty.
+
+mod log;
+mod records;
+mod recovery;
+#[cfg(test)]
+mod tests;
+
+pub use log::{
+    CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, JournalStats, Tid,
+};
+pub use recovery::RecoveryReport;

@@ -1,0 +1,470 @@
+//! `tidefs mkfs`: formats an image with the supported ext4 feature set by running e2fsprogs'
+//! `mke2fs`.
+//!
+//! We do not write our own formatter: `mke2fs` is the reference for the ext4 layout, and images it
+//! makes are exactly what the kernel and `e2fsck` expect. This module only decides the arguments,
+//! creates (sparse) image and external journal files, and turns failures into clear errors.
+//!
+//! Invariants:
+//! - The feature set is fixed here ([`FEATURES`]) and does not depend on the machine's
+//!   `/etc/mke2fs.conf`: `mke2fs` runs with `MKE2FS_CONFIG` pointing at a private config whose
+//!   base features are empty, so only the features we name end up on disk.
+//! - An existing image is only resized when the caller gave `--size`; a missing one is created
+//!   sparse, so a 1 GiB image costs a few MiB of real disk.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{FsError, Result};
+
+/// Block size of every tidefs image.
+pub const BLOCK_SIZE: u64 = 4096;
+
+/// Size of a new image when the caller gives none.
+pub const DEFAULT_IMAGE_SIZE: u64 = 1 << 30;
+
+/// Size of a new external journal device file when the caller gives none.
+pub const DEFAULT_JOURNAL_DEVICE_SIZE: u64 = 64 << 20;
+
+/// The smallest image we format: below this, `mke2fs` leaves too little room beside the journal.
+pub const MIN_IMAGE_SIZE: u64 = 8 << 20;
+
+/// The ext4 features of a tidefs image (DESIGN.md §2).
+pub const FEATURES: &str = "has_journal,ext_attr,dir_index,filetype,extent,64bit,flex_bg,\
+sparse_super,large_file,huge_file,dir_nlink,extra_isize,metadata_csum";
+
+/// A private `mke2fs.conf`: no base features, so the machine's defaults (`resize_inode`,
+/// `orphan_file` on newer e2fsprogs, ...) do not leak into our images.
+const MKE2FS_CONF: &str = "[defaults]
+\tbase_features = sparse_super,filetype
+\tblocksize = 4096
+\tinode_size = 256
+\tinode_ratio = 16384
+\tenable_periodic_fsck = 0
+
+[fs_types]
+\text4 = {
+\t\tfeatures = has_journal
+\t}
+\tfloppy = {
+\t\tinode_ratio = 16384
+\t}
+\tsmall = {
+\t\tinode_ratio = 16384
+\t}
+\tdefault = {
+\t\tinode_ratio = 16384
+\t}
+\tbig = {
+\t\tinode_ratio = 32768
+\t}
+\thuge = {
+\t\tinode_ratio = 65536
+\t}
+";
+
+/// Options of [`mkfs`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MkfsOptions {
+    /// Size of the image in bytes. Required when the image does not exist and must hold a
+    /// file-system; an existing regular file is resized to it.
+    pub size: Option<u64>,
+    /// Size of the internal journal (whole MiB), or of a new external journal device file.
+    pub journal_size: Option<u64>,
+    /// External journal device (`mke2fs -O journal_dev`); created as a sparse file if missing.
+    pub journal_device: Option<PathBuf>,
+    /// Number of inodes (`mke2fs -N`); `None` lets `mke2fs` choose from the size.
+    pub inode_count: Option<u64>,
+    /// Volume label (`mke2fs -L`).
+    pub label: Option<String>,
+}
+
+/// Formats `image` as a tidefs (ext4) file system. Creates the image file when it is missing.
+pub fn mkfs(image: &Path, opts: &MkfsOptions) -> Result<()> {
+    let mke2fs = find_e2fsprogs_tool("mke2fs").ok_or_else(|| {
+        FsError::Io(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "mke2fs not found (install e2fsprogs: apt-get install e2fsprogs)",
+        ))
+    })?;
+    if let Some(journal_size) = opts.journal_size {
+        if journal_size == 0 || journal_size % (1 << 20) != 0 {
+            return Err(FsError::Invalid(
+                "journal size must be a positive whole number of MiB",
+            ));
+        }
+    }
+    prepare_file(image, opts.size, DEFAULT_IMAGE_SIZE, "image")?;
+
+    let config = PrivateConfig::write()?;
+
+    let mut journal_arg = match &opts.journal_size {
+        Some(journal_size) if opts.journal_device.is_none() => {
+            Some(format!("size={}", journal_size >> 20))
+        }
+        _ => None,
+    };
+    if let Some(journal_device) = &opts.journal_device {
+        prepare_file(
+            journal_device,
+            opts.journal_size,
+            DEFAULT_JOURNAL_DEVICE_SIZE,
+            "journal device",
+        )?;
+        let mut command = Command::new(&mke2fs);
+        command
+            .env("MKE2FS_CONFIG", &config.path)
+            .args(["-F", "-q", "-O", "journal_dev", "-b", "4096"])
+            .arg(journal_device);
+        run(command, "mke2fs -O journal_dev")?;
+        // mke2fs attaches only block devices as external journals; a journal kept in a regular
+        // file is attached through a loop device for the time of the format.
+        if std::fs::metadata(journal_device)?.is_file() {
+            let loop_device = LoopDevice::attach(journal_device)?;
+            journal_arg = Some(format!("device={}", loop_device.path.display()));
+            return format_image(&mke2fs, &config, image, opts, journal_arg);
+        }
+        journal_arg = Some(format!("device={}", journal_device.display()));
+    }
+    format_image(&mke2fs, &config, image, opts, journal_arg)
+}
+
+/// Runs the main `mke2fs` that formats `image`.
+fn format_image(
+    mke2fs: &Path,
+    config: &PrivateConfig,
+    image: &Path,
+    opts: &MkfsOptions,
+    journal_arg: Option<String>,
+) -> Result<()> {
+    let mut command = Command::new(mke2fs);
+    command
+        .env("MKE2FS_CONFIG", &config.path)
+        .args(["-t", "ext4", "-F", "-q", "-b", "4096", "-O", FEATURES])
+        .args(["-E", "lazy_itable_init=0,lazy_journal_init=0"]);
+    if let Some(journal_arg) = journal_arg {
+        command.arg("-J").arg(journal_arg);
+    }
+    if let Some(inode_count) = opts.inode_count {
+        command.arg("-N").arg(inode_count.to_string());
+    }
+    if let Some(label) = &opts.label {
+        command.arg("-L").arg(label);
+    }
+    command.arg(image);
+    run(command, "mke2fs")
+}
+
+/// Creates `path` as a sparse file of `size` (or `default_size`) bytes when it is missing, and
+/// resizes an existing regular file when `size` is given. Block devices are used as they are.
+fn prepare_file(path: &Path, size: Option<u64>, default_size: u64, what: &str) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => {
+            let target = size.unwrap_or(meta.len());
+            check_size(target, what)?;
+            if target != meta.len() {
+                let file = std::fs::OpenOptions::new().write(true).open(path)?;
+                file.set_len(target)?;
+            }
+            Ok(())
+        }
+        Ok(meta) if meta.is_dir() => Err(FsError::IsDir),
+        Ok(_) => {
+            if size.is_some() {
+                return Err(FsError::Invalid(
+                    "--size applies to image files, not to devices",
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let target = size.unwrap_or(default_size);
+            check_size(target, what)?;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)?;
+            file.set_len(target)?;
+            Ok(())
+        }
+        Err(e) => Err(FsError::Io(e)),
+    }
+}
+
+fn check_size(size: u64, what: &str) -> Result<()> {
+    let minimum = if what == "image" {
+        MIN_IMAGE_SIZE
+    } else {
+        1024 * BLOCK_SIZE
+    };
+    if size < minimum {
+        return Err(FsError::Invalid(if what == "image" {
+            "image size is below the minimum of 8 MiB"
+        } else {
+            "journal device size is below the minimum of 4 MiB (1024 blocks)"
+        }));
+    }
+    Ok(())
+}
+
+/// Runs a command, turning a failure into an error that carries its stderr.
+fn run(mut command: Command, what: &str) -> Result<()> {
+    let output = command.output().map_err(|e| {
+        FsError::Io(std::io::Error::new(
+            e.kind(),
+            format!("cannot run {what}: {e}"),
+        ))
+    })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let detail = format!("{}{}", stderr.trim(), stdout.trim());
+    Err(FsError::Io(std::io::Error::other(format!(
+        "{what} failed ({}): {}",
+        output.status,
+        detail.trim()
+    ))))
+}
+
+/// A loop device attached to a file, detached on drop.
+struct LoopDevice {
+    path: PathBuf,
+}
+
+impl LoopDevice {
+    fn attach(file: &Path) -> Result<LoopDevice> {
+        let losetup = find_e2fsprogs_tool("losetup").ok_or_else(|| {
+            FsError::Io(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "an external journal in a regular file needs losetup (apt-get install mount)",
+            ))
+        })?;
+        let output = Command::new(&losetup)
+            .args(["--find", "--show"])
+            .arg(file)
+            .output()?;
+        if !output.status.success() {
+            return Err(FsError::Io(std::io::Error::other(format!(
+                "losetup {} failed (an external journal in a regular file needs root and loop \
+                 devices): {}",
+                file.display(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))));
+        }
+        let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        Ok(LoopDevice { path })
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        if let Some(losetup) = find_e2fsprogs_tool("losetup") {
+            let _ = Command::new(losetup).arg("-d").arg(&self.path).output();
+        }
+    }
+}
+
+/// A temporary `mke2fs.conf`, removed on drop.
+struct PrivateConfig {
+    path: PathBuf,
+}
+
+impl PrivateConfig {
+    fn write() -> Result<PrivateConfig> {
+        let mut path = std::env::temp_dir();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        path.push(format!("tidefs-mke2fs-{}-{nanos}.conf", std::process::id()));
+        let mut file = std::fs::File::create(&path)?;
+        file.write_all(MKE2FS_CONF.as_bytes())?;
+        Ok(PrivateConfig { path })
+    }
+}
+
+impl Drop for PrivateConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Finds an e2fsprogs tool (`mke2fs`, `e2fsck`, `debugfs`) in `PATH` or in the `sbin`
+/// directories, which an unprivileged user's `PATH` often lacks.
+pub fn find_e2fsprogs_tool(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Parses a size such as `4096`, `64K`, `64M`, `1G`, `2T`, `512MiB` or `1GB` (binary units:
+/// K = 1024). Returns `None` for anything else, including overflow.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits_len = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(digits_len);
+    if digits.is_empty() {
+        return None;
+    }
+    let number: u64 = digits.parse().ok()?;
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_size_accepts_plain_numbers_and_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("0"), Some(0));
+        assert_eq!(parse_size("64K"), Some(64 << 10));
+        assert_eq!(parse_size("64k"), Some(64 << 10));
+        assert_eq!(parse_size("64M"), Some(64 << 20));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("1GB"), Some(1 << 30));
+        assert_eq!(parse_size("2T"), Some(2 << 40));
+        assert_eq!(parse_size(" 8M "), Some(8 << 20));
+        assert_eq!(parse_size("100b"), Some(100));
+    }
+
+    #[test]
+    fn parse_size_rejects_garbage_and_overflow() {
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("M"), None);
+        assert_eq!(parse_size("-1"), None);
+        assert_eq!(parse_size("1.5G"), None);
+        assert_eq!(parse_size("12X"), None);
+        assert_eq!(parse_size("1 G"), None);
+        assert_eq!(parse_size("99999999999999999999"), None);
+        assert_eq!(parse_size("16777216T"), None);
+    }
+
+    /// Goal: an image made by `mkfs` is clean by `e2fsck -fn` and has exactly our feature set.
+    /// Method: format a sparse 32 MiB file, then ask `e2fsck` and `dumpe2fs`.
+    #[test]
+    fn mkfs_makes_a_clean_image_with_our_features() {
+        let (Some(_), Some(e2fsck), Some(dumpe2fs)) = (
+            find_e2fsprogs_tool("mke2fs"),
+            find_e2fsprogs_tool("e2fsck"),
+            find_e2fsprogs_tool("dumpe2fs"),
+        ) else {
+            eprintln!("skipped: e2fsprogs is not installed");
+            return;
+        };
+        let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
+        let image = dir.path().join("fs.img");
+        let opts = MkfsOptions {
+            size: Some(32 << 20),
+            ..MkfsOptions::default()
+        };
+        mkfs(&image, &opts).expect("OK to unwrap: mkfs must succeed");
+        assert_eq!(
+            std::fs::metadata(&image)
+                .expect("OK to unwrap: image exists")
+                .len(),
+            32 << 20
+        );
+        let status = Command::new(&e2fsck)
+            .arg("-fn")
+            .arg(&image)
+            .output()
+            .expect("OK to unwrap: e2fsck runs");
+        assert!(status.status.success(), "e2fsck: {status:?}");
+        let dump = Command::new(&dumpe2fs)
+            .arg("-h")
+            .arg(&image)
+            .output()
+            .expect("OK to unwrap: dumpe2fs runs");
+        let text = String::from_utf8_lossy(&dump.stdout);
+        let features = text
+            .lines()
+            .find(|l| l.starts_with("Filesystem features:"))
+            .expect("OK to unwrap: dumpe2fs prints the features");
+        for feature in FEATURES.split(',') {
+            assert!(features.contains(feature), "{feature} missing: {features}");
+        }
+        assert!(!features.contains("resize_inode"), "{features}");
+        assert!(!features.contains("orphan_file"), "{features}");
+        assert!(text.contains("Block size:               4096"), "{text}");
+    }
+
+    #[test]
+    fn mkfs_rejects_tiny_images_and_odd_journal_sizes() {
+        if find_e2fsprogs_tool("mke2fs").is_none() {
+            eprintln!("skipped: e2fsprogs is not installed");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
+        let image = dir.path().join("tiny.img");
+        let opts = MkfsOptions {
+            size: Some(1 << 20),
+            ..MkfsOptions::default()
+        };
+        let err = mkfs(&image, &opts).expect_err("a 1 MiB image is too small");
+        assert!(err.to_string().contains("minimum"), "{err}");
+        let opts = MkfsOptions {
+            size: Some(32 << 20),
+            journal_size: Some(3 << 19),
+            ..MkfsOptions::default()
+        };
+        let err = mkfs(&image, &opts).expect_err("1.5 MiB is not a whole number of MiB");
+        assert!(err.to_string().contains("MiB"), "{err}");
+    }
+
+    #[test]
+    fn mkfs_with_external_journal_device() {
+        let (Some(_), Some(dumpe2fs)) = (
+            find_e2fsprogs_tool("mke2fs"),
+            find_e2fsprogs_tool("dumpe2fs"),
+        ) else {
+            eprintln!("skipped: e2fsprogs is not installed");
+            return;
+        };
+        use std::os::unix::fs::MetadataExt as _;
+        if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+            eprintln!("skipped: an external journal in a file needs root (losetup)");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
+        let image = dir.path().join("fs.img");
+        let journal = dir.path().join("journal.img");
+        let opts = MkfsOptions {
+            size: Some(64 << 20),
+            journal_size: Some(8 << 20),
+            journal_device: Some(journal.clone()),
+            ..MkfsOptions::default()
+        };
+        mkfs(&image, &opts).expect("OK to unwrap: mkfs with an external journal");
+        let dump = Command::new(&dumpe2fs)
+            .arg("-h")
+            .arg(&image)
+            .output()
+            .expect("OK to unwrap: dumpe2fs runs");
+        let text = String::from_utf8_lossy(&dump.stdout);
+        assert!(text.contains("Journal UUID:"), "{text}");
+        let dump = Command::new(&dumpe2fs)
+            .arg("-h")
+            .arg(&journal)
+            .output()
+            .expect("OK to unwrap: dumpe2fs runs");
+        let text = String::from_utf8_lossy(&dump.stdout);
+        assert!(text.contains("journal_dev"), "{text}");
+    }
+}
