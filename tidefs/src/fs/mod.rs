@@ -46,15 +46,60 @@ struct Counters {
     committed_blocks: AtomicU64,
     /// Recent fsync latencies in microseconds (a bounded window).
     fsync_us: Mutex<Vec<u32>>,
+    /// Threads inside fsync right now.
+    fsync_active: AtomicU32,
+    /// Moving average of a commit's duration, nanoseconds.
+    avg_commit_ns: AtomicU64,
 }
 
+/// Longest a commit waits for more fsyncs to join it (jbd2's max batch time is 15 ms; a
+/// user-space device round trip is shorter, so the cap is lower).
+const MAX_BATCH_WAIT: Duration = Duration::from_millis(2);
+
 const LATENCY_WINDOW: usize = 100_000;
+
+/// Admits one committer at a time; everybody else waits on `done` and re-checks whether the
+/// transaction they need has become durable, so finished waiters never queue on a lock.
+#[derive(Default)]
+struct CommitGate {
+    /// A commit (or journal close) is in progress.
+    busy: Mutex<bool>,
+    done: Condvar,
+}
+
+/// Exclusive use of the commit path; released on drop.
+struct GateGuard<'a>(&'a CommitGate);
+
+impl Drop for GateGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.busy.lock() = false;
+        self.0.done.notify_all();
+    }
+}
+
+impl CommitGate {
+    /// Waits until no commit is in progress, then takes the gate unless `give_up()` says the
+    /// work is already done (then returns `None`).
+    fn enter(&self, give_up: impl Fn() -> bool) -> Option<GateGuard<'_>> {
+        let mut busy = self.busy.lock();
+        loop {
+            if give_up() {
+                return None;
+            }
+            if !*busy {
+                *busy = true;
+                return Some(GateGuard(self));
+            }
+            self.done.wait(&mut busy);
+        }
+    }
+}
 
 struct Inner {
     io: Io,
     meta: Mutex<Meta>,
-    /// Serialises commits; held across the journal I/O of one transaction.
-    commit_lock: Mutex<()>,
+    /// Serialises commits: at most one transaction is being committed at a time.
+    gate: CommitGate,
     /// Tid of the last transaction that is durable.
     committed_tid: AtomicU32,
     data_locks: Mutex<HashMap<u32, Arc<RwLock<()>>>>,
@@ -257,7 +302,7 @@ impl Fs {
         let inner = Arc::new(Inner {
             io,
             meta: Mutex::new(meta),
-            commit_lock: Mutex::new(()),
+            gate: CommitGate::default(),
             committed_tid: AtomicU32::new(tid.wrapping_sub(1)),
             data_locks: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -475,9 +520,11 @@ impl Fs {
         let _ = datasync;
         let start = Instant::now();
         self.getattr(ino)?;
-        let r = self.inner.sync_all();
-        let us = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
         let c = &self.inner.counters;
+        c.fsync_active.fetch_add(1, Ordering::SeqCst);
+        let r = self.inner.sync_all();
+        c.fsync_active.fetch_sub(1, Ordering::SeqCst);
+        let us = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
         c.fsyncs.fetch_add(1, Ordering::Relaxed);
         let mut lat = c.fsync_us.lock();
         if lat.len() >= LATENCY_WINDOW {
@@ -702,7 +749,7 @@ impl Inner {
             }
         }
         self.commit_running()?;
-        let _c = self.commit_lock.lock();
+        let _gate = self.gate.enter(|| false);
         self.io.journal.close()?;
         let mut m = self.meta.lock();
         m.sb.set_incompat(incompat::RECOVER, false);
@@ -730,7 +777,7 @@ impl Inner {
             None => {
                 // Nothing new in the running transaction: wait for a commit in flight, then make
                 // in-place data durable.
-                let _c = self.commit_lock.lock();
+                drop(self.gate.enter(|| false));
                 self.io.dev.flush().map_err(FsError::Io)
             }
         }
@@ -744,11 +791,17 @@ impl Inner {
 
     /// Returns once transaction `target` is durable, committing it if nobody else has.
     fn commit_up_to(&self, target: u32) -> Result<()> {
-        let _c = self.commit_lock.lock();
-        let done = self.committed_tid.load(Ordering::SeqCst);
-        if tid_ge(done, target) {
+        let committed = || tid_ge(self.committed_tid.load(Ordering::SeqCst), target);
+        let Some(_gate) = self.gate.enter(committed) else {
             return Ok(());
+        };
+        // Group commit: when other threads are fsyncing too, give them about one commit's time
+        // to add their changes to this transaction, as jbd2 does for multiple sync writers.
+        if self.counters.fsync_active.load(Ordering::SeqCst) > 1 {
+            let avg = Duration::from_nanos(self.counters.avg_commit_ns.load(Ordering::Relaxed));
+            std::thread::sleep(avg.min(MAX_BATCH_WAIT));
         }
+        let started = Instant::now();
         let (req, freed, tid) = {
             let mut m = self.meta.lock();
             if m.tid != target {
@@ -778,6 +831,9 @@ impl Inner {
                     m.quarantine.remove(&b);
                 }
                 self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let old = self.counters.avg_commit_ns.load(Ordering::Relaxed);
+                self.counters.avg_commit_ns.store((old * 7 + ns) / 8, Ordering::Relaxed);
                 self.counters.committed_blocks.fetch_add(nblocks, Ordering::Relaxed);
                 Ok(())
             }
