@@ -23,7 +23,15 @@ fn hundred_threads_share_commits() {
     for t in 0..threads {
         let fs = fs.clone();
         handles.push(std::thread::spawn(move || {
-            let a = fs.create(ROOT_INO, format!("stream{t}").as_bytes(), 0o100644, 0, Creds::ROOT).unwrap();
+            let a = fs
+                .create(
+                    ROOT_INO,
+                    format!("stream{t}").as_bytes(),
+                    0o100644,
+                    0,
+                    Creds::ROOT,
+                )
+                .unwrap();
             for r in 0..records {
                 let rec = [b'a' + (t % 26) as u8; 125];
                 fs.write(a.ino, (r * 125) as u64, &rec).unwrap();
@@ -39,7 +47,9 @@ fn hundred_threads_share_commits() {
     assert_eq!(s.fsyncs, (threads * records) as u64);
     assert!(s.fsyncs_per_commit > 10.0, "group commit too weak: {s:?}");
     for t in 0..threads {
-        let a = fs.lookup(ROOT_INO, format!("stream{t}").as_bytes()).unwrap();
+        let a = fs
+            .lookup(ROOT_INO, format!("stream{t}").as_bytes())
+            .unwrap();
         assert_eq!(a.size, (records * 125) as u64);
         let data = fs.read(a.ino, 0, (records * 125) as u32).unwrap();
         assert!(data.iter().all(|b| *b == b'a' + (t % 26) as u8));

@@ -29,14 +29,18 @@ fn operations_round_trip_and_fsck_clean() {
     assert_eq!(fs.readlink(l.ino).unwrap(), long);
     fs.link(f.ino, ROOT_INO, b"hard").unwrap();
     assert_eq!(fs.getattr(f.ino).unwrap().nlink, 2);
-    fs.setxattr(f.ino, b"user.k", b"v", XattrSetMode::Create).unwrap();
+    fs.setxattr(f.ino, b"user.k", b"v", XattrSetMode::Create)
+        .unwrap();
     assert_eq!(fs.getxattr(f.ino, b"user.k").unwrap(), b"v");
-    fs.setxattr(f.ino, b"user.big", &vec![7u8; 1000], XattrSetMode::Any).unwrap();
+    fs.setxattr(f.ino, b"user.big", &vec![7u8; 1000], XattrSetMode::Any)
+        .unwrap();
     assert_eq!(fs.listxattr(f.ino).unwrap().len(), 2);
-    fs.rename(d.ino, b"file", ROOT_INO, b"moved", RenameFlags::default()).unwrap();
+    fs.rename(d.ino, b"file", ROOT_INO, b"moved", RenameFlags::default())
+        .unwrap();
     assert_eq!(fs.lookup(ROOT_INO, b"moved").unwrap().ino, f.ino);
     for i in 0..300 {
-        fs.create(d.ino, format!("n{i:04}").as_bytes(), 0o100644, 0, c).unwrap();
+        fs.create(d.ino, format!("n{i:04}").as_bytes(), 0o100644, 0, c)
+            .unwrap();
     }
     for i in (0..300).step_by(3) {
         fs.unlink(d.ino, format!("n{i:04}").as_bytes()).unwrap();
@@ -48,7 +52,14 @@ fn operations_round_trip_and_fsck_clean() {
     })
     .unwrap();
     assert_eq!(names.len(), 2 + 200 + 2);
-    fs.setattr(f.ino, &SetAttr { size: Some(5), ..SetAttr::default() }).unwrap();
+    fs.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(5),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
     assert_eq!(fs.read(f.ino, 0, 100).unwrap(), b"hello");
     fs.fallocate(f.ino, 0, 1 << 20, true).unwrap();
     fs.fsync(f.ino, false).unwrap();
@@ -64,4 +75,3 @@ fn operations_round_trip_and_fsck_clean() {
     fs.unmount().unwrap();
     common::assert_fsck_clean(&img);
 }
-

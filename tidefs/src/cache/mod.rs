@@ -5,6 +5,7 @@
 //!   copy of that change until the transaction commits;
 //! - any other block may be dropped at any time; the layer above reloads it from the newest
 //!   committed journal copy (not yet checkpointed) or else from its home location.
+//!
 //! File data does not pass through this cache (DESIGN.md §1: data goes home directly, or
 //! through the journal records of its mode).
 
@@ -89,7 +90,11 @@ impl BlockCache {
         let dirty = std::mem::take(&mut self.dirty);
         dirty
             .into_iter()
-            .filter_map(|nr| self.blocks.get(&nr).map(|b| (nr, std::sync::Arc::from(&b[..]))))
+            .filter_map(|nr| {
+                self.blocks
+                    .get(&nr)
+                    .map(|b| (nr, std::sync::Arc::from(&b[..])))
+            })
             .collect()
     }
 }

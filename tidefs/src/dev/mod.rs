@@ -55,10 +55,7 @@ pub struct FileDev {
 impl FileDev {
     /// Opens `path` for reading, and for writing unless `read_only`.
     pub fn open(path: &Path, read_only: bool) -> std::io::Result<FileDev> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)?;
+        let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
         let len = device_len(&file)?;
         Ok(FileDev {
             file,

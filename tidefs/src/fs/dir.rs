@@ -38,19 +38,29 @@ pub(crate) struct DirIndex {
     pub space: Vec<usize>,
     /// Whether the on-disk directory still carries an htree index.
     pub indexed: bool,
-    pub generation: u32,
 }
 
 fn block_space(recs: &[DirRecord]) -> usize {
     recs.iter()
-        .map(|r| if r.inode == 0 { r.rec_len } else { r.rec_len - rec_size(r.name.len()) })
+        .map(|r| {
+            if r.inode == 0 {
+                r.rec_len
+            } else {
+                r.rec_len - rec_size(r.name.len())
+            }
+        })
         .max()
         .unwrap_or(0)
 }
 
 impl Meta {
     /// The cached block map of `ino` (loaded from `inode` on first use).
-    pub(crate) fn extent_map(&mut self, io: &Io, ino: u32, inode: &Inode) -> Result<&mut ExtentMap> {
+    pub(crate) fn extent_map(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        inode: &Inode,
+    ) -> Result<&mut ExtentMap> {
         if !self.maps.contains_key(&ino) {
             let map = ExtentMap::load(self, io, ino, inode)?;
             self.maps.insert(ino, map);
@@ -60,23 +70,43 @@ impl Meta {
     }
 
     fn dir_csum_seed(&self, ino: u32, generation: u32) -> Option<u32> {
-        self.geo.csum_seed.map(|s| inode_csum_seed(s, ino, generation))
+        self.geo
+            .csum_seed
+            .map(|s| inode_csum_seed(s, ino, generation))
     }
 
     /// Reads and parses block `lblk` of directory `dir`.
-    fn dir_block_records(&mut self, io: &Io, dir: u32, lblk: u32, pblk: u64, indexed: bool, generation: u32) -> Result<Vec<DirRecord>> {
+    fn dir_block_records(
+        &mut self,
+        io: &Io,
+        dir: u32,
+        lblk: u32,
+        pblk: u64,
+        indexed: bool,
+        generation: u32,
+    ) -> Result<Vec<DirRecord>> {
         let bs = self.geo.bs();
         let seed = self.dir_csum_seed(dir, generation);
         let b = self.block(io, pblk)?;
         let index_block = indexed && is_index_block(b, u64::from(lblk));
-        let end = if index_block || seed.is_none() { bs } else { records_end(bs, true) };
+        let end = if index_block || seed.is_none() {
+            bs
+        } else {
+            records_end(bs, true)
+        };
         if let (Some(s), false) = (seed, index_block) {
             if dirent::has_tail(b) {
-                verify_tail_checksum(b, s).map_err(|c| FsError::corrupt(format!("directory {dir} block {lblk}: {c}")))?;
+                verify_tail_checksum(b, s)
+                    .map_err(|c| FsError::corrupt(format!("directory {dir} block {lblk}: {c}")))?;
             }
         }
-        let end = if seed.is_some() && !index_block && !dirent::has_tail(b) { bs } else { end };
-        let mut recs = parse_block(b, end).map_err(|c| FsError::corrupt(format!("directory {dir} block {lblk}: {c}")))?;
+        let end = if seed.is_some() && !index_block && !dirent::has_tail(b) {
+            bs
+        } else {
+            end
+        };
+        let mut recs = parse_block(b, end)
+            .map_err(|c| FsError::corrupt(format!("directory {dir} block {lblk}: {c}")))?;
         if index_block && lblk != 0 {
             recs.clear();
         }
@@ -98,7 +128,10 @@ impl Meta {
             let indexed = inode.flags() & flags::INDEX != 0;
             let generation = inode.generation();
             let nblocks = self.dir_blocks(&inode);
-            let mut idx = DirIndex { indexed, generation, ..DirIndex::default() };
+            let mut idx = DirIndex {
+                indexed,
+                ..DirIndex::default()
+            };
             for lblk in 0..nblocks {
                 let map = self.extent_map(io, dir, &inode)?;
                 let Some((pblk, _)) = map.map(lblk) else {
@@ -109,7 +142,15 @@ impl Meta {
                 idx.space.push(if indexed { 0 } else { block_space(&recs) });
                 for r in recs {
                     if r.inode != 0 {
-                        idx.names.insert(r.name, DirSlot { ino: r.inode, file_type: r.file_type, lblk, offset: r.offset as u32 });
+                        idx.names.insert(
+                            r.name,
+                            DirSlot {
+                                ino: r.inode,
+                                file_type: r.file_type,
+                                lblk,
+                                offset: r.offset as u32,
+                            },
+                        );
                     }
                 }
             }
@@ -136,7 +177,9 @@ impl Meta {
         let parent = self.dir_lookup(io, dir, b"..")?.map_or(dir, |s| s.ino);
         for lblk in 0..nblocks {
             let map = self.extent_map(io, dir, &inode)?;
-            let Some((pblk, _)) = map.map(lblk) else { continue };
+            let Some((pblk, _)) = map.map(lblk) else {
+                continue;
+            };
             let b = self.block(io, pblk)?;
             if !is_index_block(b, u64::from(lblk)) {
                 continue;
@@ -162,7 +205,14 @@ impl Meta {
     }
 
     /// Adds `name → ino` to directory `dir` (the caller has checked it is absent).
-    pub(crate) fn dir_add(&mut self, io: &Io, dir: u32, name: &[u8], ino: u32, file_type: u8) -> Result<()> {
+    pub(crate) fn dir_add(
+        &mut self,
+        io: &Io,
+        dir: u32,
+        name: &[u8],
+        ino: u32,
+        file_type: u8,
+    ) -> Result<()> {
         if name.len() > dirent::NAME_MAX {
             return Err(FsError::NameTooLong);
         }
@@ -192,7 +242,9 @@ impl Meta {
                 map.store(self, io, dir, &mut inode)?;
                 self.maps.insert(dir, map);
                 inode.set_size(u64::from(lblk + 1) * bs as u64);
-                inode.set_blocks_512(inode.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512));
+                inode.set_blocks_512(
+                    inode.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512),
+                );
                 self.write_inode(io, dir, &mut inode)?;
                 let space = records_end(bs, csum);
                 self.dir_index(io, dir)?.space.push(space);
@@ -201,12 +253,22 @@ impl Meta {
         };
         let map = self.extent_map(io, dir, &inode)?;
         let Some((pblk, _)) = map.map(lblk) else {
-            return Err(FsError::corrupt(format!("directory {dir}: block {lblk} unmapped")));
+            return Err(FsError::corrupt(format!(
+                "directory {dir}: block {lblk} unmapped"
+            )));
         };
         let generation = inode.generation();
         let recs = self.dir_block_records(io, dir, lblk, pblk, false, generation)?;
-        let Some(r) = recs.iter().find(|r| if r.inode == 0 { r.rec_len >= need } else { r.rec_len - rec_size(r.name.len()) >= need }) else {
-            return Err(FsError::corrupt(format!("directory {dir}: free space index is stale")));
+        let Some(r) = recs.iter().find(|r| {
+            if r.inode == 0 {
+                r.rec_len >= need
+            } else {
+                r.rec_len - rec_size(r.name.len()) >= need
+            }
+        }) else {
+            return Err(FsError::corrupt(format!(
+                "directory {dir}: free space index is stale"
+            )));
         };
         let b = self.block_mut(io, pblk)?;
         let offset = if r.inode == 0 {
@@ -224,7 +286,15 @@ impl Meta {
         let recs = self.dir_block_records(io, dir, lblk, pblk, false, generation)?;
         let idx = self.dir_index(io, dir)?;
         idx.space[lblk as usize] = block_space(&recs);
-        idx.names.insert(name.to_vec(), DirSlot { ino, file_type, lblk, offset: offset as u32 });
+        idx.names.insert(
+            name.to_vec(),
+            DirSlot {
+                ino,
+                file_type,
+                lblk,
+                offset: offset as u32,
+            },
+        );
         Ok(())
     }
 
@@ -237,20 +307,32 @@ impl Meta {
         let seed = self.dir_csum_seed(dir, generation);
         let map = self.extent_map(io, dir, &inode)?;
         let Some((pblk, _)) = map.map(slot.lblk) else {
-            return Err(FsError::corrupt(format!("directory {dir}: block {} unmapped", slot.lblk)));
+            return Err(FsError::corrupt(format!(
+                "directory {dir}: block {} unmapped",
+                slot.lblk
+            )));
         };
         let recs = self.dir_block_records(io, dir, slot.lblk, pblk, false, generation)?;
         let pos = recs
             .iter()
             .position(|r| r.offset == slot.offset as usize)
-            .ok_or_else(|| FsError::corrupt(format!("directory {dir}: index points between records")))?;
+            .ok_or_else(|| {
+                FsError::corrupt(format!("directory {dir}: index points between records"))
+            })?;
         let b = self.block_mut(io, pblk)?;
         let r = &recs[pos];
         if pos == 0 {
             write_record(b, r.offset, 0, r.rec_len, 0, &[]);
         } else {
             let p = &recs[pos - 1];
-            write_record(b, p.offset, p.inode, p.rec_len + r.rec_len, p.file_type, &p.name);
+            write_record(
+                b,
+                p.offset,
+                p.inode,
+                p.rec_len + r.rec_len,
+                p.file_type,
+                &p.name,
+            );
             let end = r.offset + r.rec_len;
             b[r.offset..end].fill(0);
         }
@@ -265,14 +347,24 @@ impl Meta {
     }
 
     /// Points the existing entry `name` of `dir` at another inode.
-    pub(crate) fn dir_retarget(&mut self, io: &Io, dir: u32, name: &[u8], ino: u32, file_type: u8) -> Result<()> {
+    pub(crate) fn dir_retarget(
+        &mut self,
+        io: &Io,
+        dir: u32,
+        name: &[u8],
+        ino: u32,
+        file_type: u8,
+    ) -> Result<()> {
         self.dir_unindex(io, dir)?;
         let slot = self.dir_lookup(io, dir, name)?.ok_or(FsError::NotFound)?;
         let inode = self.read_inode(io, dir)?;
         let seed = self.dir_csum_seed(dir, inode.generation());
         let map = self.extent_map(io, dir, &inode)?;
         let Some((pblk, _)) = map.map(slot.lblk) else {
-            return Err(FsError::corrupt(format!("directory {dir}: block {} unmapped", slot.lblk)));
+            return Err(FsError::corrupt(format!(
+                "directory {dir}: block {} unmapped",
+                slot.lblk
+            )));
         };
         let b = self.block_mut(io, pblk)?;
         let off = slot.offset as usize;
@@ -282,7 +374,11 @@ impl Meta {
             set_tail_checksum(b, s);
         }
         // OK to unwrap: looked up above.
-        let e = self.dir_index(io, dir)?.names.get_mut(name).expect("entry present");
+        let e = self
+            .dir_index(io, dir)?
+            .names
+            .get_mut(name)
+            .expect("entry present");
         e.ino = ino;
         e.file_type = file_type;
         Ok(())
@@ -290,11 +386,21 @@ impl Meta {
 
     /// Whether directory `dir` holds nothing but "." and "..".
     pub(crate) fn dir_is_empty(&mut self, io: &Io, dir: u32) -> Result<bool> {
-        Ok(self.dir_index(io, dir)?.names.keys().all(|n| dirent::is_dot_or_dotdot(n)))
+        Ok(self
+            .dir_index(io, dir)?
+            .names
+            .keys()
+            .all(|n| dirent::is_dot_or_dotdot(n)))
     }
 
     /// Records of `dir` from cookie `offset` on, as (record, cookie of the next one).
-    pub(crate) fn dir_records_from(&mut self, io: &Io, dir: u32, offset: u64, max: usize) -> Result<Vec<(DirRecord, u64)>> {
+    pub(crate) fn dir_records_from(
+        &mut self,
+        io: &Io,
+        dir: u32,
+        offset: u64,
+        max: usize,
+    ) -> Result<Vec<(DirRecord, u64)>> {
         let inode = self.read_inode(io, dir)?;
         if !inode.is_dir() {
             return Err(FsError::NotDir);
@@ -308,7 +414,8 @@ impl Meta {
         while lblk < nblocks && out.len() < max {
             let map = self.extent_map(io, dir, &inode)?;
             if let Some((pblk, _)) = map.map(lblk) {
-                let recs = self.dir_block_records(io, dir, lblk, pblk, indexed, inode.generation())?;
+                let recs =
+                    self.dir_block_records(io, dir, lblk, pblk, indexed, inode.generation())?;
                 for r in recs {
                     if r.offset < pos || r.inode == 0 {
                         continue;

@@ -9,8 +9,8 @@
 //!   each counted in the inode's `i_blocks`.
 
 use crate::format::ext4::extent::{
-    node_capacity, parse_node, set_tail_checksum, verify_tail_checksum, write_node, Extent, ExtentIndex,
-    ExtentNode, MAX_INIT_LEN, MAX_UNWRITTEN_LEN,
+    node_capacity, parse_node, set_tail_checksum, verify_tail_checksum, write_node, Extent,
+    ExtentIndex, ExtentNode, MAX_INIT_LEN, MAX_UNWRITTEN_LEN,
 };
 use crate::format::ext4::inode::{flags, Inode, I_BLOCK_LEN};
 use crate::format::ext4::inode_csum_seed;
@@ -31,7 +31,9 @@ impl ExtentMap {
         let mut map = ExtentMap::default();
         if inode.flags() & flags::EXTENTS == 0 {
             if inode.flags() & flags::INLINE_DATA != 0 {
-                return Err(FsError::Incompatible(format!("inode {ino} uses inline data")));
+                return Err(FsError::Incompatible(format!(
+                    "inode {ino} uses inline data"
+                )));
             }
             // Block-mapped files are not supported; an all-zero i_block is an empty file.
             if inode.i_block().iter().all(|b| *b == 0) {
@@ -41,27 +43,37 @@ impl ExtentMap {
                 "inode {ino} uses indirect block maps (ext2/ext3 style)"
             )));
         }
-        let seed = meta.geo.csum_seed.map(|s| inode_csum_seed(s, ino, inode.generation()));
-        let root = parse_node(inode.i_block()).map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
+        let seed = meta
+            .geo
+            .csum_seed
+            .map(|s| inode_csum_seed(s, ino, inode.generation()));
+        let root = parse_node(inode.i_block())
+            .map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
         let mut stack = vec![(root, None::<u16>)];
         let mut budget = 1_000_000u32;
         while let Some((node, _)) = stack.pop() {
-            budget = budget.checked_sub(1).ok_or_else(|| FsError::corrupt(format!("inode {ino}: extent tree too large")))?;
+            budget = budget
+                .checked_sub(1)
+                .ok_or_else(|| FsError::corrupt(format!("inode {ino}: extent tree too large")))?;
             match node {
                 ExtentNode::Leaf(exts) => map.extents.extend(exts),
                 ExtentNode::Index { depth, entries } => {
                     for e in entries.iter().rev() {
                         let blk = meta.block(io, e.child)?.to_vec();
                         if let Some(s) = seed {
-                            verify_tail_checksum(&blk, s).map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
+                            verify_tail_checksum(&blk, s)
+                                .map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
                         }
-                        let child = parse_node(&blk).map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
+                        let child = parse_node(&blk)
+                            .map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
                         let child_depth = match &child {
                             ExtentNode::Leaf(_) => 0,
                             ExtentNode::Index { depth, .. } => *depth,
                         };
                         if child_depth + 1 != depth {
-                            return Err(FsError::corrupt(format!("inode {ino}: extent tree depth mismatch")));
+                            return Err(FsError::corrupt(format!(
+                                "inode {ino}: extent tree depth mismatch"
+                            )));
                         }
                         map.tree_blocks.push(e.child);
                         stack.push((child, Some(depth)));
@@ -72,7 +84,9 @@ impl ExtentMap {
         map.extents.sort_by_key(|e| e.logical);
         for w in map.extents.windows(2) {
             if w[0].logical_end() > u64::from(w[1].logical) {
-                return Err(FsError::corrupt(format!("inode {ino}: overlapping extents")));
+                return Err(FsError::corrupt(format!(
+                    "inode {ino}: overlapping extents"
+                )));
             }
         }
         Ok(map)
@@ -80,43 +94,65 @@ impl ExtentMap {
 
     /// The extent containing logical block `lblk`.
     pub fn find(&self, lblk: u32) -> Option<Extent> {
-        let i = self.extents.partition_point(|e| e.logical_end() <= u64::from(lblk));
+        let i = self
+            .extents
+            .partition_point(|e| e.logical_end() <= u64::from(lblk));
         self.extents.get(i).filter(|e| e.logical <= lblk).copied()
     }
 
     /// Maps one logical block: (physical, unwritten).
     pub fn map(&self, lblk: u32) -> Option<(u64, bool)> {
-        self.find(lblk).map(|e| (e.physical + u64::from(lblk - e.logical), e.unwritten))
-    }
-
-    /// First mapped logical block at or after `lblk`, if any.
-    pub fn next_mapped(&self, lblk: u32) -> Option<u32> {
-        let i = self.extents.partition_point(|e| e.logical_end() <= u64::from(lblk));
-        self.extents.get(i).map(|e| e.logical.max(lblk))
+        self.find(lblk)
+            .map(|e| (e.physical + u64::from(lblk - e.logical), e.unwritten))
     }
 
     /// Inserts the mapping `lblk → pblk` for one unmapped block, merging with neighbours.
     pub fn insert(&mut self, lblk: u32, pblk: u64, unwritten: bool) {
-        let i = self.extents.partition_point(|e| e.logical_end() <= u64::from(lblk));
-        debug_assert!(self.extents.get(i).is_none_or(|e| e.logical > lblk), "block already mapped");
-        let max = if unwritten { MAX_UNWRITTEN_LEN } else { MAX_INIT_LEN };
+        let i = self
+            .extents
+            .partition_point(|e| e.logical_end() <= u64::from(lblk));
+        debug_assert!(
+            self.extents.get(i).is_none_or(|e| e.logical > lblk),
+            "block already mapped"
+        );
+        let max = if unwritten {
+            MAX_UNWRITTEN_LEN
+        } else {
+            MAX_INIT_LEN
+        };
         if i > 0 {
             let p = &mut self.extents[i - 1];
-            if p.unwritten == unwritten && p.logical_end() == u64::from(lblk) && p.physical + u64::from(p.len) == pblk && p.len < max {
+            if p.unwritten == unwritten
+                && p.logical_end() == u64::from(lblk)
+                && p.physical + u64::from(p.len) == pblk
+                && p.len < max
+            {
                 p.len += 1;
                 self.merge_at(i - 1);
                 return;
             }
         }
         if let Some(n) = self.extents.get_mut(i) {
-            if n.unwritten == unwritten && n.logical == lblk + 1 && n.physical == pblk + 1 && n.len < max {
+            if n.unwritten == unwritten
+                && n.logical == lblk + 1
+                && n.physical == pblk + 1
+                && n.len < max
+            {
                 n.logical = lblk;
                 n.physical = pblk;
                 n.len += 1;
                 return;
             }
         }
-        self.extents.insert(i, Extent { logical: lblk, len: 1, physical: pblk, unwritten });
+        self.extents.insert(
+            i,
+            Extent {
+                logical: lblk,
+                len: 1,
+                physical: pblk,
+                unwritten,
+            },
+        );
     }
 
     fn merge_at(&mut self, i: usize) {
@@ -124,7 +160,11 @@ impl ExtentMap {
             return;
         }
         let (a, b) = (self.extents[i], self.extents[i + 1]);
-        let max = if a.unwritten { MAX_UNWRITTEN_LEN } else { MAX_INIT_LEN };
+        let max = if a.unwritten {
+            MAX_UNWRITTEN_LEN
+        } else {
+            MAX_INIT_LEN
+        };
         if a.unwritten == b.unwritten
             && a.logical_end() == u64::from(b.logical)
             && a.physical + u64::from(a.len) == b.physical
@@ -137,7 +177,9 @@ impl ExtentMap {
 
     /// Marks one block of an unwritten extent as written (splitting the extent).
     pub fn mark_written(&mut self, lblk: u32) {
-        let i = self.extents.partition_point(|e| e.logical_end() <= u64::from(lblk));
+        let i = self
+            .extents
+            .partition_point(|e| e.logical_end() <= u64::from(lblk));
         let e = self.extents[i];
         debug_assert!(e.unwritten && e.logical <= lblk);
         let off = lblk - e.logical;
@@ -145,13 +187,27 @@ impl ExtentMap {
         if off > 0 {
             parts.push(Extent { len: off, ..e });
         }
-        parts.push(Extent { logical: lblk, len: 1, physical: e.physical + u64::from(off), unwritten: false });
+        parts.push(Extent {
+            logical: lblk,
+            len: 1,
+            physical: e.physical + u64::from(off),
+            unwritten: false,
+        });
         if off + 1 < e.len {
-            parts.push(Extent { logical: lblk + 1, len: e.len - off - 1, physical: e.physical + u64::from(off) + 1, unwritten: true });
+            parts.push(Extent {
+                logical: lblk + 1,
+                len: e.len - off - 1,
+                physical: e.physical + u64::from(off) + 1,
+                unwritten: true,
+            });
         }
         self.extents.splice(i..=i, parts);
         // Merge the written block with a written neighbour on either side.
-        let j = self.extents.iter().position(|x| x.logical == lblk).unwrap_or(i);
+        let j = self
+            .extents
+            .iter()
+            .position(|x| x.logical == lblk)
+            .unwrap_or(i);
         self.merge_at(j);
         if j > 0 {
             self.merge_at(j - 1);
@@ -177,26 +233,32 @@ impl ExtentMap {
         freed
     }
 
-    /// Data blocks mapped.
-    pub fn data_blocks(&self) -> u64 {
-        self.extents.iter().map(|e| u64::from(e.len)).sum()
-    }
-
     /// Writes the map back into `inode`'s `i_block` and tree blocks, allocating or freeing tree
     /// blocks as needed. Returns the change in tree blocks (for `i_blocks`).
     pub fn store(&mut self, meta: &mut Meta, io: &Io, ino: u32, inode: &mut Inode) -> Result<()> {
         let bs = meta.geo.bs();
         let per_block = node_capacity(bs);
         let in_inode = node_capacity(I_BLOCK_LEN);
-        let seed = meta.geo.csum_seed.map(|s| inode_csum_seed(s, ino, inode.generation()));
+        let seed = meta
+            .geo
+            .csum_seed
+            .map(|s| inode_csum_seed(s, ino, inode.generation()));
         // Build the levels bottom-up: each level is a list of nodes (entries per node).
         let mut levels: Vec<Vec<ExtentNode>> = Vec::new();
         let root: ExtentNode;
         if self.extents.len() <= in_inode {
             root = ExtentNode::Leaf(self.extents.clone());
         } else {
-            let leaves: Vec<ExtentNode> = self.extents.chunks(per_block).map(|c| ExtentNode::Leaf(c.to_vec())).collect();
-            let mut firsts: Vec<u32> = self.extents.chunks(per_block).map(|c| c[0].logical).collect();
+            let leaves: Vec<ExtentNode> = self
+                .extents
+                .chunks(per_block)
+                .map(|c| ExtentNode::Leaf(c.to_vec()))
+                .collect();
+            let mut firsts: Vec<u32> = self
+                .extents
+                .chunks(per_block)
+                .map(|c| c[0].logical)
+                .collect();
             levels.push(leaves);
             let mut depth = 1u16;
             while firsts.len() > in_inode {
@@ -205,13 +267,31 @@ impl ExtentMap {
                 }
                 let nodes: Vec<ExtentNode> = firsts
                     .chunks(per_block)
-                    .map(|c| ExtentNode::Index { depth, entries: c.iter().map(|l| ExtentIndex { logical: *l, child: 0 }).collect() })
+                    .map(|c| ExtentNode::Index {
+                        depth,
+                        entries: c
+                            .iter()
+                            .map(|l| ExtentIndex {
+                                logical: *l,
+                                child: 0,
+                            })
+                            .collect(),
+                    })
                     .collect();
                 firsts = firsts.chunks(per_block).map(|c| c[0]).collect();
                 levels.push(nodes);
                 depth += 1;
             }
-            root = ExtentNode::Index { depth, entries: firsts.iter().map(|l| ExtentIndex { logical: *l, child: 0 }).collect() };
+            root = ExtentNode::Index {
+                depth,
+                entries: firsts
+                    .iter()
+                    .map(|l| ExtentIndex {
+                        logical: *l,
+                        child: 0,
+                    })
+                    .collect(),
+            };
         }
         let needed: usize = levels.iter().map(Vec::len).sum();
         // Reserve or release tree blocks.
@@ -220,13 +300,19 @@ impl ExtentMap {
             let b = meta.alloc_block(io, goal)?;
             meta.new_block_mut(b);
             self.tree_blocks.push(b);
-            inode.set_blocks_512(inode.blocks_512(meta.geo.block_size) + u64::from(meta.geo.block_size / 512));
+            inode.set_blocks_512(
+                inode.blocks_512(meta.geo.block_size) + u64::from(meta.geo.block_size / 512),
+            );
         }
         while self.tree_blocks.len() > needed {
             // OK to unwrap: the loop condition says the list is not empty.
             let b = self.tree_blocks.pop().expect("non-empty");
             meta.free_block(io, b, true)?;
-            inode.set_blocks_512(inode.blocks_512(meta.geo.block_size).saturating_sub(u64::from(meta.geo.block_size / 512)));
+            inode.set_blocks_512(
+                inode
+                    .blocks_512(meta.geo.block_size)
+                    .saturating_sub(u64::from(meta.geo.block_size / 512)),
+            );
         }
         // Assign block numbers level by level and fill in child pointers.
         let mut next = 0usize;
@@ -236,7 +322,11 @@ impl ExtentMap {
             next += level.len();
         }
         for li in 0..levels.len() {
-            let children = if li == 0 { None } else { Some(level_blocks[li - 1].clone()) };
+            let children = if li == 0 {
+                None
+            } else {
+                Some(level_blocks[li - 1].clone())
+            };
             for (ni, node) in levels[li].iter_mut().enumerate() {
                 if let (Some(ch), ExtentNode::Index { entries, .. }) = (&children, node) {
                     for (k, e) in entries.iter_mut().enumerate() {
@@ -294,25 +384,36 @@ mod tests {
         m.insert(3, 103, false);
         assert_eq!(m.extents.len(), 2);
         m.insert(2, 102, false);
-        assert_eq!(m.extents, vec![Extent { logical: 0, len: 4, physical: 100, unwritten: false }]);
+        assert_eq!(
+            m.extents,
+            vec![Extent {
+                logical: 0,
+                len: 4,
+                physical: 100,
+                unwritten: false
+            }]
+        );
         assert_eq!(m.map(2), Some((102, false)));
         assert_eq!(m.map(4), None);
         let freed = m.truncate_from(1);
         assert_eq!(freed, vec![(101, 3)]);
-        assert_eq!(m.data_blocks(), 1);
+        assert_eq!(m.extents.len(), 1);
     }
 
     #[test]
     fn mark_written_splits_unwritten() {
         let mut m = ExtentMap::default();
-        m.extents.push(Extent { logical: 10, len: 5, physical: 50, unwritten: true });
+        m.extents.push(Extent {
+            logical: 10,
+            len: 5,
+            physical: 50,
+            unwritten: true,
+        });
         m.mark_written(12);
         assert_eq!(m.extents.len(), 3);
         assert_eq!(m.map(12), Some((52, false)));
         assert_eq!(m.map(13), Some((53, true)));
         m.mark_written(13);
         assert_eq!(m.find(12).unwrap().len, 2);
-        assert_eq!(m.next_mapped(0), Some(10));
-        assert_eq!(m.next_mapped(20), None);
     }
 }

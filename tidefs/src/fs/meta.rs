@@ -47,7 +47,6 @@ pub(crate) struct Geometry {
     pub first_ino: u32,
     pub csum_seed: Option<u32>,
     pub extra_isize: u16,
-    pub bit64: bool,
 }
 
 impl Geometry {
@@ -72,7 +71,6 @@ impl Geometry {
             first_ino: sb.first_ino(),
             csum_seed: sb.csum_seed(),
             extra_isize: extra.min(u16::try_from(inode_size.saturating_sub(128)).unwrap_or(0)),
-            bit64: sb.has_incompat(crate::format::ext4::superblock::incompat::BIT64),
         })
     }
 
@@ -162,12 +160,17 @@ impl Meta {
                 self.geo.blocks_count
             )));
         }
-        let newest = self.committing.get(&nr).cloned().or_else(|| io.journal.pending(nr));
+        let newest = self
+            .committing
+            .get(&nr)
+            .cloned()
+            .or_else(|| io.journal.pending(nr));
         let data: Box<[u8]> = match newest {
             Some(copy) => Box::from(&copy[..]),
             None => {
                 let mut buf = vec![0u8; self.geo.bs()].into_boxed_slice();
-                io.dev.read_at(nr * u64::from(self.geo.block_size), &mut buf)?;
+                io.dev
+                    .read_at(nr * u64::from(self.geo.block_size), &mut buf)?;
                 buf
             }
         };
@@ -197,7 +200,8 @@ impl Meta {
     /// without reading its old content.
     pub fn new_block_mut(&mut self, nr: u64) -> &mut [u8] {
         self.cache.forget(nr);
-        self.cache.insert(nr, vec![0u8; self.geo.bs()].into_boxed_slice());
+        self.cache
+            .insert(nr, vec![0u8; self.geo.bs()].into_boxed_slice());
         self.revoked.remove(&nr);
         // OK to unwrap: inserted just above.
         self.cache.get_mut(nr).expect("block just inserted")
@@ -266,7 +270,13 @@ impl Meta {
     }
 
     /// Writes `groups[g]` into its descriptor, with bitmap checksums `bb`/`ib` if given.
-    fn store_group(&mut self, io: &Io, g: u32, bb_csum: Option<u32>, ib_csum: Option<u32>) -> Result<()> {
+    fn store_group(
+        &mut self,
+        io: &Io,
+        g: u32,
+        bb_csum: Option<u32>,
+        ib_csum: Option<u32>,
+    ) -> Result<()> {
         let info = self.groups[g as usize];
         let (nr, off) = self.geo.desc_location(g);
         let ds = self.geo.desc_size as usize;
@@ -311,8 +321,8 @@ impl Meta {
                 mark(b);
             }
         }
-        let itable_blocks =
-            (u64::from(self.geo.inodes_per_group) * u64::from(self.geo.inode_size)).div_ceil(u64::from(self.geo.block_size));
+        let itable_blocks = (u64::from(self.geo.inodes_per_group) * u64::from(self.geo.inode_size))
+            .div_ceil(u64::from(self.geo.block_size));
         for h in &self.groups {
             mark(h.block_bitmap);
             mark(h.inode_bitmap);
@@ -341,23 +351,13 @@ impl Meta {
             let bm = self.init_block_bitmap(g);
             self.new_block_mut(info.block_bitmap).copy_from_slice(&bm);
             self.groups[g as usize].flags &= !BG_BLOCK_UNINIT;
-            let c = self.geo.csum_seed.map(|s| bitmap_checksum(s, &bm, self.block_bitmap_len()));
+            let c = self
+                .geo
+                .csum_seed
+                .map(|s| bitmap_checksum(s, &bm, self.block_bitmap_len()));
             self.store_group(io, g, c, None)?;
         }
         Ok(())
-    }
-
-    /// Whether block `b` is marked in use.
-    pub fn block_in_use(&mut self, io: &Io, b: u64) -> Result<bool> {
-        let g = self.geo.group_of_block(b);
-        let info = self.groups[g as usize];
-        let i = (b - self.geo.group_first_block(g)) as usize;
-        if info.flags & BG_BLOCK_UNINIT != 0 {
-            let bm = self.init_block_bitmap(g);
-            return Ok(bm[i / 8] & (1 << (i % 8)) != 0);
-        }
-        let bm = self.block(io, info.block_bitmap)?;
-        Ok(bm[i / 8] & (1 << (i % 8)) != 0)
     }
 
     /// Free blocks in the whole file system.
@@ -384,7 +384,11 @@ impl Meta {
             }
             let first = self.geo.group_first_block(g);
             let n = self.geo.blocks_in_group(g) as usize;
-            let from = if step == 0 && goal >= first { (goal - first) as usize } else { 0 };
+            let from = if step == 0 && goal >= first {
+                (goal - first) as usize
+            } else {
+                0
+            };
             self.prepare_block_bitmap(io, g)?;
             let bb = self.groups[g as usize].block_bitmap;
             let found = {
@@ -394,14 +398,20 @@ impl Meta {
                 let bm = self.cache.get(bb).expect("bitmap loaded");
                 let mut found = None;
                 for pass in 0..2 {
-                    let (lo, hi) = if pass == 0 { (from, n) } else { (0, from.min(n)) };
+                    let (lo, hi) = if pass == 0 {
+                        (from, n)
+                    } else {
+                        (0, from.min(n))
+                    };
                     let mut i = lo;
                     while i < hi {
                         if bm[i / 8] == 0xFF && i % 8 == 0 {
                             i += 8;
                             continue;
                         }
-                        if bm[i / 8] & (1 << (i % 8)) == 0 && !quarantine.contains(&(first + i as u64)) {
+                        if bm[i / 8] & (1 << (i % 8)) == 0
+                            && !quarantine.contains(&(first + i as u64))
+                        {
                             found = Some(i);
                             break;
                         }
@@ -434,7 +444,9 @@ impl Meta {
     /// record keeps replay from overwriting its next use).
     pub fn free_block(&mut self, io: &Io, b: u64, journaled: bool) -> Result<()> {
         if b < self.geo.first_data_block || b >= self.geo.blocks_count {
-            return Err(FsError::corrupt(format!("freeing block {b} outside the file system")));
+            return Err(FsError::corrupt(format!(
+                "freeing block {b} outside the file system"
+            )));
         }
         let g = self.geo.group_of_block(b);
         self.prepare_block_bitmap(io, g)?;
@@ -470,7 +482,12 @@ impl Meta {
         let start = if is_dir {
             // Spread directories: the group with the most free inodes, ties to the nearest.
             (0..groups)
-                .max_by_key(|g| (self.groups[*g as usize].free_inodes, u32::MAX - g.abs_diff(near)))
+                .max_by_key(|g| {
+                    (
+                        self.groups[*g as usize].free_inodes,
+                        u32::MAX - g.abs_diff(near),
+                    )
+                })
                 .unwrap_or(0)
         } else {
             near % groups
@@ -503,7 +520,9 @@ impl Meta {
             }
             let Some(i) = found else {
                 // The descriptor said free inodes exist but the bitmap disagrees.
-                return Err(FsError::corrupt(format!("group {g}: free inode count disagrees with its bitmap")));
+                return Err(FsError::corrupt(format!(
+                    "group {g}: free inode count disagrees with its bitmap"
+                )));
             };
             bm[i / 8] |= 1 << (i % 8);
             let c = seed.map(|s| bitmap_checksum(s, bm, len));
@@ -560,7 +579,10 @@ impl Meta {
         let idx = u64::from((ino - 1) % ipg);
         let byte = idx * u64::from(self.geo.inode_size);
         let bs = u64::from(self.geo.block_size);
-        Ok((self.groups[g as usize].inode_table + byte / bs, (byte % bs) as usize))
+        Ok((
+            self.groups[g as usize].inode_table + byte / bs,
+            (byte % bs) as usize,
+        ))
     }
 
     /// Reads inode `ino` (checksum verified).
@@ -582,21 +604,5 @@ impl Meta {
         let b = self.block_mut(io, nr)?;
         b[off..off + isz].copy_from_slice(inode.as_bytes());
         Ok(())
-    }
-
-    /// Whether inode `ino` is marked in use in its bitmap.
-    pub fn inode_in_use(&mut self, io: &Io, ino: u32) -> Result<bool> {
-        if !self.geo.valid_ino(u64::from(ino)) {
-            return Ok(false);
-        }
-        let ipg = self.geo.inodes_per_group;
-        let g = (ino - 1) / ipg;
-        let i = ((ino - 1) % ipg) as usize;
-        let info = self.groups[g as usize];
-        if info.flags & BG_INODE_UNINIT != 0 {
-            return Ok(false);
-        }
-        let bm = self.block(io, info.inode_bitmap)?;
-        Ok(bm[i / 8] & (1 << (i % 8)) != 0)
     }
 }

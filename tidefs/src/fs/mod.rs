@@ -31,9 +31,12 @@ use crate::format::ext4::extent::{parse_node, ExtentNode};
 use crate::format::ext4::group_desc::GroupDescRef;
 use crate::format::ext4::inode::Inode;
 use crate::format::ext4::superblock::{
-    self, compat, describe_unknown, incompat, ro_compat, Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE,
+    self, compat, describe_unknown, incompat, ro_compat, Superblock, SUPERBLOCK_OFFSET,
+    SUPERBLOCK_SIZE,
 };
-use crate::journal::{CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, RecoveryReport};
+use crate::journal::{
+    CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, RecoveryReport,
+};
 use crate::{FsError, Result};
 
 use meta::{Geometry, Io, Meta};
@@ -140,20 +143,32 @@ fn read_superblock(dev: &dyn BlockDevice, read_only: bool) -> Result<Superblock>
             "journal_dev: this is an external journal device, not a file system".into(),
         ));
     }
-    if let Some(names) = describe_unknown(sb.feature_incompat(), incompat::SUPPORTED, incompat::NAMES) {
-        return Err(FsError::Incompatible(format!("incompat feature(s) {names}")));
+    if let Some(names) =
+        describe_unknown(sb.feature_incompat(), incompat::SUPPORTED, incompat::NAMES)
+    {
+        return Err(FsError::Incompatible(format!(
+            "incompat feature(s) {names}"
+        )));
     }
     if !read_only {
-        if let Some(names) = describe_unknown(sb.feature_ro_compat(), ro_compat::SUPPORTED, ro_compat::NAMES) {
+        if let Some(names) = describe_unknown(
+            sb.feature_ro_compat(),
+            ro_compat::SUPPORTED,
+            ro_compat::NAMES,
+        ) {
             return Err(FsError::Incompatible(format!(
                 "ro_compat feature(s) {names} (the image can only be mounted read-only)"
             )));
         }
         if !sb.has_compat(compat::HAS_JOURNAL) {
-            return Err(FsError::Incompatible("no journal (has_journal is off); tidefs writes only through a journal".into()));
+            return Err(FsError::Incompatible(
+                "no journal (has_journal is off); tidefs writes only through a journal".into(),
+            ));
         }
         if !sb.has_incompat(incompat::EXTENTS) {
-            return Err(FsError::Incompatible("extent feature off (ext2/ext3 block maps)".into()));
+            return Err(FsError::Incompatible(
+                "extent feature off (ext2/ext3 block maps)".into(),
+            ));
         }
     }
     let need = sb.blocks_count() * u64::from(sb.block_size());
@@ -167,7 +182,12 @@ fn read_superblock(dev: &dyn BlockDevice, read_only: bool) -> Result<Superblock>
 }
 
 /// Reads inode `ino` straight from the device (before the journal exists).
-fn read_inode_direct(dev: &dyn BlockDevice, sb: &Superblock, geo: &Geometry, ino: u32) -> Result<Inode> {
+fn read_inode_direct(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    geo: &Geometry,
+    ino: u32,
+) -> Result<Inode> {
     let g = (ino - 1) / geo.inodes_per_group;
     let (nr, off) = geo.desc_location(g);
     let bs = u64::from(geo.block_size);
@@ -184,7 +204,11 @@ fn read_inode_direct(dev: &dyn BlockDevice, sb: &Superblock, geo: &Geometry, ino
 }
 
 /// The journal's extents, from inode 8's extent tree read straight from the device.
-fn journal_extents(dev: &dyn BlockDevice, geo: &Geometry, inode: &Inode) -> Result<Vec<JournalExtent>> {
+fn journal_extents(
+    dev: &dyn BlockDevice,
+    geo: &Geometry,
+    inode: &Inode,
+) -> Result<Vec<JournalExtent>> {
     let mut out = Vec::new();
     let mut stack = vec![parse_node(inode.i_block())?];
     let mut budget = 10_000;
@@ -196,7 +220,11 @@ fn journal_extents(dev: &dyn BlockDevice, geo: &Geometry, inode: &Inode) -> Resu
         match node {
             ExtentNode::Leaf(exts) => {
                 for e in exts {
-                    out.push(JournalExtent { logical_start: e.logical, device_block: e.physical, len: e.len });
+                    out.push(JournalExtent {
+                        logical_start: e.logical,
+                        device_block: e.physical,
+                        len: e.len,
+                    });
                 }
             }
             ExtentNode::Index { entries, .. } => {
@@ -219,11 +247,17 @@ impl Fs {
     /// Opens the image (file or block device) at `image`, replaying its journal first if needed.
     pub fn open(image: &Path, opts: &MountOptions) -> Result<Fs> {
         let dev = FileDev::open(image, opts.read_only).map_err(|e| {
-            FsError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", image.display())))
+            FsError::Io(std::io::Error::new(
+                e.kind(),
+                format!("{}: {e}", image.display()),
+            ))
         })?;
         let jdev: Option<Arc<dyn BlockDevice>> = match &opts.journal_device {
             Some(p) => Some(Arc::new(FileDev::open(p, opts.read_only).map_err(|e| {
-                FsError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+                FsError::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", p.display()),
+                ))
             })?)),
             None => None,
         };
@@ -248,10 +282,16 @@ impl Fs {
         };
         let jgeo = if sb.journal_inum() != 0 {
             if journal_dev.is_some() {
-                return Err(FsError::Invalid("the image has an internal journal; journal_device does not apply"));
+                return Err(FsError::Invalid(
+                    "the image has an internal journal; journal_device does not apply",
+                ));
             }
             let ji = read_inode_direct(dev.as_ref(), &sb, &geo, sb.journal_inum())?;
-            JournalGeometry::internal(dev.clone(), geo.block_size, journal_extents(dev.as_ref(), &geo, &ji)?)
+            JournalGeometry::internal(
+                dev.clone(),
+                geo.block_size,
+                journal_extents(dev.as_ref(), &geo, &ji)?,
+            )
         } else if sb.has_compat(compat::HAS_JOURNAL) {
             let Some(jdev) = journal_dev else {
                 return Err(FsError::Invalid(
@@ -260,19 +300,32 @@ impl Fs {
             };
             JournalGeometry::external(jdev, geo.block_size, sb.uuid())?
         } else {
-            return Err(FsError::Incompatible("no journal (has_journal is off)".into()));
+            return Err(FsError::Incompatible(
+                "no journal (has_journal is off)".into(),
+            ));
         };
         let journal = Journal::open(jgeo, dev.clone(), jopts)?;
-        let recovery = if journal.needs_recovery() || sb.has_incompat(incompat::RECOVER) && journal.needs_recovery() {
+        let recovery = if journal.needs_recovery()
+            || sb.has_incompat(incompat::RECOVER) && journal.needs_recovery()
+        {
             Some(journal.recover()?)
         } else {
             None
         };
         // Recovery may have replayed the superblock itself.
-        let sb = if recovery.is_some() && !ro { read_superblock(dev.as_ref(), ro)? } else { sb };
+        let sb = if recovery.is_some() && !ro {
+            read_superblock(dev.as_ref(), ro)?
+        } else {
+            sb
+        };
         let geo = Geometry::from_superblock(&sb)?;
         let internal_journal = sb.journal_inum() != 0;
-        let io = Io { dev, journal, counted, internal_journal };
+        let io = Io {
+            dev,
+            journal,
+            counted,
+            internal_journal,
+        };
         let tid = io.journal.next_tid();
         let cache_blocks = opts.cache_size_bytes / geo.bs();
         let mut meta = Meta {
@@ -316,7 +369,10 @@ impl Fs {
             inner.mark_mounted()?;
             inner.process_orphans()?;
         }
-        let fs = Fs { inner: inner.clone(), background: Mutex::new(None) };
+        let fs = Fs {
+            inner: inner.clone(),
+            background: Mutex::new(None),
+        };
         if !ro {
             let bg = std::thread::Builder::new()
                 .name("tidefs-commit".into())
@@ -369,7 +425,8 @@ impl Fs {
                 return Err(FsError::ReadOnly);
             }
             let r = f(&mut m, &inner.io);
-            let big = m.cache.dirty_count() + m.revoked.len() >= inner.io.journal.max_transaction_blocks() / 2;
+            let big = m.cache.dirty_count() + m.revoked.len()
+                >= inner.io.journal.max_transaction_blocks() / 2;
             (r, big)
         };
         if write && big {
@@ -418,7 +475,14 @@ impl Fs {
 
     /// Creates a regular file, device node, fifo or socket; `mode` carries the `S_IFMT` type bits
     /// and the permission bits; `rdev` is the device number for device nodes.
-    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, rdev: u32, creds: Creds) -> Result<Attr> {
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        creds: Creds,
+    ) -> Result<Attr> {
         self.with_meta(true, |m, io| {
             let p = m.ino32(parent)?;
             m.create(io, p, name, mode, rdev, creds)
@@ -466,7 +530,14 @@ impl Fs {
     }
 
     /// Renames an entry, possibly replacing or exchanging with the target.
-    pub fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: RenameFlags) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.with_meta(true, |m, io| {
             let (p, np) = (m.ino32(parent)?, m.ino32(new_parent)?);
             m.rename(io, p, name, np, new_name, flags)
@@ -544,7 +615,12 @@ impl Fs {
 
     /// Lists `ino` from cookie `offset` (0 = start), calling `emit` per entry until it returns
     /// false (reply buffer full). Includes "." and "..".
-    pub fn readdir(&self, ino: Ino, offset: u64, emit: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
+    pub fn readdir(
+        &self,
+        ino: Ino,
+        offset: u64,
+        emit: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
         let mut offset = offset;
         loop {
             let batch = self.with_meta(false, |m, io| {
@@ -557,7 +633,12 @@ impl Fs {
                         Some(k) => k,
                         None => ops::kind_of(m.read_inode(io, r.inode)?.mode()),
                     };
-                    out.push(DirEntry { ino: u64::from(r.inode), kind, name: r.name, next_offset: next });
+                    out.push(DirEntry {
+                        ino: u64::from(r.inode),
+                        kind,
+                        name: r.name,
+                        next_offset: next,
+                    });
                 }
                 Ok(out)
             })?;
@@ -636,7 +717,9 @@ impl Fs {
     pub fn release_inode(&self, ino: Ino) -> Result<()> {
         self.with_meta(false, |m, io| {
             let n = m.ino32(ino)?;
-            let Some(c) = m.open.get_mut(&n) else { return Ok(()) };
+            let Some(c) = m.open.get_mut(&n) else {
+                return Ok(());
+            };
             *c -= 1;
             if *c > 0 {
                 return Ok(());
@@ -671,8 +754,16 @@ impl Fs {
             home_bytes: self.inner.io.home_bytes_written(j.journal_bytes),
             commits,
             fsyncs,
-            fsyncs_per_commit: if commits == 0 { 0.0 } else { fsyncs as f64 / commits as f64 },
-            avg_transaction_blocks: if commits == 0 { 0.0 } else { blocks as f64 / commits as f64 },
+            fsyncs_per_commit: if commits == 0 {
+                0.0
+            } else {
+                fsyncs as f64 / commits as f64
+            },
+            avg_transaction_blocks: if commits == 0 {
+                0.0
+            } else {
+                blocks as f64 / commits as f64
+            },
             fsync_p50_us: pct(50),
             fsync_p99_us: pct(99),
             checkpoints: j.checkpoints,
@@ -721,7 +812,9 @@ impl Inner {
                 let ino = m.sb.last_orphan();
                 n += 1;
                 if n > m.sb.inodes_count() || !m.geo.valid_ino(u64::from(ino)) {
-                    return Err(FsError::corrupt("orphan list loops or names an invalid inode"));
+                    return Err(FsError::corrupt(
+                        "orphan list loops or names an invalid inode",
+                    ));
                 }
                 let i = m.read_inode(&self.io, ino)?;
                 if i.links_count() == 0 && i.mode() != 0 {
@@ -766,7 +859,11 @@ impl Inner {
             if m.read_only && self.read_only {
                 return Ok(());
             }
-            if m.cache.dirty_count() > 0 || !m.revoked.is_empty() || m.sb_dirty || !m.freed_running.is_empty() {
+            if m.cache.dirty_count() > 0
+                || !m.revoked.is_empty()
+                || m.sb_dirty
+                || !m.freed_running.is_empty()
+            {
                 Some(m.tid)
             } else {
                 None
@@ -833,8 +930,12 @@ impl Inner {
                 self.counters.commits.fetch_add(1, Ordering::Relaxed);
                 let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 let old = self.counters.avg_commit_ns.load(Ordering::Relaxed);
-                self.counters.avg_commit_ns.store((old * 7 + ns) / 8, Ordering::Relaxed);
-                self.counters.committed_blocks.fetch_add(nblocks, Ordering::Relaxed);
+                self.counters
+                    .avg_commit_ns
+                    .store((old * 7 + ns) / 8, Ordering::Relaxed);
+                self.counters
+                    .committed_blocks
+                    .fetch_add(nblocks, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => Err(journal_err_to_readonly(&mut m, e)),
@@ -889,7 +990,10 @@ fn write_sb_direct(m: &mut Meta, io: &Io) -> Result<()> {
 /// Replays the journal of an image (and finishes orphan cleanup) without mounting it, as
 /// `tidefs fsck` does. Returns what recovery did; an image that needs none gets an empty report.
 pub fn recover_image(image: &Path, journal_device: Option<&Path>) -> Result<RecoveryReport> {
-    let opts = MountOptions { journal_device: journal_device.map(Path::to_path_buf), ..MountOptions::default() };
+    let opts = MountOptions {
+        journal_device: journal_device.map(Path::to_path_buf),
+        ..MountOptions::default()
+    };
     let fs = Fs::open(image, &opts)?;
     let report = fs.recovery_report().unwrap_or_default();
     fs.unmount()?;

@@ -17,11 +17,17 @@ pub(crate) const LINK_MAX: u16 = 65000;
 
 pub(crate) fn now() -> InodeTime {
     let t = Timestamp::now();
-    InodeTime { sec: t.sec, nsec: t.nsec }
+    InodeTime {
+        sec: t.sec,
+        nsec: t.nsec,
+    }
 }
 
 fn to_ts(t: InodeTime) -> Timestamp {
-    Timestamp { sec: t.sec, nsec: t.nsec }
+    Timestamp {
+        sec: t.sec,
+        nsec: t.nsec,
+    }
 }
 
 pub(crate) fn kind_of(m: u16) -> FileKind {
@@ -91,7 +97,10 @@ impl Meta {
     /// Reads an inode that must be in use.
     pub(crate) fn live_inode(&mut self, io: &Io, ino: u32) -> Result<Inode> {
         let inode = self.read_inode(io, ino)?;
-        if inode.links_count() == 0 && !self.open.contains_key(&ino) && ino != super::api::ROOT_INO as u32 {
+        if inode.links_count() == 0
+            && !self.open.contains_key(&ino)
+            && ino != super::api::ROOT_INO as u32
+        {
             return Err(FsError::NotFound);
         }
         if inode.mode() == 0 {
@@ -135,7 +144,14 @@ impl Meta {
     }
 
     /// Allocates and initialises a new inode in the running transaction.
-    fn new_inode(&mut self, io: &Io, parent: u32, parent_inode: &Inode, m: u16, creds: Creds) -> Result<(u32, Inode)> {
+    fn new_inode(
+        &mut self,
+        io: &Io,
+        parent: u32,
+        parent_inode: &Inode,
+        m: u16,
+        creds: Creds,
+    ) -> Result<(u32, Inode)> {
         let is_dir = m & mode::S_IFMT == mode::S_IFDIR;
         let near = (parent - 1) / self.geo.inodes_per_group;
         let ino = self.alloc_inode(io, near, is_dir)?;
@@ -195,14 +211,28 @@ impl Meta {
     }
 
     /// Creates a non-directory inode (file, device, fifo, socket).
-    pub(crate) fn create(&mut self, io: &Io, parent: u32, name: &[u8], m: u32, rdev: u32, creds: Creds) -> Result<Attr> {
+    pub(crate) fn create(
+        &mut self,
+        io: &Io,
+        parent: u32,
+        name: &[u8],
+        m: u32,
+        rdev: u32,
+        creds: Creds,
+    ) -> Result<Attr> {
         let pi = self.dir_inode(io, parent)?;
         self.check_absent(io, parent, name)?;
         self.ensure_space(2)?;
         let m = u16::try_from(m & 0o177777).map_err(|_| FsError::Invalid("mode"))?;
-        let m = if m & mode::S_IFMT == 0 { m | mode::S_IFREG } else { m };
+        let m = if m & mode::S_IFMT == 0 {
+            m | mode::S_IFREG
+        } else {
+            m
+        };
         if m & mode::S_IFMT == mode::S_IFDIR || m & mode::S_IFMT == mode::S_IFLNK {
-            return Err(FsError::Invalid("create cannot make directories or symlinks"));
+            return Err(FsError::Invalid(
+                "create cannot make directories or symlinks",
+            ));
         }
         let (ino, mut i) = self.new_inode(io, parent, &pi, m, creds)?;
         if matches!(m & mode::S_IFMT, mode::S_IFCHR | mode::S_IFBLK) {
@@ -215,18 +245,29 @@ impl Meta {
     }
 
     /// Creates a directory.
-    pub(crate) fn mkdir(&mut self, io: &Io, parent: u32, name: &[u8], perm: u16, creds: Creds) -> Result<Attr> {
+    pub(crate) fn mkdir(
+        &mut self,
+        io: &Io,
+        parent: u32,
+        name: &[u8],
+        perm: u16,
+        creds: Creds,
+    ) -> Result<Attr> {
         let mut pi = self.dir_inode(io, parent)?;
         self.check_absent(io, parent, name)?;
         self.ensure_space(3)?;
-        let (ino, mut i) = self.new_inode(io, parent, &pi, mode::S_IFDIR | (perm & 0o7777), creds)?;
+        let (ino, mut i) =
+            self.new_inode(io, parent, &pi, mode::S_IFDIR | (perm & 0o7777), creds)?;
         // First block with "." and "..".
         let csum = self.geo.csum_seed.is_some();
         let bs = self.geo.bs();
         let mut map = ExtentMap::default();
         let goal = inode_goal(&map, self, ino);
         let pblk = self.alloc_block(io, goal)?;
-        let seed = self.geo.csum_seed.map(|s| crate::format::ext4::inode_csum_seed(s, ino, i.generation()));
+        let seed = self
+            .geo
+            .csum_seed
+            .map(|s| crate::format::ext4::inode_csum_seed(s, ino, i.generation()));
         let b = self.new_block_mut(pblk);
         dirent::htree_root_to_linear(b, ino, parent, csum);
         if let Some(s) = seed {
@@ -254,7 +295,14 @@ impl Meta {
     }
 
     /// Creates a symbolic link.
-    pub(crate) fn symlink(&mut self, io: &Io, parent: u32, name: &[u8], target: &[u8], creds: Creds) -> Result<Attr> {
+    pub(crate) fn symlink(
+        &mut self,
+        io: &Io,
+        parent: u32,
+        name: &[u8],
+        target: &[u8],
+        creds: Creds,
+    ) -> Result<Attr> {
         let pi = self.dir_inode(io, parent)?;
         self.check_absent(io, parent, name)?;
         let bs = self.geo.bs();
@@ -296,17 +344,23 @@ impl Meta {
         let size = usize::try_from(i.size()).map_err(|_| FsError::corrupt("symlink size"))?;
         if i.flags() & flags::EXTENTS == 0 {
             if size >= inode::I_BLOCK_LEN {
-                return Err(FsError::corrupt(format!("inode {ino}: inline symlink too long")));
+                return Err(FsError::corrupt(format!(
+                    "inode {ino}: inline symlink too long"
+                )));
             }
             return Ok(i.i_block()[..size].to_vec());
         }
         let bs = self.geo.bs();
         if size > bs {
-            return Err(FsError::corrupt(format!("inode {ino}: symlink longer than a block")));
+            return Err(FsError::corrupt(format!(
+                "inode {ino}: symlink longer than a block"
+            )));
         }
         let map = self.extent_map(io, ino, &i)?;
         let Some((pblk, _)) = map.map(0) else {
-            return Err(FsError::corrupt(format!("inode {ino}: symlink without a block")));
+            return Err(FsError::corrupt(format!(
+                "inode {ino}: symlink without a block"
+            )));
         };
         let mut buf = vec![0u8; size];
         io.dev.read_at(pblk * bs as u64, &mut buf)?;
@@ -314,7 +368,13 @@ impl Meta {
     }
 
     /// Adds a hard link.
-    pub(crate) fn link(&mut self, io: &Io, ino: u32, new_parent: u32, new_name: &[u8]) -> Result<Attr> {
+    pub(crate) fn link(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        new_parent: u32,
+        new_name: &[u8],
+    ) -> Result<Attr> {
         let mut i = self.live_inode(io, ino)?;
         if i.is_dir() {
             return Err(FsError::NotPermitted);
@@ -399,7 +459,10 @@ impl Meta {
                 // Re-seal the checksum after the refcount change.
                 let mut tmp = b.to_vec();
                 crate::format::put_le32(&mut tmp, 0x10, 0);
-                let c = crate::format::crc32c_raw(crate::format::crc32c_raw(s, &blk.to_le_bytes()), &tmp);
+                let c = crate::format::crc32c_raw(
+                    crate::format::crc32c_raw(s, &blk.to_le_bytes()),
+                    &tmp,
+                );
                 crate::format::put_le32(b, 0x10, c);
             }
             Ok(())
@@ -440,7 +503,9 @@ impl Meta {
     pub(crate) fn unlink(&mut self, io: &Io, parent: u32, name: &[u8]) -> Result<()> {
         self.dir_inode(io, parent)?;
         check_name(name)?;
-        let slot = self.dir_lookup(io, parent, name)?.ok_or(FsError::NotFound)?;
+        let slot = self
+            .dir_lookup(io, parent, name)?
+            .ok_or(FsError::NotFound)?;
         let i = self.read_inode(io, slot.ino)?;
         if i.is_dir() {
             return Err(FsError::IsDir);
@@ -460,7 +525,9 @@ impl Meta {
             return Err(FsError::NotEmpty);
         }
         check_name(name)?;
-        let slot = self.dir_lookup(io, parent, name)?.ok_or(FsError::NotFound)?;
+        let slot = self
+            .dir_lookup(io, parent, name)?
+            .ok_or(FsError::NotFound)?;
         let i = self.read_inode(io, slot.ino)?;
         if !i.is_dir() {
             return Err(FsError::NotDir);
@@ -507,7 +574,9 @@ impl Meta {
             if cur == super::api::ROOT_INO as u32 {
                 return Ok(false);
             }
-            cur = self.dir_lookup(io, cur, b"..")?.map_or(super::api::ROOT_INO as u32, |s| s.ino);
+            cur = self
+                .dir_lookup(io, cur, b"..")?
+                .map_or(super::api::ROOT_INO as u32, |s| s.ino);
         }
         Err(FsError::corrupt("directory tree loops"))
     }
@@ -534,7 +603,15 @@ impl Meta {
     }
 
     /// Renames, replaces or exchanges entries.
-    pub(crate) fn rename(&mut self, io: &Io, parent: u32, name: &[u8], new_parent: u32, new_name: &[u8], fl: RenameFlags) -> Result<()> {
+    pub(crate) fn rename(
+        &mut self,
+        io: &Io,
+        parent: u32,
+        name: &[u8],
+        new_parent: u32,
+        new_name: &[u8],
+        fl: RenameFlags,
+    ) -> Result<()> {
         if fl.exchange && fl.noreplace {
             return Err(FsError::Invalid("RENAME_EXCHANGE with RENAME_NOREPLACE"));
         }
@@ -545,7 +622,9 @@ impl Meta {
         if dirent::is_dot_or_dotdot(name) || dirent::is_dot_or_dotdot(new_name) {
             return Err(FsError::Invalid("cannot rename '.' or '..'"));
         }
-        let src = self.dir_lookup(io, parent, name)?.ok_or(FsError::NotFound)?;
+        let src = self
+            .dir_lookup(io, parent, name)?
+            .ok_or(FsError::NotFound)?;
         let dst = self.dir_lookup(io, new_parent, new_name)?;
         let si = self.read_inode(io, src.ino)?;
         let src_dir = si.is_dir();
@@ -572,7 +651,11 @@ impl Meta {
                     self.dir_retarget(io, dst.ino, b"..", parent, ft::DIR)?;
                 }
                 if src_dir != dst_dir {
-                    let (gain, lose) = if src_dir { (new_parent, parent) } else { (parent, new_parent) };
+                    let (gain, lose) = if src_dir {
+                        (new_parent, parent)
+                    } else {
+                        (parent, new_parent)
+                    };
                     self.adjust_links(io, gain, 1)?;
                     self.adjust_links(io, lose, -1)?;
                 }
@@ -658,7 +741,10 @@ impl Meta {
         }
         let at = |s: SetTime| match s {
             SetTime::Now => t,
-            SetTime::At(ts) => InodeTime { sec: ts.sec, nsec: ts.nsec },
+            SetTime::At(ts) => InodeTime {
+                sec: ts.sec,
+                nsec: ts.nsec,
+            },
         };
         if let Some(a) = c.atime {
             i.set_atime(at(a));
@@ -667,7 +753,10 @@ impl Meta {
             i.set_mtime(at(m));
         }
         i.set_ctime(match c.ctime {
-            Some(ts) => InodeTime { sec: ts.sec, nsec: ts.nsec },
+            Some(ts) => InodeTime {
+                sec: ts.sec,
+                nsec: ts.nsec,
+            },
             None => t,
         });
         self.write_inode(io, ino, &mut i)?;
@@ -682,7 +771,13 @@ impl Meta {
     }
 
     /// Plans a read: segments of device bytes or zeros, clipped to the file size.
-    pub(crate) fn read_plan(&mut self, io: &Io, ino: u32, offset: u64, size: u32) -> Result<Vec<ReadSegment>> {
+    pub(crate) fn read_plan(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<ReadSegment>> {
         let i = self.live_inode(io, ino)?;
         if i.is_dir() {
             return Err(FsError::IsDir);
@@ -706,12 +801,19 @@ impl Meta {
             };
             // Merge with the previous segment when contiguous.
             match segs.last_mut() {
-                Some(last) if match (last.device_offset, dev) {
-                    (None, None) => true,
-                    (Some(a), Some(b)) => a + last.len as u64 == b,
-                    _ => false,
-                } => last.len += len as usize,
-                _ => segs.push(ReadSegment { len: len as usize, device_offset: dev }),
+                Some(last)
+                    if match (last.device_offset, dev) {
+                        (None, None) => true,
+                        (Some(a), Some(b)) => a + last.len as u64 == b,
+                        _ => false,
+                    } =>
+                {
+                    last.len += len as usize
+                }
+                _ => segs.push(ReadSegment {
+                    len: len as usize,
+                    device_offset: dev,
+                }),
             }
             pos += len;
         }
@@ -728,7 +830,9 @@ impl Meta {
             return Ok(0);
         }
         let bs = u64::from(self.geo.block_size);
-        let end = offset.checked_add(data.len() as u64).ok_or(FsError::FileTooBig)?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or(FsError::FileTooBig)?;
         if end.div_ceil(bs) > self.max_file_blocks() {
             return Err(FsError::FileTooBig);
         }
@@ -800,12 +904,10 @@ impl Meta {
         }
         let old = i.size();
         let mut map = self.extent_map(io, ino, i)?.clone();
-        if size < old {
-            if size % bs != 0 {
-                if let Some((p, false)) = map.map((size / bs) as u32) {
-                    let zeros = vec![0u8; (bs - size % bs) as usize];
-                    io.dev.write_at(p * bs + size % bs, &zeros)?;
-                }
+        if size < old && size % bs != 0 {
+            if let Some((p, false)) = map.map((size / bs) as u32) {
+                let zeros = vec![0u8; (bs - size % bs) as usize];
+                io.dev.write_at(p * bs + size % bs, &zeros)?;
             }
         }
         // Drop blocks past the new end (also unwritten ones past EOF when shrinking).
@@ -819,7 +921,10 @@ impl Meta {
                 }
             }
             map.store(self, io, ino, i)?;
-            i.set_blocks_512(i.blocks_512(self.geo.block_size).saturating_sub(n * (bs / 512)));
+            i.set_blocks_512(
+                i.blocks_512(self.geo.block_size)
+                    .saturating_sub(n * (bs / 512)),
+            );
         }
         self.maps.insert(ino, map);
         i.set_size(size);
@@ -827,7 +932,14 @@ impl Meta {
     }
 
     /// Allocates unwritten blocks for `[offset, offset+len)`.
-    pub(crate) fn fallocate(&mut self, io: &Io, ino: u32, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+    pub(crate) fn fallocate(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> Result<()> {
         let mut i = self.live_inode(io, ino)?;
         if i.is_dir() {
             return Err(FsError::IsDir);
@@ -872,11 +984,14 @@ impl Meta {
     // ----- extended attributes -----
 
     fn load_xattrs(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<Vec<Xattr>> {
-        let mut all = xattr::parse_inode_area(i.xattr_area()).map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
+        let mut all = xattr::parse_inode_area(i.xattr_area())
+            .map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
         let blk = i.file_acl();
         if blk != 0 {
             if blk >= self.geo.blocks_count {
-                return Err(FsError::corrupt(format!("inode {ino}: xattr block {blk} out of range")));
+                return Err(FsError::corrupt(format!(
+                    "inode {ino}: xattr block {blk} out of range"
+                )));
             }
             let seed = self.geo.csum_seed;
             let b = self.block(io, blk)?;
@@ -908,19 +1023,26 @@ impl Meta {
             if old_blk != 0 {
                 self.release_xattr_block(io, old_blk)?;
                 i.set_file_acl(0);
-                i.set_blocks_512(i.blocks_512(self.geo.block_size).saturating_sub(u64::from(self.geo.block_size / 512)));
+                i.set_blocks_512(
+                    i.blocks_512(self.geo.block_size)
+                        .saturating_sub(u64::from(self.geo.block_size / 512)),
+                );
             }
         } else {
             let shared = old_blk != 0 && xattr::block_refcount(self.block(io, old_blk)?) > 1;
             let blk = if old_blk == 0 || shared {
                 self.ensure_space(1)?;
-                let goal = self.geo.group_first_block((ino - 1) / self.geo.inodes_per_group);
+                let goal = self
+                    .geo
+                    .group_first_block((ino - 1) / self.geo.inodes_per_group);
                 let b = self.alloc_block(io, goal)?;
                 self.new_block_mut(b);
                 if shared {
                     self.release_xattr_block(io, old_blk)?;
                 } else {
-                    i.set_blocks_512(i.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512));
+                    i.set_blocks_512(
+                        i.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512),
+                    );
                 }
                 b
             } else {
@@ -947,28 +1069,49 @@ impl Meta {
 
     pub(crate) fn listxattr(&mut self, io: &Io, ino: u32) -> Result<Vec<Vec<u8>>> {
         let i = self.live_inode(io, ino)?;
-        Ok(self.load_xattrs(io, ino, &i)?.iter().map(|a| xattr::full_name(a.index, &a.name)).collect())
+        Ok(self
+            .load_xattrs(io, ino, &i)?
+            .iter()
+            .map(|a| xattr::full_name(a.index, &a.name))
+            .collect())
     }
 
-    pub(crate) fn setxattr(&mut self, io: &Io, ino: u32, name: &[u8], value: &[u8], how: XattrSetMode) -> Result<()> {
+    pub(crate) fn setxattr(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        name: &[u8],
+        value: &[u8],
+        how: XattrSetMode,
+    ) -> Result<()> {
         let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
         if matches!(index, 2 | 3 | 7 | 8) {
             return Err(FsError::NotSupported);
         }
         if suffix.is_empty() || suffix.len() > 255 {
-            return Err(if suffix.is_empty() { FsError::Invalid("empty xattr name") } else { FsError::Range });
+            return Err(if suffix.is_empty() {
+                FsError::Invalid("empty xattr name")
+            } else {
+                FsError::Range
+            });
         }
         if value.len() > self.geo.bs() - 64 {
             return Err(FsError::NoSpace);
         }
         let mut i = self.live_inode(io, ino)?;
         let mut attrs = self.load_xattrs(io, ino, &i)?;
-        let pos = attrs.iter().position(|a| a.index == index && a.name == suffix);
+        let pos = attrs
+            .iter()
+            .position(|a| a.index == index && a.name == suffix);
         match (pos, how) {
             (Some(_), XattrSetMode::Create) => return Err(FsError::Exists),
             (None, XattrSetMode::Replace) => return Err(FsError::NoAttribute),
             (Some(p), _) => attrs[p].value = value.to_vec(),
-            (None, _) => attrs.push(Xattr { index, name: suffix.to_vec(), value: value.to_vec() }),
+            (None, _) => attrs.push(Xattr {
+                index,
+                name: suffix.to_vec(),
+                value: value.to_vec(),
+            }),
         }
         self.store_xattrs(io, ino, &mut i, &attrs)?;
         i.set_ctime(now());
@@ -979,7 +1122,10 @@ impl Meta {
         let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
         let mut i = self.live_inode(io, ino)?;
         let mut attrs = self.load_xattrs(io, ino, &i)?;
-        let pos = attrs.iter().position(|a| a.index == index && a.name == suffix).ok_or(FsError::NoAttribute)?;
+        let pos = attrs
+            .iter()
+            .position(|a| a.index == index && a.name == suffix)
+            .ok_or(FsError::NoAttribute)?;
         attrs.remove(pos);
         self.store_xattrs(io, ino, &mut i, &attrs)?;
         i.set_ctime(now());

@@ -96,7 +96,9 @@ pub fn parse_block(block: &[u8], end: usize) -> Result<Vec<DirRecord>, Corrupt> 
     let mut off = 0usize;
     while off < end {
         if off + 8 > end {
-            return Err(Corrupt::new(format!("directory record at {off} is truncated")));
+            return Err(Corrupt::new(format!(
+                "directory record at {off} is truncated"
+            )));
         }
         let inode = le32(block, off);
         let rec_len = rec_len_from_disk(le16(block, off + 4), block.len());
@@ -119,7 +121,14 @@ pub fn parse_block(block: &[u8], end: usize) -> Result<Vec<DirRecord>, Corrupt> 
 }
 
 /// Writes one record header and name at `offset` (the record keeps `rec_len`).
-pub fn write_record(block: &mut [u8], offset: usize, inode: u32, rec_len: usize, file_type: u8, name: &[u8]) {
+pub fn write_record(
+    block: &mut [u8],
+    offset: usize,
+    inode: u32,
+    rec_len: usize,
+    file_type: u8,
+    name: &[u8],
+) {
     put_le32(block, offset, inode);
     put_le16(block, offset + 4, rec_len_to_disk(rec_len));
     // Names are at most 255 bytes; callers check.
@@ -151,7 +160,10 @@ pub fn init_tail(block: &mut [u8]) {
 /// Whether the block ends in a valid-looking checksum tail.
 pub fn has_tail(block: &[u8]) -> bool {
     let t = block.len() - TAIL_SIZE;
-    le32(block, t) == 0 && le16(block, t + 4) == TAIL_SIZE as u16 && block[t + 6] == 0 && block[t + 7] == TAIL_FT
+    le32(block, t) == 0
+        && le16(block, t + 4) == TAIL_SIZE as u16
+        && block[t + 6] == 0
+        && block[t + 7] == TAIL_FT
 }
 
 /// Stores the tail checksum.

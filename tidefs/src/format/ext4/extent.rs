@@ -81,7 +81,9 @@ pub fn parse_node(buf: &[u8]) -> Result<ExtentNode, Corrupt> {
     }
     let magic = le16(buf, 0);
     if magic != EXTENT_MAGIC {
-        return Err(Corrupt::new(format!("bad extent header magic {magic:#06x}")));
+        return Err(Corrupt::new(format!(
+            "bad extent header magic {magic:#06x}"
+        )));
     }
     let entries = usize::from(le16(buf, 2));
     let max = usize::from(le16(buf, 4));
@@ -150,9 +152,21 @@ pub fn write_node(node: &ExtentNode, buf: &mut [u8]) {
         ExtentNode::Leaf(exts) => {
             for (i, e) in exts.iter().enumerate() {
                 let o = ENTRY_SIZE * (i + 1);
-                assert!(e.len > 0 && e.len <= if e.unwritten { MAX_UNWRITTEN_LEN } else { MAX_INIT_LEN });
+                assert!(
+                    e.len > 0
+                        && e.len
+                            <= if e.unwritten {
+                                MAX_UNWRITTEN_LEN
+                            } else {
+                                MAX_INIT_LEN
+                            }
+                );
                 put_le32(buf, o, e.logical);
-                let raw_len = if e.unwritten { e.len + MAX_INIT_LEN } else { e.len };
+                let raw_len = if e.unwritten {
+                    e.len + MAX_INIT_LEN
+                } else {
+                    e.len
+                };
                 put_le16(buf, o + 4, raw_len as u16);
                 put_le16(buf, o + 6, ((e.physical >> 32) & 0xFFFF) as u16);
                 put_le32(buf, o + 8, (e.physical & 0xFFFF_FFFF) as u32);
@@ -203,8 +217,18 @@ mod tests {
     #[test]
     fn leaf_round_trip_in_inode() {
         let node = ExtentNode::Leaf(vec![
-            Extent { logical: 0, len: 10, physical: 1 << 33, unwritten: false },
-            Extent { logical: 100, len: 5, physical: 77, unwritten: true },
+            Extent {
+                logical: 0,
+                len: 10,
+                physical: 1 << 33,
+                unwritten: false,
+            },
+            Extent {
+                logical: 100,
+                len: 5,
+                physical: 77,
+                unwritten: true,
+            },
         ]);
         let mut buf = [0u8; 60];
         write_node(&node, &mut buf);
@@ -216,7 +240,16 @@ mod tests {
     fn index_block_round_trip_with_checksum() {
         let node = ExtentNode::Index {
             depth: 1,
-            entries: vec![ExtentIndex { logical: 0, child: 9 }, ExtentIndex { logical: 50, child: 1 << 40 }],
+            entries: vec![
+                ExtentIndex {
+                    logical: 0,
+                    child: 9,
+                },
+                ExtentIndex {
+                    logical: 50,
+                    child: 1 << 40,
+                },
+            ],
         };
         let mut buf = vec![0u8; 4096];
         write_node(&node, &mut buf);

@@ -356,7 +356,8 @@ impl Inode {
         // The low 32 bits go to the base field; the bits above are the 2-bit epoch.
         put_le32(&mut self.raw, base, (t.sec & 0xFFFF_FFFF) as u32);
         if self.has_extra_field(extra) {
-            let epoch = (((t.sec - i64::from((t.sec & 0xFFFF_FFFF) as u32 as i32)) >> 32) & 3) as u32;
+            let epoch =
+                (((t.sec - i64::from((t.sec & 0xFFFF_FFFF) as u32 as i32)) >> 32) & 3) as u32;
             put_le32(&mut self.raw, extra, (t.nsec.min(999_999_999) << 2) | epoch);
         }
     }
@@ -423,7 +424,11 @@ pub fn encode_rdev(i_block: &mut [u8], rdev: u32) {
     if major < 256 && minor < 256 {
         put_le32(i_block, 0, (major << 8) | minor);
     } else {
-        put_le32(i_block, 4, (minor & 0xFF) | (major << 8) | ((minor & !0xFF) << 12));
+        put_le32(
+            i_block,
+            4,
+            (minor & 0xFF) | (major << 8) | ((minor & !0xFF) << 12),
+        );
     }
 }
 
@@ -456,9 +461,15 @@ mod tests {
         ino.set_links_count(2);
         ino.set_blocks_512(1 << 33);
         ino.set_generation(99);
-        let t = InodeTime { sec: 1_700_000_000, nsec: 123_456_789 };
+        let t = InodeTime {
+            sec: 1_700_000_000,
+            nsec: 123_456_789,
+        };
         ino.set_mtime(t);
-        let far = InodeTime { sec: (1i64 << 32) + 5, nsec: 1 };
+        let far = InodeTime {
+            sec: (1i64 << 32) + 5,
+            nsec: 1,
+        };
         ino.set_ctime(far);
         ino.update_checksum(Some(42), 12);
         assert_eq!(ino.uid(), 70000);
@@ -470,7 +481,11 @@ mod tests {
         assert!(ino.verify(Some(42), 13).is_err());
         let mut bad = ino.clone();
         bad.set_links_count(3);
-        assert!(bad.verify(Some(42), 12).unwrap_err().what.contains("checksum"));
+        assert!(bad
+            .verify(Some(42), 12)
+            .unwrap_err()
+            .what
+            .contains("checksum"));
     }
 
     #[test]

@@ -246,7 +246,9 @@ impl Superblock {
             return Err(Corrupt::new(format!("block size 2^(10+{log}) is invalid")));
         }
         if le32(&sb.raw[..], S_LOG_CLUSTER_SIZE) != log {
-            return Err(Corrupt::new("cluster size differs from block size (bigalloc)"));
+            return Err(Corrupt::new(
+                "cluster size differs from block size (bigalloc)",
+            ));
         }
         let bs = sb.block_size();
         let bpg = sb.blocks_per_group();
@@ -262,7 +264,9 @@ impl Superblock {
             return Err(Corrupt::new(format!("invalid inode size {isz}")));
         }
         if sb.blocks_count() <= u64::from(sb.first_data_block()) {
-            return Err(Corrupt::new("block count is smaller than the first data block"));
+            return Err(Corrupt::new(
+                "block count is smaller than the first data block",
+            ));
         }
         let groups = sb.group_count();
         if u64::from(ipg) * groups != u64::from(sb.inodes_count()) {
@@ -633,7 +637,11 @@ mod tests {
     fn sparse_super_groups() {
         let sb = Superblock::parse(&sample()).unwrap();
         let mut b = sample();
-        put_le32(&mut b, S_FEATURE_RO_COMPAT, ro_compat::METADATA_CSUM | ro_compat::SPARSE_SUPER);
+        put_le32(
+            &mut b,
+            S_FEATURE_RO_COMPAT,
+            ro_compat::METADATA_CSUM | ro_compat::SPARSE_SUPER,
+        );
         let c = crc32c_raw(!0, &b[..S_CHECKSUM]);
         put_le32(&mut b, S_CHECKSUM, c);
         let sparse = Superblock::parse(&b).unwrap();

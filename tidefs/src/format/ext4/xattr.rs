@@ -104,7 +104,11 @@ fn block_hash(entry_hashes: &[u32]) -> u32 {
 
 /// Parses the entries of an area. `entries_at` is where entries start; `values_base` is what
 /// value offsets count from.
-fn parse_entries(area: &[u8], entries_at: usize, values_base: usize) -> Result<Vec<Xattr>, Corrupt> {
+fn parse_entries(
+    area: &[u8],
+    entries_at: usize,
+    values_base: usize,
+) -> Result<Vec<Xattr>, Corrupt> {
     let mut out = Vec::new();
     let mut off = entries_at;
     loop {
@@ -126,7 +130,9 @@ fn parse_entries(area: &[u8], entries_at: usize, values_base: usize) -> Result<V
             return Err(Corrupt::new("xattr name runs past its area"));
         }
         if value_inum != 0 {
-            return Err(Corrupt::new("xattr value stored in an inode (ea_inode) is not supported"));
+            return Err(Corrupt::new(
+                "xattr value stored in an inode (ea_inode) is not supported",
+            ));
         }
         let vstart = values_base + value_offs;
         if vstart > area.len() || value_len > area.len() - vstart {
@@ -153,7 +159,12 @@ pub fn space_needed(attrs: &[Xattr]) -> usize {
 
 /// Writes entries and values into `area[entries_at..]`; values are packed from the end.
 /// Returns each entry's hash. The caller has checked that the set fits.
-fn write_entries(area: &mut [u8], entries_at: usize, values_base: usize, attrs: &[Xattr]) -> Vec<u32> {
+fn write_entries(
+    area: &mut [u8],
+    entries_at: usize,
+    values_base: usize,
+    attrs: &[Xattr],
+) -> Vec<u32> {
     area[entries_at..].fill(0);
     let mut off = entries_at;
     let mut vend = area.len();
@@ -171,7 +182,8 @@ fn write_entries(area: &mut [u8], entries_at: usize, values_base: usize, attrs: 
         put_le32(area, off + 4, 0);
         put_le32(area, off + 8, a.value.len() as u32);
         put_le32(area, off + 12, h);
-        area[off + ENTRY_HEADER_SIZE..off + ENTRY_HEADER_SIZE + a.name.len()].copy_from_slice(&a.name);
+        area[off + ENTRY_HEADER_SIZE..off + ENTRY_HEADER_SIZE + a.name.len()]
+            .copy_from_slice(&a.name);
         off += entry_size(a.name.len());
     }
     hashes
@@ -206,7 +218,9 @@ pub fn parse_block(block: &[u8], seed: Option<u32>, block_nr: u64) -> Result<Vec
         return Err(Corrupt::new(format!("xattr block {block_nr}: bad magic")));
     }
     if le32(block, H_BLOCKS) != 1 {
-        return Err(Corrupt::new(format!("xattr block {block_nr}: h_blocks is not 1")));
+        return Err(Corrupt::new(format!(
+            "xattr block {block_nr}: h_blocks is not 1"
+        )));
     }
     if let Some(seed) = seed {
         let stored = le32(block, H_CHECKSUM);
@@ -260,9 +274,21 @@ mod tests {
 
     fn attrs() -> Vec<Xattr> {
         vec![
-            Xattr { index: 1, name: b"color".to_vec(), value: b"blue".to_vec() },
-            Xattr { index: 6, name: b"selinux".to_vec(), value: b"ctx\0".to_vec() },
-            Xattr { index: 4, name: b"t".to_vec(), value: vec![] },
+            Xattr {
+                index: 1,
+                name: b"color".to_vec(),
+                value: b"blue".to_vec(),
+            },
+            Xattr {
+                index: 6,
+                name: b"selinux".to_vec(),
+                value: b"ctx\0".to_vec(),
+            },
+            Xattr {
+                index: 4,
+                name: b"t".to_vec(),
+                value: vec![],
+            },
         ]
     }
 
@@ -294,8 +320,11 @@ mod tests {
         want.sort_by(|a, b| a.name.cmp(&b.name));
         assert_eq!(got, want);
         assert!(parse_block(&b, Some(7), 1235).is_err());
-        b[0] = 0;
-        assert!(parse_block(&b, None, 1234).unwrap_err().what.contains("magic"));
+        b[3] = 0;
+        assert!(parse_block(&b, None, 1234)
+            .unwrap_err()
+            .what
+            .contains("magic"));
     }
 
     #[test]
