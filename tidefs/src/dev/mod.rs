@@ -48,8 +48,6 @@ impl IoCounters {
 pub struct FileDev {
     file: File,
     len: u64,
-    /// I/O counters of this device.
-    pub counters: IoCounters,
 }
 
 impl FileDev {
@@ -57,11 +55,7 @@ impl FileDev {
     pub fn open(path: &Path, read_only: bool) -> std::io::Result<FileDev> {
         let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
         let len = device_len(&file)?;
-        Ok(FileDev {
-            file,
-            len,
-            counters: IoCounters::default(),
-        })
+        Ok(FileDev { file, len })
     }
 }
 
@@ -95,20 +89,15 @@ fn check_range(offset: u64, len: usize, dev_len: u64) -> std::io::Result<()> {
 impl BlockDevice for FileDev {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         check_range(offset, buf.len(), self.len)?;
-        self.file.read_exact_at(buf, offset)?;
-        IoCounters::add(&self.counters.bytes_read, buf.len());
-        Ok(())
+        self.file.read_exact_at(buf, offset)
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
         check_range(offset, buf.len(), self.len)?;
-        self.file.write_all_at(buf, offset)?;
-        IoCounters::add(&self.counters.bytes_written, buf.len());
-        Ok(())
+        self.file.write_all_at(buf, offset)
     }
 
     fn flush(&self) -> std::io::Result<()> {
-        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         self.file.sync_data()
     }
 
@@ -241,6 +230,10 @@ mod tests {
         dev.read_at(10, &mut buf).unwrap();
         assert_eq!(&buf, b"abc");
         assert!(dev.write_at(4095, b"ab").is_err());
-        assert_eq!(dev.counters.bytes_written.load(Ordering::Relaxed), 3);
+        let counted = CountingDevice::new(Arc::new(dev));
+        counted.write_at(0, b"xyz").unwrap();
+        counted.flush().unwrap();
+        assert_eq!(counted.counters.bytes_written.load(Ordering::Relaxed), 3);
+        assert_eq!(counted.counters.flushes.load(Ordering::Relaxed), 1);
     }
 }

@@ -113,6 +113,14 @@ impl Meta {
         Ok(recs)
     }
 
+    /// Physical block of directory block `lblk`, which must be mapped.
+    fn dir_pblk(&mut self, io: &Io, dir: u32, inode: &Inode, lblk: u32) -> Result<u64> {
+        let map = self.extent_map(io, dir, inode)?;
+        map.map(lblk)
+            .map(|(p, _)| p)
+            .ok_or_else(|| FsError::corrupt(format!("directory {dir}: block {lblk} unmapped")))
+    }
+
     /// Number of blocks in a directory (from its size).
     fn dir_blocks(&self, inode: &Inode) -> u32 {
         (inode.size() / u64::from(self.geo.block_size)) as u32
@@ -251,12 +259,7 @@ impl Meta {
                 lblk
             }
         };
-        let map = self.extent_map(io, dir, &inode)?;
-        let Some((pblk, _)) = map.map(lblk) else {
-            return Err(FsError::corrupt(format!(
-                "directory {dir}: block {lblk} unmapped"
-            )));
-        };
+        let pblk = self.dir_pblk(io, dir, &inode, lblk)?;
         let generation = inode.generation();
         let recs = self.dir_block_records(io, dir, lblk, pblk, false, generation)?;
         let Some(r) = recs.iter().find(|r| {
@@ -305,13 +308,7 @@ impl Meta {
         let inode = self.read_inode(io, dir)?;
         let generation = inode.generation();
         let seed = self.dir_csum_seed(dir, generation);
-        let map = self.extent_map(io, dir, &inode)?;
-        let Some((pblk, _)) = map.map(slot.lblk) else {
-            return Err(FsError::corrupt(format!(
-                "directory {dir}: block {} unmapped",
-                slot.lblk
-            )));
-        };
+        let pblk = self.dir_pblk(io, dir, &inode, slot.lblk)?;
         let recs = self.dir_block_records(io, dir, slot.lblk, pblk, false, generation)?;
         let pos = recs
             .iter()
@@ -359,13 +356,7 @@ impl Meta {
         let slot = self.dir_lookup(io, dir, name)?.ok_or(FsError::NotFound)?;
         let inode = self.read_inode(io, dir)?;
         let seed = self.dir_csum_seed(dir, inode.generation());
-        let map = self.extent_map(io, dir, &inode)?;
-        let Some((pblk, _)) = map.map(slot.lblk) else {
-            return Err(FsError::corrupt(format!(
-                "directory {dir}: block {} unmapped",
-                slot.lblk
-            )));
-        };
+        let pblk = self.dir_pblk(io, dir, &inode, slot.lblk)?;
         let b = self.block_mut(io, pblk)?;
         let off = slot.offset as usize;
         crate::format::put_le32(b, off, ino);
