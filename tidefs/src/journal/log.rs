@@ -40,6 +40,7 @@ use parking_lot::{Mutex, RwLock};
 use super::records::{Jbd2BlockLayout, Record};
 use crate::dev::BlockDevice;
 use crate::error::{FsError, Result};
+use crate::format::{le16, le32};
 use crate::format::jbd2::{
     check_incompat, csum_seed, superblock::SUPERBLOCK_SIZE, JournalSuperblock, TagFormat,
     CHKSUM_CRC32C, COMPAT_CHECKSUM, INCOMPAT_64BIT, INCOMPAT_CSUM_V2, INCOMPAT_CSUM_V3,
@@ -81,14 +82,6 @@ const EXT4_S_LOG_BLOCK_SIZE: usize = 0x18;
 const EXT4_S_FEATURE_INCOMPAT: usize = 0x60;
 const EXT4_S_UUID: usize = 0x68;
 const EXT4_FEATURE_INCOMPAT_JOURNAL_DEV: u32 = 0x8;
-
-fn le16(b: &[u8], off: usize) -> u16 {
-    u16::from_le_bytes([b[off], b[off + 1]])
-}
-
-fn le32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
 
 fn uuid_string(u: &[u8; 16]) -> String {
     let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
