@@ -305,18 +305,26 @@ impl Fs {
             ));
         };
         let journal = Journal::open(jgeo, dev.clone(), jopts)?;
-        let recovery = if journal.needs_recovery()
-            || sb.has_incompat(incompat::RECOVER) && journal.needs_recovery()
-        {
+        let recovery = if journal.needs_recovery() {
             Some(journal.recover()?)
         } else {
             None
         };
-        // Recovery may have replayed the superblock itself.
-        let sb = if recovery.is_some() && !ro {
-            read_superblock(dev.as_ref(), ro)?
-        } else {
-            sb
+        // Recovery may have replayed the superblock itself: read-write recovery wrote it home;
+        // read-only recovery keeps the replayed copy in the journal's pending map.
+        let sb = match &recovery {
+            None => sb,
+            Some(_) if !ro => read_superblock(dev.as_ref(), ro)?,
+            Some(_) => {
+                let bs = u64::from(geo.block_size);
+                match journal.pending(SUPERBLOCK_OFFSET / bs) {
+                    Some(copy) => {
+                        let off = (SUPERBLOCK_OFFSET % bs) as usize;
+                        Superblock::parse(&copy[off..off + SUPERBLOCK_SIZE])?
+                    }
+                    None => sb,
+                }
+            }
         };
         let geo = Geometry::from_superblock(&sb)?;
         let internal_journal = sb.journal_inum() != 0;
