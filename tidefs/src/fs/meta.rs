@@ -365,6 +365,13 @@ impl Meta {
         self.sb.free_blocks_count()
     }
 
+    /// Free blocks that may be allocated now: free, less those freed by transactions that have
+    /// not committed yet.
+    pub fn allocatable_blocks(&self) -> u64 {
+        self.free_blocks()
+            .saturating_sub(self.quarantine.len() as u64)
+    }
+
     /// Allocates one block, searching from `goal`. Fails with `NoSpace`.
     pub fn alloc_block(&mut self, io: &Io, goal: u64) -> Result<u64> {
         if self.read_only {

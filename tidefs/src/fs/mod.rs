@@ -422,25 +422,40 @@ impl Fs {
 
     /// Runs `f` on the locked metadata, after checking the fs is open, then commits early if the
     /// running transaction grew too large.
-    fn with_meta<T>(&self, write: bool, f: impl FnOnce(&mut Meta, &Io) -> Result<T>) -> Result<T> {
+    ///
+    /// Operations check for space before they change anything; when they fail with `NoSpace`
+    /// while blocks freed by the running transaction wait for its commit, the transaction is
+    /// committed and the operation runs once more (as ext4 retries allocations after a commit).
+    fn with_meta<T>(
+        &self,
+        write: bool,
+        mut f: impl FnMut(&mut Meta, &Io) -> Result<T>,
+    ) -> Result<T> {
         let inner = &self.inner;
-        if inner.closed.load(Ordering::SeqCst) {
-            return Err(FsError::ReadOnly);
-        }
-        let (r, big) = {
-            let mut m = inner.meta.lock();
-            if write && m.read_only {
+        let mut retried = false;
+        loop {
+            if inner.closed.load(Ordering::SeqCst) {
                 return Err(FsError::ReadOnly);
             }
-            let r = f(&mut m, &inner.io);
-            let big = m.cache.dirty_count() + m.revoked.len()
-                >= inner.io.journal.max_transaction_blocks() / 2;
-            (r, big)
-        };
-        if write && big {
-            inner.commit_running()?;
+            let (r, big, waiting_frees) = {
+                let mut m = inner.meta.lock();
+                if write && m.read_only {
+                    return Err(FsError::ReadOnly);
+                }
+                let r = f(&mut m, &inner.io);
+                let big = m.cache.dirty_count() + m.revoked.len()
+                    >= inner.io.journal.max_transaction_blocks() / 2;
+                (r, big, !m.quarantine.is_empty())
+            };
+            if write && (big || matches!(r, Err(FsError::NoSpace)) && waiting_frees) {
+                inner.commit_running()?;
+            }
+            if write && !retried && waiting_frees && matches!(r, Err(FsError::NoSpace)) {
+                retried = true;
+                continue;
+            }
+            return r;
         }
-        r
     }
 
     fn data_lock(&self, ino: u32) -> Arc<RwLock<()>> {
@@ -583,7 +598,29 @@ impl Fs {
         let n = self.inner.meta.lock().ino32(ino)?;
         let lock = self.data_lock(n);
         let _g = lock.write();
-        self.with_meta(true, |m, io| m.write(io, n, offset, data))
+        let mut done = 0usize;
+        loop {
+            let rest = &data[done..];
+            let at = offset + done as u64;
+            let n_written = self.with_meta(true, |m, io| m.write(io, n, at, rest));
+            match n_written {
+                Ok(w) => done += w as usize,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+            if done == data.len() {
+                break;
+            }
+            // A short write ran out of space: commit so blocks freed by the running
+            // transaction become usable, and go on if that made room.
+            let waiting = !self.inner.meta.lock().quarantine.is_empty();
+            if !waiting {
+                break;
+            }
+            self.inner.commit_running()?;
+        }
+        // At most `data.len()`, which FUSE bounds far below u32::MAX.
+        Ok(done as u32)
     }
 
     /// Allocates `[offset, offset+len)`; grows the size unless `keep_size`.

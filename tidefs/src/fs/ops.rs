@@ -188,7 +188,7 @@ impl Meta {
     /// Blocks an operation may need beyond data: inode-table and bitmap blocks are already
     /// allocated, so this covers a new directory block plus extent-tree growth.
     fn ensure_space(&self, blocks: u64) -> Result<()> {
-        if self.free_blocks() < blocks + 8 {
+        if self.allocatable_blocks() < blocks + 8 {
             return Err(FsError::NoSpace);
         }
         Ok(())
@@ -855,7 +855,7 @@ impl Meta {
                     map.mark_written(lblk);
                 }
                 None => {
-                    if self.free_blocks() < 8 {
+                    if self.allocatable_blocks() < 8 {
                         result = Err(FsError::NoSpace);
                         break;
                     }

@@ -40,12 +40,12 @@ use parking_lot::{Mutex, RwLock};
 use super::records::{Jbd2BlockLayout, Record};
 use crate::dev::BlockDevice;
 use crate::error::{FsError, Result};
-use crate::format::{le16, le32};
 use crate::format::jbd2::{
     check_incompat, csum_seed, superblock::SUPERBLOCK_SIZE, JournalSuperblock, TagFormat,
     CHKSUM_CRC32C, COMPAT_CHECKSUM, INCOMPAT_64BIT, INCOMPAT_CSUM_V2, INCOMPAT_CSUM_V3,
     INCOMPAT_FAST_COMMIT, INCOMPAT_REVOKE,
 };
+use crate::format::{le16, le32};
 
 /// A transaction id (`h_sequence`).
 pub type Tid = u32;
@@ -344,6 +344,10 @@ pub(super) struct LogState {
     pub live: VecDeque<LiveTxn>,
     /// Set by the first failed write or flush; never cleared. [log]
     pub aborted: bool,
+    /// The features the options ask for are on in the on-disk superblock. Opening never writes
+    /// (a file system that refuses to mount must leave the image untouched), so they are turned
+    /// on by the first commit or close. [log]
+    pub features_ready: bool,
 }
 
 /// The journal. `Send + Sync`; every method takes `&self`.
@@ -434,6 +438,7 @@ impl Journal {
                 head: sb.first_log_block,
                 live: VecDeque::new(),
                 aborted: false,
+                features_ready: false,
                 sb,
             }),
             geom,
@@ -445,10 +450,6 @@ impl Journal {
             needs_recovery: AtomicBool::new(needs_recovery),
             stats: Mutex::new(JournalStats::default()),
         };
-        if !opts.read_only && !needs_recovery {
-            let mut state = journal.log.lock();
-            journal.enable_features(&mut state)?;
-        }
         Ok(journal)
     }
 
@@ -457,6 +458,7 @@ impl Journal {
     pub(super) fn enable_features(&self, state: &mut LogState) -> Result<()> {
         assert!(!self.opts.read_only);
         assert!(state.live.is_empty());
+        state.features_ready = true;
         let sb = &mut state.sb;
         let before = sb.clone();
         let mut incompat = sb.feature_incompat | INCOMPAT_REVOKE;
@@ -567,6 +569,9 @@ impl Journal {
     pub fn commit(&self, req: CommitRequest) -> Result<Tid> {
         let mut state = self.log.lock();
         self.check_writable(&state)?;
+        if !state.features_ready && state.live.is_empty() {
+            self.enable_features(&mut state)?;
+        }
         let bs = usize::try_from(self.geom.block_size).unwrap_or(usize::MAX);
         // Newest content per home block, in first-seen order.
         let mut order: Vec<u64> = Vec::with_capacity(req.blocks.len());
@@ -777,7 +782,11 @@ impl Journal {
         if state.aborted {
             return Err(FsError::ReadOnly);
         }
-        self.checkpoint_locked(&mut state)
+        self.checkpoint_locked(&mut state)?;
+        if !state.features_ready {
+            self.enable_features(&mut state)?;
+        }
+        Ok(())
     }
 
     /// Counters since open.

@@ -241,6 +241,11 @@ impl Superblock {
                 )));
             }
         }
+        if sb.has_incompat(incompat::JOURNAL_DEV) {
+            // An external journal device: its geometry fields do not describe a file system,
+            // so they are not checked here; callers refuse it by this feature, by name.
+            return Ok(sb);
+        }
         let log = le32(&sb.raw[..], S_LOG_BLOCK_SIZE);
         if log > 6 {
             return Err(Corrupt::new(format!("block size 2^(10+{log}) is invalid")));
