@@ -24,7 +24,7 @@ pub fn run(image: &Path, size: u64) -> Result<(), CliError> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::new(what, format!("cannot find my own executable: {e}")))?;
     if !image.exists() {
-        step(&format!("mkfs --size {size} {}", image.display()));
+        step(&format!("mkfs --size {}M {}", size >> 20, image.display()));
         let opts = tidefs::mkfs::MkfsOptions {
             size: Some(size),
             ..Default::default()
@@ -181,7 +181,7 @@ fn workload(root: &Path) -> std::io::Result<()> {
     }
     println!("all {THREADS} logs read back intact");
 
-    step("workload: a small tree (dirs, files, symlink, hard link, rename, xattr-free)");
+    step("workload: a small tree (dirs, files, a symlink, a hard link, a rename)");
     let tree = root.join("tree");
     for a in 0..4 {
         for b in 0..4 {

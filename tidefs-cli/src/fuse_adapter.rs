@@ -153,9 +153,26 @@ fn timestamp(t: SystemTime) -> Timestamp {
     }
 }
 
+/// A time from a kernel request. fuser 0.18 builds a request's pre-epoch time (sec < 0, nsec)
+/// as `UNIX_EPOCH - (|sec| s + nsec ns)` instead of `- |sec| s + nsec ns` (the TODO in its
+/// `time.rs`), so before the epoch we undo exactly that: the distance's whole seconds are
+/// `-sec` and its nanoseconds are `nsec`. Replies go through fuser's correct inverse.
+fn request_timestamp(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(_) => timestamp(t),
+        Err(before) => {
+            let d = before.duration();
+            Timestamp {
+                sec: -i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+                nsec: d.subsec_nanos(),
+            }
+        }
+    }
+}
+
 fn set_time(t: TimeOrNow) -> SetTime {
     match t {
-        TimeOrNow::SpecificTime(t) => SetTime::At(timestamp(t)),
+        TimeOrNow::SpecificTime(t) => SetTime::At(request_timestamp(t)),
         TimeOrNow::Now => SetTime::Now,
     }
 }
@@ -281,7 +298,7 @@ impl Filesystem for FuseFs {
             size,
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
-            ctime: ctime.map(timestamp),
+            ctime: ctime.map(request_timestamp),
         };
         match self.fs.setattr(to_fs(ino), &changes) {
             Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
@@ -692,6 +709,18 @@ mod tests {
         ] {
             assert_eq!(timestamp(system_time(t)), t);
         }
+    }
+
+    #[test]
+    fn pre_epoch_request_times_undo_fusers_conversion() {
+        // fuser turns the kernel's (-100 s, 5 ns) into EPOCH - 100.000000005 s.
+        let from_fuser = UNIX_EPOCH - Duration::new(100, 5);
+        assert_eq!(
+            request_timestamp(from_fuser),
+            Timestamp { sec: -100, nsec: 5 }
+        );
+        let after = UNIX_EPOCH + Duration::new(7, 9);
+        assert_eq!(request_timestamp(after), Timestamp { sec: 7, nsec: 9 });
     }
 
     #[test]

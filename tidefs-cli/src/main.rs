@@ -255,14 +255,7 @@ pub fn umount(mountpoint: &std::path::Path) -> Result<(), CliError> {
         Err(_) if control::is_tidefs_mounted(mountpoint) => {
             // A tidefs mount without a daemon: it was killed. Detach what is left.
             let path = control::canonical_mountpoint(mountpoint);
-            sys::umount_detach(&path)
-                .or_else(|_| {
-                    std::process::Command::new("fusermount3")
-                        .arg("-uz")
-                        .arg(&path)
-                        .status()
-                        .map(|_| ())
-                })
+            mount::kernel_unmount(&path, true)
                 .map_err(|e| CliError::new(what, format!("{}: {e}", path.display())))?;
             return Err(CliError::new(
                 what,

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+use fuser::{Config, MountOption, Session, SessionACL};
 use serde_json::{json, Value};
 use tidefs::fs::{Fs, MountOptions, Stats};
 
@@ -333,37 +333,56 @@ struct DaemonState {
     image: PathBuf,
     mountpoint: PathBuf,
     read_only: bool,
-    /// Taken by the first unmount request. [own lock]
-    unmounter: Mutex<Option<SessionUnmounter>>,
+    /// Set once the kernel accepted an unmount. [own lock]
+    unmount_requested: Mutex<bool>,
     /// Control connections waiting for the final close. [own lock]
     waiters: Mutex<Vec<UnixStream>>,
 }
 
 impl DaemonState {
-    fn unmount_kernel(&self, detach_if_busy: bool) -> Result<(), String> {
-        let mut slot = self.unmounter.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(unmounter) = slot.as_mut() else {
-            return Ok(()); // Already unmounting.
-        };
-        match unmounter.unmount() {
+    /// Asks the kernel to unmount; the session loop then ends. `lazy` detaches a busy mount
+    /// (the session ends when its last user lets go) instead of failing with EBUSY.
+    fn unmount_kernel(&self, lazy: bool) -> Result<(), String> {
+        let mut requested = self
+            .unmount_requested
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *requested {
+            return Ok(());
+        }
+        match kernel_unmount(&self.mountpoint, false) {
             Ok(()) => {
-                *slot = None;
+                *requested = true;
                 Ok(())
             }
-            Err(e) if detach_if_busy => {
+            Err(e) if lazy => {
                 eprintln!(
                     "tidefs: unmount {}: {e}; detaching lazily",
                     self.mountpoint.display()
                 );
-                *slot = None;
-                sys::umount_detach(&self.mountpoint).map_err(|e| io_reason(&e))
+                kernel_unmount(&self.mountpoint, true)?;
+                *requested = true;
+                Ok(())
             }
-            Err(e) => Err(format!(
-                "cannot unmount {}: {}",
-                self.mountpoint.display(),
-                io_reason(&e)
-            )),
+            Err(e) => Err(format!("cannot unmount {}: {e}", self.mountpoint.display())),
         }
+    }
+}
+
+/// Unmounts a FUSE mount: umount2 as root, else the setuid `fusermount3 -u`.
+pub fn kernel_unmount(mountpoint: &Path, lazy: bool) -> Result<(), String> {
+    if sys::geteuid() == 0 {
+        return sys::umount(mountpoint, lazy).map_err(|e| io_reason(&e));
+    }
+    let output = Command::new("fusermount3")
+        .arg(if lazy { "-uz" } else { "-u" })
+        .arg(mountpoint)
+        .output()
+        .map_err(|e| format!("cannot run fusermount3: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).trim().to_string())
     }
 }
 
@@ -388,8 +407,7 @@ impl control::Daemon for DaemonState {
         let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
         match self.unmount_kernel(false) {
             Ok(()) => {
-                if control::send(&mut stream, &json!({"ok": true, "state": "unmounting"})).is_ok()
-                {
+                if control::send(&mut stream, &json!({"ok": true, "state": "unmounting"})).is_ok() {
                     waiters.push(stream);
                 }
             }
@@ -441,7 +459,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         CliError::new(what, why)
     };
 
-    let (socket_path, _) = control::daemon_paths(&mountpoint)
+    let (socket_path, log_path) = control::daemon_paths(&mountpoint)
         .map_err(|e| fail(format!("no runtime directory for the control socket: {e}")))?;
     let listener = control::bind(&socket_path)
         .map_err(|e| fail(format!("control socket {}: {e}", socket_path.display())))?;
@@ -463,7 +481,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         fuse_config.acl = SessionACL::All;
     }
     let adapter = FuseFs::new(fs.clone(), close.clone());
-    let mut session = Session::new(adapter, &mountpoint, &fuse_config).map_err(|e| {
+    let session = Session::new(adapter, &mountpoint, &fuse_config).map_err(|e| {
         fail(format!(
             "cannot mount on {}: {}",
             mountpoint.display(),
@@ -476,7 +494,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         image: image.clone(),
         mountpoint: mountpoint.clone(),
         read_only: config.read_only,
-        unmounter: Mutex::new(Some(session.unmount_callable())),
+        unmount_requested: Mutex::new(false),
         waiters: Mutex::new(Vec::new()),
     });
     spawn("tidefs-signals", {
@@ -536,16 +554,20 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         Err(e) => json!({"ok": false, "error": format!("closing the file system: {e}")}),
     };
     drop(_socket_guard);
-    for mut waiter in state
-        .waiters
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .drain(..)
-    {
-        let _ = control::send(&mut waiter, &final_reply);
+    let mut waiters = std::mem::take(&mut *state.waiters.lock().unwrap_or_else(|e| e.into_inner()));
+    for waiter in &mut waiters {
+        let _ = control::send(waiter, &final_reply);
     }
-    if let Err(e) = run_result {
-        eprintln!("tidefs: session ended with an error: {e}");
+    // Keep the connections open until the process exits: their end of file tells `tidefs
+    // umount` that the daemon is gone, not merely that it replied.
+    std::mem::forget(waiters);
+    match run_result {
+        // The log is for failed start-ups and crashes; a clean close leaves nothing to read.
+        Ok(()) if close_result.is_ok() && notify == Notify::Parent => {
+            let _ = std::fs::remove_file(&log_path);
+        }
+        Ok(()) => {}
+        Err(e) => eprintln!("tidefs: session ended with an error: {e}"),
     }
     close_result.map_err(|e| CliError::new("unmount", format!("closing {}: {e}", image.display())))
 }

@@ -80,12 +80,13 @@ pub fn geteuid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Detaches the mount at `path` (`umount -l`): for a mount whose daemon is gone.
-pub fn umount_detach(path: &Path) -> io::Result<()> {
+/// Unmounts `path` (umount2); `lazy` detaches it even while busy (`umount -l`). Needs root.
+pub fn umount(path: &Path, lazy: bool) -> io::Result<()> {
     let path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
-    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+    if unsafe { libc::umount2(path.as_ptr(), flags) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -43,7 +43,11 @@ fn unknown_mount_option_is_a_usage_error() {
             .arg(&image)
             .arg(dir.path()),
     );
-    assert_failure(&out, 2, &["tidefs: mount: ", "unknown mount option 'frobnicate'"]);
+    assert_failure(
+        &out,
+        2,
+        &["tidefs: mount: ", "unknown mount option 'frobnicate'"],
+    );
     let out = output(
         tidefs()
             .args(["mount", "-o", "commit=soon"])
@@ -64,7 +68,11 @@ fn mount_on_a_missing_or_non_directory_mountpoint_fails() {
             .arg(&image)
             .arg(dir.path().join("missing")),
     );
-    assert_failure(&out, 1, &["mountpoint", "missing", "no such file or directory"]);
+    assert_failure(
+        &out,
+        1,
+        &["mountpoint", "missing", "no such file or directory"],
+    );
     let out = output(tidefs().arg("mount").arg(&image).arg(&image));
     assert_failure(&out, 1, &["not a directory"]);
 }
@@ -123,7 +131,10 @@ fn mkfs_refuses_a_tiny_image() {
 #[test]
 fn mkfs_images_are_clean_by_e2fsck() {
     if tool("mke2fs").is_none() || tool("e2fsck").is_none() {
-        skip("mkfs_images_are_clean_by_e2fsck", "e2fsprogs is not installed");
+        skip(
+            "mkfs_images_are_clean_by_e2fsck",
+            "e2fsprogs is not installed",
+        );
         return;
     }
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");

@@ -17,16 +17,19 @@ use common::*;
 fn write_tree(m: &Mount) {
     std::fs::create_dir_all(m.path("a/b/c")).expect("OK to unwrap: mkdir");
     for i in 0..20 {
-        std::fs::write(m.path(&format!("a/b/c/f{i}")), format!("file {i}\n").repeat(i + 1))
-            .expect("OK to unwrap: write");
+        std::fs::write(
+            m.path(&format!("a/b/c/f{i}")),
+            format!("file {i}\n").repeat(i + 1),
+        )
+        .expect("OK to unwrap: write");
     }
     std::os::unix::fs::symlink("b/c/f1", m.path("a/link")).expect("OK to unwrap: symlink");
 }
 
 fn check_tree(m: &Mount) {
     for i in 0..20 {
-        let text = std::fs::read_to_string(m.path(&format!("a/b/c/f{i}")))
-            .expect("OK to unwrap: read");
+        let text =
+            std::fs::read_to_string(m.path(&format!("a/b/c/f{i}"))).expect("OK to unwrap: read");
         assert_eq!(text, format!("file {i}\n").repeat(i + 1));
     }
     assert_eq!(
@@ -49,10 +52,20 @@ fn umount_closes_cleanly_and_data_survives_a_remount() {
     let pid = m.daemon_pid();
     m.umount_ok();
     assert!(!is_mounted(&m.mnt));
-    assert!(!alive(pid), "the daemon must have exited when umount returns");
+    // The daemon has exited when umount returns; give init a moment to reap it.
+    assert!(
+        wait_gone(pid, Duration::from_secs(5)),
+        "the daemon must have exited when umount returns"
+    );
     assert_clean(&m);
     let out = output(tidefs().arg("fsck").arg(&m.image));
-    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
     m.mount(&[]);
     check_tree(&m);
     m.umount_ok();
@@ -62,7 +75,10 @@ fn umount_closes_cleanly_and_data_survives_a_remount() {
 #[test]
 fn fusermount_u_closes_cleanly() {
     if tool("fusermount3").is_none() {
-        skip("fusermount_u_closes_cleanly", "fusermount3 is not installed");
+        skip(
+            "fusermount_u_closes_cleanly",
+            "fusermount3 is not installed",
+        );
         return;
     }
     let Some(mut m) = Mount::new("fusermount_u_closes_cleanly", "64M", &[], &[]) else {
@@ -70,10 +86,17 @@ fn fusermount_u_closes_cleanly() {
     };
     write_tree(&m);
     let pid = m.daemon_pid();
-    let out = output(std::process::Command::new("fusermount3").arg("-u").arg(&m.mnt));
+    let out = output(
+        std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg(&m.mnt),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(m.wait_unmounted(Duration::from_secs(10)));
-    assert!(wait_gone(pid, Duration::from_secs(60)), "daemon still running");
+    assert!(
+        wait_gone(pid, Duration::from_secs(60)),
+        "daemon still running"
+    );
     assert_clean(&m);
     m.mount(&[]);
     check_tree(&m);
@@ -87,7 +110,10 @@ fn sigterm_closes_cleanly() {
     write_tree(&m);
     let pid = m.daemon_pid();
     kill(pid, libc::SIGTERM).expect("OK to unwrap: kill");
-    assert!(wait_gone(pid, Duration::from_secs(60)), "daemon still running");
+    assert!(
+        wait_gone(pid, Duration::from_secs(60)),
+        "daemon still running"
+    );
     assert!(m.wait_unmounted(Duration::from_secs(5)));
     assert_clean(&m);
     m.mount(&[]);
@@ -101,7 +127,11 @@ fn a_second_mount_on_the_same_mountpoint_is_refused() {
     };
     let out = output(tidefs().arg("mount").arg(&m.image).arg(&m.mnt));
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("already a tidefs mount"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("already a tidefs mount"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -112,8 +142,13 @@ fn umount_of_a_busy_mount_fails_and_keeps_serving() {
     let file = std::fs::File::create(m.path("open")).expect("OK to unwrap: create");
     let out = m.umount();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).starts_with("tidefs: umount: "), "{}", stderr(&out));
-    file.write_all_at(b"still here", 0).expect("OK to unwrap: write");
+    assert!(
+        stderr(&out).starts_with("tidefs: umount: "),
+        "{}",
+        stderr(&out)
+    );
+    file.write_all_at(b"still here", 0)
+        .expect("OK to unwrap: write");
     drop(file);
     assert_eq!(
         std::fs::read(m.path("open")).expect("OK to unwrap: read"),
@@ -167,8 +202,7 @@ fn stats_reports_the_counters() {
     }
     let out = output(tidefs().args(["stats", "--json"]).arg(&m.mnt));
     assert!(out.status.success(), "{}", stderr(&out));
-    let value: serde_json::Value =
-        serde_json::from_str(&stdout(&out)).expect("OK to unwrap: JSON");
+    let value: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("OK to unwrap: JSON");
     for key in [
         "journal_bytes",
         "home_bytes",
@@ -186,7 +220,11 @@ fn stats_reports_the_counters() {
     assert!(value["journal_bytes"].as_u64().unwrap_or(0) > 0, "{value}");
     let out = output(tidefs().arg("stats").arg(&m.mnt));
     assert!(out.status.success());
-    assert!(stdout(&out).contains("fsyncs_per_commit"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("fsyncs_per_commit"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 /// Goal: with -n, fsck never writes to the image, even when the journal needs replay.
@@ -199,8 +237,18 @@ fn fsck_n_never_writes() {
     m.umount_ok();
     let before = std::fs::read(&m.image).expect("OK to unwrap: read");
     let out = output(tidefs().arg("fsck").arg("-n").arg(&m.image));
-    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("e2fsck -fn: clean"), "{}", stdout(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("e2fsck -fn: clean"),
+        "{}",
+        stdout(&out)
+    );
     assert!(std::fs::read(&m.image).expect("OK to unwrap: read") == before);
 }
 
@@ -294,7 +342,14 @@ fn external_journal_device() {
     let journal = dir.path().join("journal.img");
     let out = output(
         tidefs()
-            .args(["mkfs", "--size", "64M", "--journal-size", "8M", "--journal-device"])
+            .args([
+                "mkfs",
+                "--size",
+                "64M",
+                "--journal-size",
+                "8M",
+                "--journal-device",
+            ])
             .arg(&journal)
             .arg(&image),
     );
@@ -321,5 +376,11 @@ fn external_journal_device() {
             .arg(&journal)
             .arg(&image),
     );
-    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
 }

@@ -84,7 +84,14 @@ pub fn e2fsck(image: &Path) -> (i32, String) {
 
 /// Makes an image with `tidefs mkfs`.
 pub fn mkfs(image: &Path, size: &str, extra: &[&str]) {
-    let out = output(tidefs().arg("mkfs").arg("--size").arg(size).args(extra).arg(image));
+    let out = output(
+        tidefs()
+            .arg("mkfs")
+            .arg("--size")
+            .arg(size)
+            .args(extra)
+            .arg(image),
+    );
     assert!(out.status.success(), "mkfs failed: {}", stderr(&out));
 }
 
@@ -178,7 +185,9 @@ impl Mount {
         assert!(out.status.success(), "status failed: {}", stderr(&out));
         let value: serde_json::Value =
             serde_json::from_str(&stdout(&out)).expect("OK to unwrap: status is JSON");
-        let pid = value["pid"].as_u64().expect("OK to unwrap: status has a pid");
+        let pid = value["pid"]
+            .as_u64()
+            .expect("OK to unwrap: status has a pid");
         u32::try_from(pid).expect("OK to unwrap: pids fit in u32")
     }
 
@@ -213,9 +222,7 @@ impl Drop for Mount {
 
 /// Whether the kernel lists a mount at `path`.
 pub fn is_mounted(path: &Path) -> bool {
-    let canonical = path
-        .canonicalize()
-        .unwrap_or_else(|_| path.to_path_buf());
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
@@ -247,7 +254,6 @@ pub fn run_as(uid: u32, gid: u32, script: &str) -> Output {
         .arg(script)
         .uid(uid)
         .gid(gid)
-        .groups(&[])
         .output()
         .expect("OK to unwrap: sh runs")
 }
@@ -314,7 +320,10 @@ pub fn fallocate(file: &std::fs::File, mode: i32, offset: i64, len: i64) -> io::
 
 /// setxattr(path, name, value, flags).
 pub fn setxattr(path: &Path, name: &str, value: &[u8], flags: i32) -> io::Result<()> {
-    let (path, name) = (cstr(path), CString::new(name).expect("OK to unwrap: no NUL"));
+    let (path, name) = (
+        cstr(path),
+        CString::new(name).expect("OK to unwrap: no NUL"),
+    );
     // SAFETY: the strings are NUL-terminated and `value` is valid for `value.len()` bytes.
     check(unsafe {
         libc::setxattr(
@@ -330,7 +339,10 @@ pub fn setxattr(path: &Path, name: &str, value: &[u8], flags: i32) -> io::Result
 /// getxattr(path, name, buf of `size` bytes); size 0 probes. Returns the bytes (or the probed
 /// size as a vector of that many zeros when `size` is 0).
 pub fn getxattr(path: &Path, name: &str, size: usize) -> io::Result<Vec<u8>> {
-    let (path, name) = (cstr(path), CString::new(name).expect("OK to unwrap: no NUL"));
+    let (path, name) = (
+        cstr(path),
+        CString::new(name).expect("OK to unwrap: no NUL"),
+    );
     let mut buf = vec![0u8; size];
     // SAFETY: `buf` is valid for `size` bytes (a null pointer with size 0 is a probe).
     let rc = unsafe {
@@ -371,7 +383,10 @@ pub fn listxattr(path: &Path) -> io::Result<Vec<String>> {
 
 /// removexattr(path, name).
 pub fn removexattr(path: &Path, name: &str) -> io::Result<()> {
-    let (path, name) = (cstr(path), CString::new(name).expect("OK to unwrap: no NUL"));
+    let (path, name) = (
+        cstr(path),
+        CString::new(name).expect("OK to unwrap: no NUL"),
+    );
     // SAFETY: both strings are valid NUL-terminated strings.
     check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })
 }

@@ -1,0 +1,975 @@
+//! Goal: POSIX semantics through a real FUSE mount of tidefs, as the kernel's ext4 has them:
+//! every operation of issue 2 and the errno of each failure, ownership and permissions for
+//! several users, nanosecond timestamps, sparse files, big directories, deep trees. After each
+//! test the image is unmounted and must be clean by `e2fsck -fn`.
+//! Method: each test gets its own fresh image and mount ([`Mount`]), operates with std and libc
+//! calls, and checks results with stat and reads. Multi-user cases run shell commands as other
+//! uids (std's `Command::uid`, which execs, so no multi-threaded fork).
+
+mod common;
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+use std::os::unix::fs::{FileExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::*;
+
+/// Mounts a fresh 64 MiB image, or returns from the test when the machine cannot.
+macro_rules! mount {
+    ($name:expr) => {
+        mount!($name, "64M", &[], &[])
+    };
+    ($name:expr, $size:expr, $mkfs:expr, $opts:expr) => {
+        match Mount::new($name, $size, $mkfs, $opts) {
+            Some(m) => Checked(m),
+            None => return,
+        }
+    };
+}
+
+/// A mount that is unmounted and checked with `e2fsck -fn` when the test body ends normally.
+struct Checked(Mount);
+
+impl std::ops::Deref for Checked {
+    type Target = Mount;
+    fn deref(&self) -> &Mount {
+        &self.0
+    }
+}
+
+impl Drop for Checked {
+    fn drop(&mut self) {
+        if std::thread::panicking() || !self.0.mounted {
+            return;
+        }
+        self.0.umount_ok();
+        let (code, text) = e2fsck(&self.0.image);
+        assert_eq!(code, 0, "e2fsck -fn after the test:\n{text}");
+    }
+}
+
+fn write_file(path: &Path, data: &[u8]) {
+    fs::write(path, data).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+fn read_file(path: &Path) -> Vec<u8> {
+    fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+#[test]
+fn create_write_read_and_reopen() {
+    let m = mount!("create_write_read_and_reopen");
+    let path = m.path("hello.txt");
+    let mut f = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .read(true)
+        .mode(0o640)
+        .open(&path)
+        .expect("OK to unwrap: create");
+    f.write_all(b"hello, world\n").expect("OK to unwrap: write");
+    f.seek(SeekFrom::Start(7)).expect("OK to unwrap: seek");
+    let mut rest = String::new();
+    f.read_to_string(&mut rest).expect("OK to unwrap: read");
+    assert_eq!(rest, "world\n");
+    drop(f);
+    let meta = fs::metadata(&path).expect("OK to unwrap: stat");
+    assert!(meta.is_file());
+    assert_eq!(meta.len(), 13);
+    assert_eq!(meta.mode() & 0o7777, 0o640);
+    assert_eq!(meta.nlink(), 1);
+    assert_eq!(read_file(&path), b"hello, world\n");
+    // Writes at offsets, across block boundaries, and appends.
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("OK to unwrap: open");
+    f.write_all_at(&[b'x'; 5000], 4000)
+        .expect("OK to unwrap: pwrite");
+    drop(f);
+    let data = read_file(&path);
+    assert_eq!(data.len(), 9000);
+    assert_eq!(&data[..13], b"hello, world\n");
+    assert!(data[13..4000].iter().all(|&b| b == 0));
+    assert!(data[4000..].iter().all(|&b| b == b'x'));
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .expect("OK to unwrap: open");
+    f.write_all(b"tail").expect("OK to unwrap: append");
+    drop(f);
+    assert_eq!(&read_file(&path)[9000..], b"tail");
+    // A large write spanning many blocks reads back.
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    write_file(&m.path("big"), &big);
+    assert!(read_file(&m.path("big")) == big);
+    // O_EXCL on an existing name.
+    assert_eq!(
+        errno(OpenOptions::new().create_new(true).write(true).open(&path)),
+        libc::EEXIST
+    );
+    assert_eq!(errno(File::open(m.path("missing"))), libc::ENOENT);
+}
+
+#[test]
+fn truncate_shrinks_and_grows_with_zeros() {
+    let m = mount!("truncate_shrinks_and_grows_with_zeros");
+    let path = m.path("t");
+    write_file(&path, &[b'a'; 10_000]);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("OK to unwrap: open");
+    f.set_len(100).expect("OK to unwrap: shrink");
+    assert_eq!(fs::metadata(&path).expect("OK to unwrap").len(), 100);
+    f.set_len(20_000).expect("OK to unwrap: grow");
+    drop(f);
+    let data = read_file(&path);
+    assert_eq!(data.len(), 20_000);
+    assert!(data[..100].iter().all(|&b| b == b'a'));
+    assert!(
+        data[100..].iter().all(|&b| b == 0),
+        "grown part must read as zeros"
+    );
+    // O_TRUNC.
+    let f = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .expect("OK to unwrap: open");
+    drop(f);
+    assert_eq!(fs::metadata(&path).expect("OK to unwrap").len(), 0);
+    // EFBIG past the largest ext4 file (16 TiB - 4 KiB with 4 KiB blocks).
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("OK to unwrap: open");
+    assert_eq!(errno(f.set_len(1 << 45)), libc::EFBIG);
+    assert_eq!(errno(f.write_all_at(b"x", 1 << 44)), libc::EFBIG);
+}
+
+#[test]
+fn fallocate_mode_zero_and_keep_size() {
+    let m = mount!("fallocate_mode_zero_and_keep_size");
+    let path = m.path("f");
+    let f = OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("OK to unwrap: create");
+    fallocate(&f, 0, 0, 1 << 20).expect("OK to unwrap: fallocate");
+    let meta = fs::metadata(&path).expect("OK to unwrap");
+    assert_eq!(meta.len(), 1 << 20);
+    assert!(meta.blocks() >= 2048, "blocks {}", meta.blocks());
+    assert!(read_file(&path).iter().all(|&b| b == 0));
+    fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20).expect("OK to unwrap: keep size");
+    let meta = fs::metadata(&path).expect("OK to unwrap");
+    assert_eq!(meta.len(), 1 << 20, "KEEP_SIZE must not change the size");
+    assert!(meta.blocks() >= 4096, "blocks {}", meta.blocks());
+    // Data written into preallocated space reads back.
+    f.write_all_at(b"inside", 4096)
+        .expect("OK to unwrap: write");
+    let mut buf = [0u8; 6];
+    f.read_exact_at(&mut buf, 4096).expect("OK to unwrap: read");
+    assert_eq!(&buf, b"inside");
+    assert_eq!(
+        errno(fallocate(
+            &f,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            4096
+        )),
+        libc::EOPNOTSUPP
+    );
+}
+
+#[test]
+fn unlink_and_open_unlinked_file() {
+    let m = mount!("unlink_and_open_unlinked_file");
+    let path = m.path("u");
+    write_file(&path, b"still readable");
+    let f = File::open(&path).expect("OK to unwrap: open");
+    fs::remove_file(&path).expect("OK to unwrap: unlink");
+    assert_eq!(errno(fs::metadata(&path)), libc::ENOENT);
+    let mut text = String::new();
+    (&f).read_to_string(&mut text).expect("OK to unwrap: read");
+    assert_eq!(
+        text, "still readable",
+        "an open unlinked file stays readable"
+    );
+    drop(f);
+    assert_eq!(errno(fs::remove_file(&path)), libc::ENOENT);
+    fs::create_dir(m.path("d")).expect("OK to unwrap: mkdir");
+    assert_eq!(errno(fs::remove_file(m.path("d"))), libc::EISDIR);
+}
+
+#[test]
+fn mkdir_rmdir_and_their_errors() {
+    let m = mount!("mkdir_rmdir_and_their_errors");
+    let d = m.path("dir");
+    fs::create_dir(&d).expect("OK to unwrap: mkdir");
+    let meta = fs::metadata(&d).expect("OK to unwrap");
+    assert!(meta.is_dir());
+    assert_eq!(meta.nlink(), 2);
+    let root_links = fs::metadata(&m.mnt).expect("OK to unwrap").nlink();
+    fs::create_dir(d.join("sub")).expect("OK to unwrap: mkdir");
+    assert_eq!(fs::metadata(&d).expect("OK to unwrap").nlink(), 3);
+    assert_eq!(errno(fs::create_dir(&d)), libc::EEXIST);
+    assert_eq!(errno(fs::remove_dir(&d)), libc::ENOTEMPTY);
+    write_file(&m.path("file"), b"");
+    assert_eq!(errno(fs::remove_dir(m.path("file"))), libc::ENOTDIR);
+    assert_eq!(errno(fs::create_dir(m.path("file/x"))), libc::ENOTDIR);
+    assert_eq!(errno(fs::create_dir(m.path("missing/x"))), libc::ENOENT);
+    assert_eq!(errno(fs::remove_dir(m.path("missing"))), libc::ENOENT);
+    fs::remove_dir(d.join("sub")).expect("OK to unwrap: rmdir");
+    fs::remove_dir(&d).expect("OK to unwrap: rmdir");
+    assert_eq!(
+        fs::metadata(&m.mnt).expect("OK to unwrap").nlink(),
+        root_links - 1
+    );
+    let long = "n".repeat(256);
+    assert_eq!(errno(fs::create_dir(m.path(&long))), libc::ENAMETOOLONG);
+    assert_eq!(errno(File::create(m.path(&long))), libc::ENAMETOOLONG);
+    let max = "m".repeat(255);
+    write_file(&m.path(&max), b"255 bytes is fine");
+    assert_eq!(read_file(&m.path(&max)), b"255 bytes is fine");
+}
+
+#[test]
+fn rename_over_existing_across_dirs_and_errors() {
+    let m = mount!("rename_over_existing_across_dirs_and_errors");
+    write_file(&m.path("a"), b"A");
+    write_file(&m.path("b"), b"B");
+    fs::rename(m.path("a"), m.path("b")).expect("OK to unwrap: rename over");
+    assert_eq!(read_file(&m.path("b")), b"A");
+    assert_eq!(errno(fs::metadata(m.path("a"))), libc::ENOENT);
+    fs::create_dir_all(m.path("x/y")).expect("OK to unwrap: mkdir");
+    fs::create_dir(m.path("z")).expect("OK to unwrap: mkdir");
+    fs::rename(m.path("b"), m.path("x/y/b2")).expect("OK to unwrap: across dirs");
+    assert_eq!(read_file(&m.path("x/y/b2")), b"A");
+    // A directory moves with its contents; link counts of both parents follow.
+    fs::rename(m.path("x/y"), m.path("z/y")).expect("OK to unwrap: move dir");
+    assert_eq!(read_file(&m.path("z/y/b2")), b"A");
+    assert_eq!(fs::metadata(m.path("x")).expect("OK to unwrap").nlink(), 2);
+    assert_eq!(fs::metadata(m.path("z")).expect("OK to unwrap").nlink(), 3);
+    // ".." of the moved directory is its new parent.
+    assert_eq!(
+        fs::metadata(m.path("z/y/..")).expect("OK to unwrap").ino(),
+        fs::metadata(m.path("z")).expect("OK to unwrap").ino()
+    );
+    // A directory over an empty directory; not over a non-empty one; not onto a file.
+    fs::create_dir(m.path("empty")).expect("OK to unwrap: mkdir");
+    fs::rename(m.path("x"), m.path("empty")).expect("OK to unwrap: dir over empty dir");
+    assert_eq!(
+        errno(fs::rename(m.path("empty"), m.path("z"))),
+        libc::ENOTEMPTY
+    );
+    write_file(&m.path("f"), b"");
+    assert_eq!(
+        errno(fs::rename(m.path("empty"), m.path("f"))),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno(fs::rename(m.path("f"), m.path("empty"))),
+        libc::EISDIR
+    );
+    assert_eq!(
+        errno(fs::rename(m.path("z"), m.path("z/y/inside"))),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(fs::rename(m.path("nope"), m.path("f2"))),
+        libc::ENOENT
+    );
+}
+
+#[test]
+fn rename_noreplace_and_exchange() {
+    let m = mount!("rename_noreplace_and_exchange");
+    write_file(&m.path("a"), b"A");
+    write_file(&m.path("b"), b"B");
+    assert_eq!(
+        errno(rename2(&m.path("a"), &m.path("b"), libc::RENAME_NOREPLACE)),
+        libc::EEXIST
+    );
+    rename2(&m.path("a"), &m.path("c"), libc::RENAME_NOREPLACE).expect("OK to unwrap: new name");
+    assert_eq!(read_file(&m.path("c")), b"A");
+    fs::create_dir(m.path("d")).expect("OK to unwrap: mkdir");
+    write_file(&m.path("d/inner"), b"I");
+    rename2(&m.path("c"), &m.path("d/inner"), libc::RENAME_EXCHANGE).expect("OK to unwrap: xchg");
+    assert_eq!(read_file(&m.path("c")), b"I");
+    assert_eq!(read_file(&m.path("d/inner")), b"A");
+    // Exchange a file with a directory.
+    rename2(&m.path("b"), &m.path("d"), libc::RENAME_EXCHANGE).expect("OK to unwrap: xchg");
+    assert!(fs::metadata(m.path("b")).expect("OK to unwrap").is_dir());
+    assert_eq!(read_file(&m.path("b/inner")), b"A");
+    assert_eq!(read_file(&m.path("d")), b"B");
+    assert_eq!(
+        errno(rename2(
+            &m.path("c"),
+            &m.path("missing"),
+            libc::RENAME_EXCHANGE
+        )),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno(rename2(
+            &m.path("c"),
+            &m.path("d"),
+            libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE
+        )),
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn hard_links_share_the_inode() {
+    let m = mount!("hard_links_share_the_inode");
+    write_file(&m.path("orig"), b"shared");
+    fs::create_dir(m.path("d")).expect("OK to unwrap: mkdir");
+    fs::hard_link(m.path("orig"), m.path("d/link")).expect("OK to unwrap: link");
+    let a = fs::metadata(m.path("orig")).expect("OK to unwrap");
+    let b = fs::metadata(m.path("d/link")).expect("OK to unwrap");
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(a.nlink(), 2);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(m.path("d/link"))
+        .expect("OK to unwrap");
+    f.write_all_at(b"SH", 0).expect("OK to unwrap: write");
+    drop(f);
+    assert_eq!(read_file(&m.path("orig")), b"SHared");
+    fs::remove_file(m.path("orig")).expect("OK to unwrap: unlink");
+    assert_eq!(
+        fs::metadata(m.path("d/link"))
+            .expect("OK to unwrap")
+            .nlink(),
+        1
+    );
+    assert_eq!(
+        errno(fs::hard_link(m.path("d/link"), m.path("d/link"))),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(fs::hard_link(m.path("d"), m.path("dlink"))),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(fs::hard_link(m.path("nope"), m.path("x"))),
+        libc::ENOENT
+    );
+}
+
+/// ext4 caps a file's hard links at 65 000.
+#[test]
+fn too_many_links_is_emlink() {
+    let m = mount!("too_many_links_is_emlink", "256M", &[], &[]);
+    write_file(&m.path("target"), b"");
+    fs::create_dir(m.path("links")).expect("OK to unwrap: mkdir");
+    let mut made = 1;
+    let err = loop {
+        match fs::hard_link(m.path("target"), m.path(&format!("links/{made}"))) {
+            Ok(()) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made <= 65_000, "more than 65 000 links were allowed");
+    };
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::EMLINK),
+        "after {made} links: {err}"
+    );
+    assert_eq!(made, 65_000);
+    fs::remove_dir_all(m.path("links")).expect("OK to unwrap: cleanup");
+}
+
+#[test]
+fn symlinks_short_and_long() {
+    let m = mount!("symlinks_short_and_long");
+    write_file(&m.path("target"), b"via link");
+    std::os::unix::fs::symlink("target", m.path("short")).expect("OK to unwrap: symlink");
+    assert_eq!(
+        fs::read_link(m.path("short")).expect("OK to unwrap"),
+        Path::new("target")
+    );
+    assert_eq!(read_file(&m.path("short")), b"via link");
+    let meta = fs::symlink_metadata(m.path("short")).expect("OK to unwrap");
+    assert!(meta.file_type().is_symlink());
+    assert_eq!(meta.len(), 6);
+    // Longer than the 60 bytes that fit in the inode: stored in a block.
+    let long = format!("{}/target", "./".repeat(100));
+    std::os::unix::fs::symlink(&long, m.path("long")).expect("OK to unwrap: symlink");
+    assert_eq!(
+        fs::read_link(m.path("long")).expect("OK to unwrap"),
+        Path::new(&long)
+    );
+    assert_eq!(read_file(&m.path("long")), b"via link");
+    let very_long = "a/".repeat(2000);
+    std::os::unix::fs::symlink(&very_long, m.path("very_long")).expect("OK to unwrap: symlink");
+    assert_eq!(
+        fs::read_link(m.path("very_long")).expect("OK to unwrap"),
+        Path::new(&very_long)
+    );
+    std::os::unix::fs::symlink("nowhere", m.path("dangling")).expect("OK to unwrap: symlink");
+    assert_eq!(errno(fs::metadata(m.path("dangling"))), libc::ENOENT);
+    assert_eq!(
+        errno(std::os::unix::fs::symlink("x", m.path("short"))),
+        libc::EEXIST
+    );
+    assert_eq!(errno(fs::read_link(m.path("target"))), libc::EINVAL);
+}
+
+#[test]
+fn mknod_fifo_char_block() {
+    if !is_root() {
+        skip("mknod_fifo_char_block", "device nodes need root");
+        return;
+    }
+    let m = mount!("mknod_fifo_char_block");
+    mknod(&m.path("fifo"), libc::S_IFIFO | 0o644, 0).expect("OK to unwrap: mkfifo");
+    mknod(&m.path("chr"), libc::S_IFCHR | 0o600, makedev(1, 3)).expect("OK to unwrap: chr");
+    mknod(&m.path("blk"), libc::S_IFBLK | 0o600, makedev(7, 200)).expect("OK to unwrap: blk");
+    use std::os::unix::fs::FileTypeExt as _;
+    let fifo = fs::symlink_metadata(m.path("fifo")).expect("OK to unwrap");
+    assert!(fifo.file_type().is_fifo());
+    assert_eq!(fifo.mode() & 0o7777, 0o644);
+    let chr = fs::symlink_metadata(m.path("chr")).expect("OK to unwrap");
+    assert!(chr.file_type().is_char_device());
+    assert_eq!(chr.rdev(), makedev(1, 3));
+    let blk = fs::symlink_metadata(m.path("blk")).expect("OK to unwrap");
+    assert!(blk.file_type().is_block_device());
+    assert_eq!(blk.rdev(), makedev(7, 200));
+    assert_eq!(
+        errno(mknod(&m.path("fifo"), libc::S_IFIFO | 0o644, 0)),
+        libc::EEXIST
+    );
+}
+
+#[test]
+fn chmod_chown_and_ctime() {
+    let m = mount!("chmod_chown_and_ctime");
+    let path = m.path("f");
+    write_file(&path, b"");
+    let before = fs::metadata(&path).expect("OK to unwrap");
+    std::thread::sleep(Duration::from_millis(20));
+    set_mode(&path, 0o4751);
+    let after = fs::metadata(&path).expect("OK to unwrap");
+    assert_eq!(after.mode() & 0o7777, 0o4751);
+    assert!(
+        (after.ctime(), after.ctime_nsec()) > (before.ctime(), before.ctime_nsec()),
+        "chmod must change ctime"
+    );
+    if is_root() {
+        std::os::unix::fs::chown(&path, Some(1234), Some(5678)).expect("OK to unwrap: chown");
+        let meta = fs::metadata(&path).expect("OK to unwrap");
+        assert_eq!((meta.uid(), meta.gid()), (1234, 5678));
+        // chown clears set-user-id.
+        assert_eq!(meta.mode() & 0o4000, 0, "chown must clear S_ISUID");
+        std::os::unix::fs::lchown(&path, None, Some(42)).expect("OK to unwrap: chgrp");
+        assert_eq!(fs::metadata(&path).expect("OK to unwrap").gid(), 42);
+    }
+}
+
+#[test]
+fn utimens_with_nanoseconds() {
+    let m = mount!("utimens_with_nanoseconds");
+    let path = m.path("t");
+    write_file(&path, b"");
+    utimens(
+        &path,
+        (1_000_000_000, 123_456_789),
+        (1_500_000_000, 987_654_321),
+    )
+    .expect("OK to unwrap: utimensat");
+    let meta = fs::metadata(&path).expect("OK to unwrap");
+    assert_eq!(
+        (meta.atime(), meta.atime_nsec()),
+        (1_000_000_000, 123_456_789)
+    );
+    assert_eq!(
+        (meta.mtime(), meta.mtime_nsec()),
+        (1_500_000_000, 987_654_321)
+    );
+    // Before the epoch (ext4's extra epoch bits).
+    utimens(&path, (-100, 5), (-1, 999_999_999)).expect("OK to unwrap: utimensat");
+    let meta = fs::metadata(&path).expect("OK to unwrap");
+    assert_eq!((meta.atime(), meta.atime_nsec()), (-100, 5));
+    assert_eq!((meta.mtime(), meta.mtime_nsec()), (-1, 999_999_999));
+    // UTIME_NOW for mtime, UTIME_OMIT for atime.
+    utimens(&path, (0, libc::UTIME_OMIT), (0, libc::UTIME_NOW)).expect("OK to unwrap: now");
+    let meta = fs::metadata(&path).expect("OK to unwrap");
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("OK to unwrap: after 1970")
+        .as_secs();
+    assert!(
+        meta.mtime().abs_diff(now as i64) < 30,
+        "mtime {}",
+        meta.mtime()
+    );
+    assert_eq!((meta.atime(), meta.atime_nsec()), (-100, 5));
+    // A write moves mtime and ctime forward.
+    let before = fs::metadata(&path).expect("OK to unwrap");
+    std::thread::sleep(Duration::from_millis(20));
+    write_file(&path, b"x");
+    let after = fs::metadata(&path).expect("OK to unwrap");
+    assert!((after.mtime(), after.mtime_nsec()) > (before.mtime(), before.mtime_nsec()));
+}
+
+#[test]
+fn statfs_reports_the_file_system() {
+    let m = mount!("statfs_reports_the_file_system");
+    let before = statvfs(&m.mnt).expect("OK to unwrap: statvfs");
+    assert_eq!(before.f_bsize, 4096);
+    assert_eq!(before.f_namemax, 255);
+    assert!(
+        before.f_blocks > 10_000 && before.f_blocks <= 16_384,
+        "{}",
+        before.f_blocks
+    );
+    assert!(before.f_bfree <= before.f_blocks && before.f_bavail <= before.f_bfree);
+    assert!(before.f_files > 0 && before.f_ffree < before.f_files);
+    let f = File::create(m.path("big")).expect("OK to unwrap: create");
+    f.write_all_at(&vec![1u8; 4 << 20], 0)
+        .expect("OK to unwrap: write");
+    f.sync_all().expect("OK to unwrap: fsync");
+    let after = statvfs(&m.mnt).expect("OK to unwrap: statvfs");
+    assert!(
+        before.f_bfree - after.f_bfree >= 1024,
+        "4 MiB must use 1024 blocks: {} → {}",
+        before.f_bfree,
+        after.f_bfree
+    );
+    assert_eq!(before.f_ffree - after.f_ffree, 1);
+}
+
+#[test]
+fn xattrs_user_trusted_security() {
+    let m = mount!("xattrs_user_trusted_security");
+    let path = m.path("x");
+    write_file(&path, b"");
+    for name in ["user.color", "trusted.secret", "security.label"] {
+        if name.starts_with("trusted.") && !is_root() {
+            continue;
+        }
+        setxattr(&path, name, b"value-1", 0).expect("OK to unwrap: setxattr");
+        assert_eq!(getxattr(&path, name, 64).expect("OK to unwrap"), b"value-1");
+        assert_eq!(
+            errno(setxattr(&path, name, b"v", libc::XATTR_CREATE)),
+            libc::EEXIST
+        );
+        setxattr(&path, name, b"value-two", libc::XATTR_REPLACE).expect("OK to unwrap: replace");
+        // Size probe, exact buffer, short buffer.
+        assert_eq!(getxattr(&path, name, 0).expect("OK to unwrap").len(), 9);
+        assert_eq!(
+            getxattr(&path, name, 9).expect("OK to unwrap"),
+            b"value-two"
+        );
+        assert_eq!(errno(getxattr(&path, name, 3)), libc::ERANGE);
+    }
+    assert_eq!(
+        errno(setxattr(&path, "user.absent", b"v", libc::XATTR_REPLACE)),
+        libc::ENODATA
+    );
+    assert_eq!(errno(getxattr(&path, "user.absent", 64)), libc::ENODATA);
+    assert_eq!(
+        errno(setxattr(
+            &path,
+            "user.both",
+            b"v",
+            libc::XATTR_CREATE | libc::XATTR_REPLACE
+        )),
+        libc::EINVAL
+    );
+    // An empty value and a large one (beyond the in-inode space).
+    setxattr(&path, "user.empty", b"", 0).expect("OK to unwrap: empty value");
+    assert_eq!(
+        getxattr(&path, "user.empty", 16).expect("OK to unwrap"),
+        b""
+    );
+    let big = vec![b'z'; 3000];
+    setxattr(&path, "user.big", &big, 0).expect("OK to unwrap: big value");
+    assert_eq!(
+        getxattr(&path, "user.big", 4096).expect("OK to unwrap"),
+        big
+    );
+    let names: HashSet<String> = listxattr(&path)
+        .expect("OK to unwrap")
+        .into_iter()
+        .collect();
+    for name in ["user.color", "security.label", "user.empty", "user.big"] {
+        assert!(names.contains(name), "{name} missing from {names:?}");
+    }
+    removexattr(&path, "user.color").expect("OK to unwrap: removexattr");
+    assert_eq!(errno(getxattr(&path, "user.color", 64)), libc::ENODATA);
+    assert_eq!(errno(removexattr(&path, "user.color")), libc::ENODATA);
+    // Directories carry xattrs too.
+    fs::create_dir(m.path("d")).expect("OK to unwrap: mkdir");
+    setxattr(&m.path("d"), "user.dir", b"yes", 0).expect("OK to unwrap: dir xattr");
+    assert_eq!(
+        getxattr(&m.path("d"), "user.dir", 8).expect("OK to unwrap"),
+        b"yes"
+    );
+}
+
+/// Goal: readdir cookies stay valid while the directory changes: no entry is returned twice,
+/// and every entry that exists from start to end is returned.
+#[test]
+fn readdir_while_the_directory_changes() {
+    let m = mount!("readdir_while_the_directory_changes");
+    let dir = m.path("d");
+    fs::create_dir(&dir).expect("OK to unwrap: mkdir");
+    for i in 0..2000 {
+        write_file(&dir.join(format!("stable-{i:04}")), b"");
+    }
+    for i in 0..500 {
+        write_file(&dir.join(format!("doomed-{i:04}")), b"");
+    }
+    let mut seen = HashSet::new();
+    let mut iter = fs::read_dir(&dir).expect("OK to unwrap: opendir");
+    for _ in 0..300 {
+        let entry = iter
+            .next()
+            .expect("OK to unwrap: entries left")
+            .expect("OK to unwrap");
+        assert!(
+            seen.insert(entry.file_name()),
+            "duplicate {:?}",
+            entry.file_name()
+        );
+    }
+    // Change the directory in the middle of the listing.
+    for i in 0..500 {
+        fs::remove_file(dir.join(format!("doomed-{i:04}"))).expect("OK to unwrap: unlink");
+    }
+    for i in 0..1000 {
+        write_file(&dir.join(format!("new-{i:04}")), b"");
+    }
+    for entry in iter {
+        let entry = entry.expect("OK to unwrap: readdir");
+        assert!(
+            seen.insert(entry.file_name()),
+            "duplicate {:?}",
+            entry.file_name()
+        );
+    }
+    for i in 0..2000 {
+        let name = std::ffi::OsString::from(format!("stable-{i:04}"));
+        assert!(seen.contains(&name), "stable-{i:04} was skipped");
+    }
+    // A fresh listing shows exactly the current contents.
+    let names: HashSet<_> = fs::read_dir(&dir)
+        .expect("OK to unwrap")
+        .map(|e| e.expect("OK to unwrap").file_name())
+        .collect();
+    assert_eq!(names.len(), 3000);
+}
+
+#[test]
+fn enospc_on_a_small_image_leaves_it_consistent() {
+    let m = mount!("enospc_on_a_small_image", "16M", &[], &[]);
+    let chunk = vec![7u8; 1 << 20];
+    let mut f = File::create(m.path("fill")).expect("OK to unwrap: create");
+    let mut written = 0usize;
+    let err = loop {
+        match f.write(&chunk) {
+            Ok(n) => written += n,
+            Err(e) => break e,
+        }
+        assert!(written < 64 << 20, "wrote more than the image holds");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    drop(f);
+    // Freeing space makes it usable again.
+    fs::remove_file(m.path("fill")).expect("OK to unwrap: unlink");
+    write_file(&m.path("after"), &chunk);
+    assert!(read_file(&m.path("after")) == chunk);
+    // Inodes run out too (16 MiB has 1024 inodes).
+    fs::create_dir(m.path("many")).expect("OK to unwrap: mkdir");
+    let mut made = 0;
+    let err = loop {
+        match File::create(m.path(&format!("many/{made}"))) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made < 100_000, "too many inodes for a 16 MiB image");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(made > 900, "only {made} inodes before ENOSPC");
+    fs::remove_file(m.path("many/0")).expect("OK to unwrap: unlink");
+    write_file(&m.path("many/again"), b"an inode was freed");
+}
+
+#[test]
+fn sparse_file_at_one_tebibyte() {
+    let m = mount!("sparse_file_at_one_tebibyte");
+    let path = m.path("sparse");
+    let f = OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("OK to unwrap: create");
+    let tib: u64 = 1 << 40;
+    f.write_all_at(b"far away", tib)
+        .expect("OK to unwrap: pwrite at 1 TiB");
+    f.write_all_at(b"near", 0)
+        .expect("OK to unwrap: pwrite at 0");
+    f.sync_all().expect("OK to unwrap: fsync");
+    let meta = fs::metadata(&path).expect("OK to unwrap");
+    assert_eq!(meta.len(), tib + 8);
+    assert!(
+        meta.blocks() <= 64,
+        "sparse file uses {} sectors",
+        meta.blocks()
+    );
+    let mut buf = [1u8; 8];
+    f.read_exact_at(&mut buf, tib).expect("OK to unwrap: read");
+    assert_eq!(&buf, b"far away");
+    f.read_exact_at(&mut buf, tib / 2)
+        .expect("OK to unwrap: read hole");
+    assert_eq!(buf, [0; 8]);
+    f.read_exact_at(&mut buf[..4], 0)
+        .expect("OK to unwrap: read");
+    assert_eq!(&buf[..4], b"near");
+}
+
+/// Goal: a directory of 100 000 entries works and lookups stay fast (hashed directory).
+#[test]
+fn directory_of_100_000_entries() {
+    let m = mount!(
+        "directory_of_100_000_entries",
+        "1G",
+        &["--inodes", "131072"],
+        &[]
+    );
+    let dir = m.path("big");
+    fs::create_dir(&dir).expect("OK to unwrap: mkdir");
+    for i in 0..100_000 {
+        File::create(dir.join(format!("entry-{i:06}")))
+            .unwrap_or_else(|e| panic!("create entry-{i:06}: {e}"));
+    }
+    let start = std::time::Instant::now();
+    for i in (0..100_000).step_by(1000) {
+        let meta = fs::metadata(dir.join(format!("entry-{i:06}")))
+            .unwrap_or_else(|e| panic!("lookup entry-{i:06}: {e}"));
+        assert!(meta.is_file());
+    }
+    eprintln!(
+        "100 lookups in a 100 000-entry directory: {:?}",
+        start.elapsed()
+    );
+    assert_eq!(errno(fs::metadata(dir.join("entry-100000"))), libc::ENOENT);
+    let count = fs::read_dir(&dir).expect("OK to unwrap").count();
+    assert_eq!(count, 100_000);
+}
+
+#[test]
+fn deep_tree_of_depth_200() {
+    let m = mount!("deep_tree_of_depth_200");
+    let mut path = m.path("");
+    for level in 0..200 {
+        path.push(format!("d{level}"));
+    }
+    fs::create_dir_all(&path).expect("OK to unwrap: mkdir -p");
+    write_file(&path.join("leaf"), b"at the bottom");
+    assert_eq!(read_file(&path.join("leaf")), b"at the bottom");
+    let mut depth = 0;
+    let mut walk = m.path("d0");
+    while let Some(entry) = fs::read_dir(&walk)
+        .expect("OK to unwrap")
+        .map(|e| e.expect("OK to unwrap"))
+        .find(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+    {
+        walk = entry.path();
+        depth += 1;
+    }
+    assert_eq!(depth, 199);
+    fs::remove_dir_all(m.path("d0")).expect("OK to unwrap: rm -r");
+}
+
+/// Goal: files and directories created in a set-gid directory take its group, and
+/// subdirectories inherit the set-gid bit.
+#[test]
+fn setgid_directory_inheritance() {
+    if !is_root() {
+        skip("setgid_directory_inheritance", "needs root to chown");
+        return;
+    }
+    let m = mount!("setgid_directory_inheritance");
+    let dir = m.path("shared");
+    fs::create_dir(&dir).expect("OK to unwrap: mkdir");
+    std::os::unix::fs::chown(&dir, Some(0), Some(4321)).expect("OK to unwrap: chown");
+    set_mode(&dir, 0o2775);
+    write_file(&dir.join("file"), b"");
+    fs::create_dir(dir.join("sub")).expect("OK to unwrap: mkdir");
+    let file = fs::metadata(dir.join("file")).expect("OK to unwrap");
+    assert_eq!(file.gid(), 4321);
+    let sub = fs::metadata(dir.join("sub")).expect("OK to unwrap");
+    assert_eq!(sub.gid(), 4321);
+    assert_ne!(sub.mode() & 0o2000, 0, "subdirectory must inherit S_ISGID");
+    // Outside the set-gid directory: the creator's group.
+    write_file(&m.path("plain"), b"");
+    assert_eq!(
+        fs::metadata(m.path("plain")).expect("OK to unwrap").gid(),
+        0
+    );
+}
+
+/// Goal: in a sticky directory only the owner of a file (or of the directory, or root) may
+/// remove or rename it.
+#[test]
+fn sticky_directory_protects_other_users_files() {
+    if !is_root() {
+        skip(
+            "sticky_directory_protects_other_users_files",
+            "needs root to switch users",
+        );
+        return;
+    }
+    let m = mount!("sticky_directory", "64M", &[], &["allow_other"]);
+    let dir = m.path("tmp");
+    fs::create_dir(&dir).expect("OK to unwrap: mkdir");
+    set_mode(&dir, 0o1777);
+    let d = dir.display();
+    let out = run_as(1001, 1001, &format!("echo mine > {d}/alice && echo ok"));
+    assert!(stdout(&out).contains("ok"), "{}", stderr(&out));
+    assert_eq!(
+        fs::metadata(dir.join("alice")).expect("OK to unwrap").uid(),
+        1001
+    );
+    let out = run_as(1002, 1002, &format!("rm -f {d}/alice"));
+    assert!(
+        !out.status.success(),
+        "another user removed a file in a sticky dir"
+    );
+    assert!(dir.join("alice").exists());
+    let out = run_as(1002, 1002, &format!("mv {d}/alice {d}/stolen"));
+    assert!(
+        !out.status.success(),
+        "another user renamed a file in a sticky dir"
+    );
+    let out = run_as(1001, 1001, &format!("rm {d}/alice && echo ok"));
+    assert!(stdout(&out).contains("ok"), "{}", stderr(&out));
+    assert!(!dir.join("alice").exists());
+    // Without the sticky bit, anyone with write access may remove.
+    set_mode(&dir, 0o777);
+    run_as(1001, 1001, &format!("echo mine > {d}/bob"));
+    let out = run_as(1002, 1002, &format!("rm -f {d}/bob && echo ok"));
+    assert!(stdout(&out).contains("ok"), "{}", stderr(&out));
+}
+
+/// Goal: a write by a non-root user clears set-user-id and set-group-id (with group exec), as
+/// ext4 does; root's write keeps them.
+#[test]
+fn setid_bits_are_cleared_on_write_by_non_root() {
+    if !is_root() {
+        skip(
+            "setid_bits_are_cleared_on_write_by_non_root",
+            "needs root to switch users",
+        );
+        return;
+    }
+    let m = mount!("setid_bits_cleared_on_write", "64M", &[], &["allow_other"]);
+    let path = m.path("prog");
+    write_file(&path, b"#!/bin/sh\n");
+    set_mode(&path, 0o6777);
+    // Root writing keeps the bits.
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .expect("OK to unwrap: open");
+    f.write_all(b"# root\n").expect("OK to unwrap: write");
+    drop(f);
+    assert_eq!(mode_of(&path) & 0o7777, 0o6777);
+    let out = run_as(
+        1001,
+        1001,
+        &format!("echo '# user' >> {} && echo ok", path.display()),
+    );
+    assert!(stdout(&out).contains("ok"), "{}", stderr(&out));
+    assert_eq!(mode_of(&path) & 0o6000, 0, "mode {:o}", mode_of(&path));
+    assert_eq!(mode_of(&path) & 0o777, 0o777);
+    // Truncation by a non-owner clears them too.
+    set_mode(&path, 0o6777);
+    let out = run_as(1001, 1001, &format!(": > {} && echo ok", path.display()));
+    assert!(stdout(&out).contains("ok"), "{}", stderr(&out));
+    assert_eq!(mode_of(&path) & 0o6000, 0, "mode {:o}", mode_of(&path));
+}
+
+/// Goal: permission checks for another user (the kernel's, with default_permissions).
+#[test]
+fn permissions_are_enforced_for_other_users() {
+    if !is_root() {
+        skip(
+            "permissions_are_enforced_for_other_users",
+            "needs root to switch users",
+        );
+        return;
+    }
+    let m = mount!("permissions_enforced", "64M", &[], &["allow_other"]);
+    let path = m.path("private");
+    write_file(&path, b"secret");
+    set_mode(&path, 0o600);
+    let out = run_as(1001, 1001, &format!("cat {}", path.display()));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run_as(1001, 1001, &format!("chmod 777 {}", path.display()));
+    assert!(!out.status.success(), "a non-owner changed the mode");
+    let out = run_as(1001, 1001, &format!("touch {}/newfile", m.mnt.display()));
+    assert!(
+        !out.status.success(),
+        "root dir is 0755: others cannot create"
+    );
+}
+
+#[test]
+fn fsync_and_fdatasync_and_directory_fsync() {
+    let m = mount!("fsync_and_fdatasync_and_directory_fsync");
+    let mut f = File::create(m.path("durable")).expect("OK to unwrap: create");
+    f.write_all(b"record\n").expect("OK to unwrap: write");
+    f.sync_data().expect("OK to unwrap: fdatasync");
+    f.write_all(b"record\n").expect("OK to unwrap: write");
+    f.sync_all().expect("OK to unwrap: fsync");
+    let d = File::open(&m.mnt).expect("OK to unwrap: open dir");
+    d.sync_all().expect("OK to unwrap: fsync dir");
+    assert_eq!(read_file(&m.path("durable")), b"record\nrecord\n");
+}
+
+/// Goal: many threads writing and fsyncing at once are all served, and every write lands.
+#[test]
+fn concurrent_appends_with_fdatasync() {
+    let m = mount!("concurrent_appends_with_fdatasync");
+    let handles: Vec<_> = (0..16)
+        .map(|t| {
+            let path = m.path(&format!("log{t}"));
+            std::thread::spawn(move || {
+                let mut f = File::create(&path).expect("OK to unwrap: create");
+                for r in 0..50 {
+                    let mut rec = format!("{t}:{r:04}:").into_bytes();
+                    rec.resize(125, b'.');
+                    f.write_all(&rec).expect("OK to unwrap: write");
+                    f.sync_data().expect("OK to unwrap: fdatasync");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("OK to unwrap: writer");
+    }
+    for t in 0..16 {
+        let data = read_file(&m.path(&format!("log{t}")));
+        assert_eq!(data.len(), 50 * 125);
+        for r in 0..50 {
+            assert!(data[r * 125..].starts_with(format!("{t}:{r:04}:").as_bytes()));
+        }
+    }
+}
