@@ -61,12 +61,66 @@ impl CloseOnce {
 pub struct FuseFs {
     fs: Arc<Fs>,
     close: Arc<CloseOnce>,
+    syncs: SyncWorkers,
 }
 
 impl FuseFs {
     /// An adapter over `fs`; `destroy` closes it through `close`.
     pub fn new(fs: Arc<Fs>, close: Arc<CloseOnce>) -> FuseFs {
-        FuseFs { fs, close }
+        let syncs = SyncWorkers::start(fs.clone(), SYNC_WORKERS);
+        FuseFs { fs, close, syncs }
+    }
+}
+
+/// Threads that wait for fsyncs. Enough that every writer of a many-stream workload can have
+/// its fsync in flight at once, which is what lets them share one commit.
+const SYNC_WORKERS: usize = 256;
+
+/// One fsync to serve: the inode, whether it is a data sync, and the reply to send once durable.
+type SyncJob = (Ino, bool, ReplyEmpty);
+
+/// Serves fsyncs away from the session threads: a session thread hands the request over and
+/// goes back to the kernel for the next one, and the reply leaves when the commit is durable
+/// (DESIGN.md §1: one slow fsync never holds the other requests).
+struct SyncWorkers {
+    queue: Mutex<std::sync::mpsc::Sender<SyncJob>>,
+}
+
+impl SyncWorkers {
+    fn start(fs: Arc<Fs>, workers: usize) -> SyncWorkers {
+        let (tx, rx) = std::sync::mpsc::channel::<SyncJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..workers {
+            let (fs, rx) = (fs.clone(), rx.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("tidefs-sync-{i}"))
+                .stack_size(64 << 10)
+                .spawn(move || loop {
+                    let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    let Ok((ino, datasync, reply)) = job else {
+                        return;
+                    };
+                    reply_empty(reply, fs.fsync(ino, datasync));
+                });
+            if spawned.is_err() {
+                break;
+            }
+        }
+        SyncWorkers {
+            queue: Mutex::new(tx),
+        }
+    }
+
+    /// Queues an fsync; serves it on the calling thread if no worker is left.
+    fn submit(&self, fs: &Fs, ino: Ino, datasync: bool, reply: ReplyEmpty) {
+        let sent = self
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send((ino, datasync, reply));
+        if let Err(std::sync::mpsc::SendError((ino, datasync, reply))) = sent {
+            reply_empty(reply, fs.fsync(ino, datasync));
+        }
     }
 }
 
@@ -496,7 +550,7 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.fsync(to_fs(ino), datasync));
+        self.syncs.submit(&self.fs, to_fs(ino), datasync, reply);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -545,7 +599,7 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.fsync(to_fs(ino), datasync));
+        self.syncs.submit(&self.fs, to_fs(ino), datasync, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
