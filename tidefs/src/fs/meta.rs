@@ -207,6 +207,20 @@ impl Meta {
         self.cache.get_mut(nr).expect("block just inserted")
     }
 
+    /// Drops block maps and directory indexes when too many have piled up. Both are derived
+    /// from cached blocks (every change is stored back at once), so they reload on next use.
+    pub fn trim_derived_caches(&mut self) {
+        const MAX_MAPS: usize = 200_000;
+        const MAX_DIRS: usize = 20_000;
+        if self.maps.len() > MAX_MAPS {
+            let open = &self.open;
+            self.maps.retain(|ino, _| open.contains_key(ino));
+        }
+        if self.dirs.len() > MAX_DIRS {
+            self.dirs.clear();
+        }
+    }
+
     /// Block number and byte offset of the superblock.
     pub fn sb_location(&self) -> (u64, usize) {
         let bs = u64::from(self.geo.block_size);

@@ -443,6 +443,7 @@ impl Fs {
                     return Err(FsError::ReadOnly);
                 }
                 let r = f(&mut m, &inner.io);
+                m.trim_derived_caches();
                 let big = m.cache.dirty_count() + m.revoked.len()
                     >= inner.io.journal.max_transaction_blocks() / 2;
                 (r, big, !m.quarantine.is_empty())
