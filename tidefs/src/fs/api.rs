@@ -182,6 +182,60 @@ pub struct StatFs {
     pub name_max: u32,
 }
 
+/// How file data is journaled (DESIGN.md §3). A per-inode property inside the file system;
+/// chosen for the whole mount with `-o data=MODE` for now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DataMode {
+    /// Only the allocation bitmaps (and group descriptors, superblock) are journaled; inodes,
+    /// directories and extent blocks are written home in place at commit. Promise: the
+    /// allocation structures survive a crash (state 1).
+    Lightweight,
+    /// All metadata journaled, data written home with no ordering. Promise: + the file's inode
+    /// (state 2).
+    Writeback,
+    /// All metadata journaled, data home before the metadata that points to it commits.
+    /// Promise: + no garbage or stale blocks in files (state 3).
+    #[default]
+    Ordered,
+    /// Metadata and whole data blocks journaled, home at checkpoint. Promise: + every write
+    /// all-or-nothing (state 4).
+    Journal,
+}
+
+impl DataMode {
+    /// The name used by `-o data=` and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataMode::Lightweight => "lightweight",
+            DataMode::Writeback => "writeback",
+            DataMode::Ordered => "ordered",
+            DataMode::Journal => "journal",
+        }
+    }
+
+    /// Parses a mode name.
+    pub fn parse(name: &str) -> Option<DataMode> {
+        [
+            DataMode::Lightweight,
+            DataMode::Writeback,
+            DataMode::Ordered,
+            DataMode::Journal,
+        ]
+        .into_iter()
+        .find(|m| m.name() == name)
+    }
+}
+
+/// A deliberately broken ordering, for proving that the crash harness catches one. Never for
+/// real use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Canary {
+    /// The commit block is written without waiting (flushing) for the records before it.
+    CommitWithoutFlush,
+    /// Ordered mode writes file data home only after the transaction that maps it commits.
+    DataAfterCommit,
+}
+
 /// Options of [`super::Fs::open`].
 #[derive(Clone, Debug)]
 pub struct MountOptions {
@@ -193,6 +247,13 @@ pub struct MountOptions {
     pub journal_device: Option<PathBuf>,
     /// Upper bound of the metadata buffer cache, in bytes.
     pub cache_size_bytes: usize,
+    /// How file data is journaled.
+    pub data_mode: DataMode,
+    /// Never checkpoint on the timer (the log still checkpoints when it is full): for the
+    /// recovery benchmark, which needs a log full of transactions at the crash.
+    pub hold_checkpoints: bool,
+    /// A deliberately broken ordering (tests of the crash harness only).
+    pub canary: Option<Canary>,
 }
 
 impl Default for MountOptions {
@@ -202,6 +263,9 @@ impl Default for MountOptions {
             commit_interval: Duration::from_secs(5),
             journal_device: None,
             cache_size_bytes: 256 << 20,
+            data_mode: DataMode::Ordered,
+            hold_checkpoints: false,
+            canary: None,
         }
     }
 }

@@ -21,6 +21,8 @@ use crate::format::ext4::group_desc::{
 use crate::format::ext4::inode::Inode;
 use crate::format::ext4::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE};
 use crate::journal::Journal;
+
+use super::api::{Canary, DataMode};
 use crate::{FsError, Result};
 
 /// Devices and journal, shared outside the lock.
@@ -146,6 +148,16 @@ pub(crate) struct Meta {
     pub next_generation: u32,
     /// Copies of the blocks of the transaction being committed, until the journal holds them.
     pub committing: HashMap<u64, Arc<[u8]>>,
+    /// Data mode of files (mount-wide for now; looked up per inode through `data_mode`).
+    pub default_mode: DataMode,
+    /// A deliberately broken ordering (crash-harness canary), if any.
+    pub canary: Option<Canary>,
+    /// Canary `DataAfterCommit` only: file data held back until its transaction has committed,
+    /// as (device byte offset, bytes).
+    pub deferred_data: Vec<(u64, Vec<u8>)>,
+    /// Block and inode bitmap blocks: with the GDT and the superblock, what lightweight mode
+    /// journals.
+    pub bitmap_blocks: HashSet<u64>,
 }
 
 impl Meta {
@@ -221,6 +233,32 @@ impl Meta {
         }
     }
 
+    /// Data mode of inode `ino` (the mount's mode until per-directory modes exist).
+    pub fn data_mode(&self, _ino: u32) -> DataMode {
+        self.default_mode
+    }
+
+    /// Whether block `nr` is an allocation structure (bitmap, group descriptor table or
+    /// superblock): the only blocks lightweight mode journals.
+    pub fn is_allocation_block(&self, nr: u64) -> bool {
+        let gdt_first = self.geo.first_data_block + 1;
+        nr == self.sb_location().0
+            || (gdt_first..gdt_first + self.sb.gdt_blocks()).contains(&nr)
+            || self.bitmap_blocks.contains(&nr)
+    }
+
+    /// The newest copy of block `nr` that is not yet at home, if any: dirty or cached in memory,
+    /// being committed, or committed and waiting for checkpoint.
+    pub fn unsettled_copy(&self, io: &Io, nr: u64) -> Option<Arc<[u8]>> {
+        if let Some(b) = self.cache.get(nr) {
+            return Some(Arc::from(b));
+        }
+        self.committing
+            .get(&nr)
+            .cloned()
+            .or_else(|| io.journal.pending(nr))
+    }
+
     /// Block number and byte offset of the superblock.
     pub fn sb_location(&self) -> (u64, usize) {
         let bs = u64::from(self.geo.block_size);
@@ -279,6 +317,10 @@ impl Meta {
             }
             groups.push(info);
         }
+        self.bitmap_blocks = groups
+            .iter()
+            .flat_map(|g| [g.block_bitmap, g.inode_bitmap])
+            .collect();
         self.groups = groups;
         Ok(())
     }
@@ -456,6 +498,8 @@ impl Meta {
             self.sb.set_free_blocks_count(free);
             let b = first + i as u64;
             self.block_cursor = b + 1;
+            // Whatever the block held before is gone: no cached copy may shadow its new use.
+            self.cache.forget(b);
             return Ok(b);
         }
         Err(FsError::NoSpace)
@@ -485,11 +529,21 @@ impl Meta {
         self.store_group(io, g, c, None)?;
         let free = self.sb.free_blocks_count() + 1;
         self.sb.set_free_blocks_count(free);
-        self.quarantine.insert(b);
-        self.freed_running.push(b);
-        if journaled {
-            self.cache.forget(b);
+        // A block that may sit in the journal gets a revoke record, so replay cannot write its
+        // old content over its next use; the revoke takes effect at commit, so until then the
+        // block is not handed out again. Plain data blocks wait for the commit too (ordered
+        // mode's promise: no stale data inside files), except in writeback mode.
+        let in_journal = journaled
+            || self.cache.is_dirty(b)
+            || self.committing.contains_key(&b)
+            || io.journal.pending(b).is_some();
+        self.cache.forget(b);
+        if in_journal {
             self.revoked.insert(b);
+        }
+        if in_journal || self.default_mode != DataMode::Writeback {
+            self.quarantine.insert(b);
+            self.freed_running.push(b);
         }
         Ok(())
     }

@@ -113,6 +113,10 @@ struct Inner {
     wake: (Mutex<bool>, Condvar),
     commit_interval: Duration,
     recovery: Option<RecoveryReport>,
+    /// Never checkpoint on the timer (recovery benchmark).
+    hold_checkpoints: bool,
+    /// The `DataAfterCommit` canary is on.
+    canary_defers_data: bool,
 }
 
 /// A mounted tidefs file system. All methods take `&self` and may be called from many threads.
@@ -279,6 +283,7 @@ impl Fs {
             read_only: ro,
             csum_v3: sb.has_ro_compat(ro_compat::METADATA_CSUM),
             tags_64bit: sb.has_incompat(incompat::BIT64),
+            canary_commit_without_flush: opts.canary == Some(Canary::CommitWithoutFlush),
         };
         let jgeo = if sb.journal_inum() != 0 {
             if journal_dev.is_some() {
@@ -353,6 +358,10 @@ impl Fs {
             open: HashMap::new(),
             next_generation: ops::now().nsec,
             committing: HashMap::new(),
+            default_mode: opts.data_mode,
+            canary: opts.canary,
+            deferred_data: Vec::new(),
+            bitmap_blocks: HashSet::new(),
         };
         meta.load_groups(&io)?;
         meta.read_only = ro;
@@ -372,6 +381,8 @@ impl Fs {
             wake: (Mutex::new(false), Condvar::new()),
             commit_interval: opts.commit_interval.max(Duration::from_millis(10)),
             recovery,
+            hold_checkpoints: opts.hold_checkpoints,
+            canary_defers_data: opts.canary == Some(Canary::DataAfterCommit),
         });
         if !ro {
             inner.mark_mounted()?;
@@ -394,6 +405,23 @@ impl Fs {
     /// What journal recovery did when this file system was opened (`None` if not needed).
     pub fn recovery_report(&self) -> Option<RecoveryReport> {
         self.inner.recovery.clone()
+    }
+
+    /// Stops as a power cut would: no final commit, no checkpoint, nothing more written. Later
+    /// calls fail. For crash tests on a recording device; the image needs recovery afterwards.
+    pub fn crash(&self) {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        {
+            let (lock, cv) = &self.inner.wake;
+            *lock.lock() = true;
+            cv.notify_all();
+        }
+        if let Some(h) = self.background.lock().take() {
+            let _ = h.join();
+        }
+        self.inner.meta.lock().read_only = true;
     }
 
     /// Clean unmount: final commit, checkpoint, empty journal, clean state. Later calls fail.
@@ -585,11 +613,33 @@ impl Fs {
         let total: usize = plan.iter().map(|s| s.len).sum();
         let mut out = vec![0u8; total];
         let mut at = 0;
+        let mut device_pieces = Vec::new();
         for s in plan {
-            if let Some(d) = s.device_offset {
-                self.inner.io.dev.read_at(d, &mut out[at..at + s.len])?;
+            match s.source {
+                ops::ReadSource::Zeros => {}
+                ops::ReadSource::Device(d) => {
+                    self.inner.io.dev.read_at(d, &mut out[at..at + s.len])?;
+                    device_pieces.push((d, at, s.len));
+                }
+                ops::ReadSource::Bytes(b) => out[at..at + s.len].copy_from_slice(&b),
             }
             at += s.len;
+        }
+        if self.inner.canary_defers_data {
+            // Canary only: data held back until after its commit is still what reads return.
+            let m = self.inner.meta.lock();
+            for (dev_at, bytes) in &m.deferred_data {
+                for &(d, out_at, len) in &device_pieces {
+                    let lo = (*dev_at).max(d);
+                    let hi = (dev_at + bytes.len() as u64).min(d + len as u64);
+                    if lo < hi {
+                        let dst = out_at + (lo - d) as usize;
+                        let src = (lo - dev_at) as usize;
+                        let n = (hi - lo) as usize;
+                        out[dst..dst + n].copy_from_slice(&bytes[src..src + n]);
+                    }
+                }
+            }
         }
         Ok(out)
     }
@@ -945,7 +995,7 @@ impl Inner {
             std::thread::sleep(avg.min(MAX_BATCH_WAIT));
         }
         let started = Instant::now();
-        let (req, freed, tid) = {
+        let (req, freed, tid, in_place, deferred) = {
             let mut m = self.meta.lock();
             if m.tid != target {
                 // Committed by someone else between our check and the lock.
@@ -954,16 +1004,48 @@ impl Inner {
             if m.sb_dirty {
                 m.flush_sb_to_cache(&self.io)?;
             }
-            let blocks = m.cache.take_dirty();
+            let mut blocks = m.cache.take_dirty();
             let revoked: Vec<u64> = std::mem::take(&mut m.revoked).into_iter().collect();
             let freed = std::mem::take(&mut m.freed_running);
             m.committing = blocks.iter().map(|(nr, b)| (*nr, b.clone())).collect();
+            // Lightweight mode journals only the allocation structures; the other metadata
+            // goes home in place, before the commit's flush (a block still waiting in the
+            // journal is journaled again instead, so a checkpoint never overwrites it).
+            let mut in_place = Vec::new();
+            if m.default_mode == DataMode::Lightweight {
+                let (journaled, home): (Vec<_>, Vec<_>) =
+                    blocks.into_iter().partition(|(nr, _)| {
+                        m.is_allocation_block(*nr) || self.io.journal.pending(*nr).is_some()
+                    });
+                blocks = journaled;
+                in_place = home;
+            }
+            let deferred = std::mem::take(&mut m.deferred_data);
             let tid = m.tid;
             m.tid = m.tid.wrapping_add(1);
-            (CommitRequest { blocks, revoked }, freed, tid)
+            (
+                CommitRequest { blocks, revoked },
+                freed,
+                tid,
+                in_place,
+                deferred,
+            )
         };
+        let bs = u64::from(self.meta.lock().geo.block_size);
+        for (nr, b) in &in_place {
+            if let Err(e) = self.io.dev.write_at(nr * bs, b) {
+                let mut m = self.meta.lock();
+                return Err(journal_err_to_readonly(&mut m, e.into()));
+            }
+        }
         let nblocks = req.blocks.len() as u64;
         let r = self.io.journal.commit(req);
+        if r.is_ok() {
+            // Canary only: file data written home after the commit that maps it.
+            for (at, bytes) in &deferred {
+                self.io.dev.write_at(*at, bytes)?;
+            }
+        }
         let mut m = self.meta.lock();
         m.committing.clear();
         match r {
@@ -1005,7 +1087,7 @@ impl Inner {
                 continue;
             }
             let j = &self.io.journal;
-            if j.used_blocks() > j.len_blocks() / 2 {
+            if !self.hold_checkpoints && j.used_blocks() > j.len_blocks() / 2 {
                 let _ = j.checkpoint();
             }
         }

@@ -8,7 +8,9 @@ use crate::format::ext4::inode::{self, flags, mode, Inode, InodeTime};
 use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
 
-use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode};
+use super::api::{
+    Attr, Canary, Creds, DataMode, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode,
+};
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
 
@@ -77,12 +79,22 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// A piece of a read: `len` bytes at file offset `file_offset`, from device byte `device_offset`
-/// or zeros.
-#[derive(Clone, Copy, Debug)]
+/// Where the bytes of a piece of a read come from.
+#[derive(Clone, Debug)]
+pub(crate) enum ReadSource {
+    /// A hole or an unwritten extent: zeros.
+    Zeros,
+    /// The home location on the device, at this byte offset.
+    Device(u64),
+    /// A copy not yet at home (journal-mode data in the cache or the journal).
+    Bytes(Vec<u8>),
+}
+
+/// A piece of a read: `len` bytes, consecutive in the file.
+#[derive(Clone, Debug)]
 pub(crate) struct ReadSegment {
     pub len: usize,
-    pub device_offset: Option<u64>,
+    pub source: ReadSource,
 }
 
 impl Meta {
@@ -320,9 +332,7 @@ impl Meta {
             let mut map = ExtentMap::default();
             let goal = inode_goal(&map, self, ino);
             let pblk = self.alloc_block(io, goal)?;
-            let mut buf = vec![0u8; bs];
-            buf[..target.len()].copy_from_slice(target);
-            io.dev.write_at(pblk * bs as u64, &buf)?;
+            self.put_data(io, ino, pblk, 0, target, true)?;
             map.insert(0, pblk, false);
             map.store(self, io, ino, &mut i)?;
             self.maps.insert(ino, map);
@@ -765,6 +775,49 @@ impl Meta {
 
     // ----- file data -----
 
+    /// Puts `bytes` at `offset` inside data block `pblk` of inode `ino`, as its data mode says:
+    /// journal mode changes the cached block inside the running transaction; the other modes
+    /// write home now (ordered mode thereby before the transaction that maps the block commits).
+    /// A `fresh` block (just allocated, or unwritten until now) reads as zeros elsewhere.
+    fn put_data(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        pblk: u64,
+        offset: usize,
+        bytes: &[u8],
+        fresh: bool,
+    ) -> Result<()> {
+        let mode = self.data_mode(ino);
+        if mode == DataMode::Journal {
+            let b = if fresh {
+                self.new_block_mut(pblk)
+            } else {
+                self.block_mut(io, pblk)?
+            };
+            b[offset..offset + bytes.len()].copy_from_slice(bytes);
+            return Ok(());
+        }
+        let bs = self.geo.bs();
+        let (at, whole);
+        let out: &[u8] = if fresh {
+            let mut buf = vec![0u8; bs];
+            buf[offset..offset + bytes.len()].copy_from_slice(bytes);
+            whole = buf;
+            at = pblk * bs as u64;
+            &whole
+        } else {
+            at = pblk * bs as u64 + offset as u64;
+            bytes
+        };
+        if mode == DataMode::Ordered && self.canary == Some(Canary::DataAfterCommit) {
+            self.deferred_data.push((at, out.to_vec()));
+            return Ok(());
+        }
+        io.dev.write_at(at, out)?;
+        Ok(())
+    }
+
     fn max_file_blocks(&self) -> u64 {
         // Logical block numbers are 32 bits; keep the last one unused like ext4 does.
         (1u64 << 32) - 1
@@ -789,33 +842,46 @@ impl Meta {
         let end = fsize.min(offset + u64::from(size));
         let bs = u64::from(self.geo.block_size);
         let map = self.extent_map(io, ino, &i)?;
-        let mut segs: Vec<ReadSegment> = Vec::new();
+        let mut pieces = Vec::new();
         let mut pos = offset;
         while pos < end {
             let lblk = (pos / bs) as u32;
             let in_block = pos % bs;
             let len = (bs - in_block).min(end - pos);
-            let dev = match map.map(lblk) {
-                Some((p, false)) => Some(p * bs + in_block),
+            let home = match map.map(lblk) {
+                Some((p, false)) => Some(p),
                 _ => None,
             };
-            // Merge with the previous segment when contiguous.
-            match segs.last_mut() {
-                Some(last)
-                    if match (last.device_offset, dev) {
-                        (None, None) => true,
-                        (Some(a), Some(b)) => a + last.len as u64 == b,
-                        _ => false,
-                    } =>
-                {
-                    last.len += len as usize
-                }
-                _ => segs.push(ReadSegment {
-                    len: len as usize,
-                    device_offset: dev,
-                }),
-            }
+            pieces.push((home, in_block, len));
             pos += len;
+        }
+        let mut segs: Vec<ReadSegment> = Vec::new();
+        for (home, in_block, len) in pieces {
+            let source = match home {
+                None => ReadSource::Zeros,
+                Some(p) => match self.unsettled_copy(io, p) {
+                    Some(copy) => ReadSource::Bytes(
+                        copy[in_block as usize..(in_block + len) as usize].to_vec(),
+                    ),
+                    None => ReadSource::Device(p * bs + in_block),
+                },
+            };
+            // Merge with the previous segment when contiguous.
+            if let Some(last) = segs.last_mut() {
+                let merged = match (&mut last.source, &source) {
+                    (ReadSource::Zeros, ReadSource::Zeros) => true,
+                    (ReadSource::Device(a), ReadSource::Device(b)) => *a + last.len as u64 == *b,
+                    _ => false,
+                };
+                if merged {
+                    last.len += len as usize;
+                    continue;
+                }
+            }
+            segs.push(ReadSegment {
+                len: len as usize,
+                source,
+            });
         }
         Ok(segs)
     }
@@ -847,11 +913,9 @@ impl Meta {
             let len = ((bs as usize) - in_block).min((end - pos) as usize);
             let chunk = &data[written..written + len];
             match map.map(lblk) {
-                Some((p, false)) => io.dev.write_at(p * bs + in_block as u64, chunk)?,
+                Some((p, false)) => self.put_data(io, ino, p, in_block, chunk, false)?,
                 Some((p, true)) => {
-                    let mut buf = vec![0u8; bs as usize];
-                    buf[in_block..in_block + len].copy_from_slice(chunk);
-                    io.dev.write_at(p * bs, &buf)?;
+                    self.put_data(io, ino, p, in_block, chunk, true)?;
                     map.mark_written(lblk);
                 }
                 None => {
@@ -868,9 +932,7 @@ impl Meta {
                             break;
                         }
                     };
-                    let mut buf = vec![0u8; bs as usize];
-                    buf[in_block..in_block + len].copy_from_slice(chunk);
-                    io.dev.write_at(p * bs, &buf)?;
+                    self.put_data(io, ino, p, in_block, chunk, true)?;
                     map.insert(lblk, p, false);
                     new_blocks += 1;
                 }
@@ -907,7 +969,7 @@ impl Meta {
         if size < old && size % bs != 0 {
             if let Some((p, false)) = map.map((size / bs) as u32) {
                 let zeros = vec![0u8; (bs - size % bs) as usize];
-                io.dev.write_at(p * bs + size % bs, &zeros)?;
+                self.put_data(io, ino, p, (size % bs) as usize, &zeros, false)?;
             }
         }
         // Drop blocks past the new end (also unwritten ones past EOF when shrinking).
