@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use serde_json::{json, Value};
-use tidefs::fs::{Fs, MountOptions, Stats};
+use tidefs::fs::{DataMode, Fs, MountOptions, Stats};
 
 use crate::control;
 use crate::fuse_adapter::{CloseOnce, FuseFs};
@@ -41,6 +41,8 @@ pub struct MountConfig {
     pub cache_size_bytes: Option<u64>,
     /// `allow_other`.
     pub allow_other: bool,
+    /// `data=lightweight|writeback|ordered|journal`.
+    pub data_mode: Option<DataMode>,
 }
 
 impl MountConfig {
@@ -66,6 +68,11 @@ impl MountConfig {
                     }
                     config.commit_seconds = Some(seconds);
                 }
+                ("data", Some(v)) => {
+                    config.data_mode = Some(DataMode::parse(v).ok_or_else(|| {
+                        format!("data={v}: expected lightweight, writeback, ordered or journal")
+                    })?);
+                }
                 ("journal_device", Some(v)) if !v.is_empty() => {
                     config.journal_device = Some(PathBuf::from(v));
                 }
@@ -80,7 +87,7 @@ impl MountConfig {
                 ("ro" | "rw" | "allow_other", Some(_)) => {
                     return Err(format!("option {key} takes no value"));
                 }
-                ("commit" | "journal_device" | "cache_size", _) => {
+                ("commit" | "journal_device" | "cache_size" | "data", _) => {
                     return Err(format!("option {key} needs a value ({key}=...)"));
                 }
                 _ => return Err(format!("unknown mount option '{item}'")),
@@ -107,6 +114,9 @@ impl MountConfig {
         if self.allow_other {
             items.push("allow_other".into());
         }
+        if let Some(mode) = self.data_mode {
+            items.push(format!("data={}", mode.name()));
+        }
         Ok(items.join(","))
     }
 
@@ -122,6 +132,9 @@ impl MountConfig {
         }
         if let Some(size) = self.cache_size_bytes {
             opts.cache_size_bytes = usize::try_from(size).unwrap_or(usize::MAX);
+        }
+        if let Some(mode) = self.data_mode {
+            opts.data_mode = mode;
         }
         opts
     }
@@ -597,7 +610,7 @@ mod tests {
     #[test]
     fn options_parse() {
         let c = parse(&[
-            "ro,commit=7,cache_size=64M",
+            "ro,commit=7,cache_size=64M,data=journal",
             "allow_other,journal_device=/dev/x",
         ])
         .expect("OK to unwrap: valid options");
@@ -609,6 +622,7 @@ mod tests {
                 journal_device: Some(PathBuf::from("/dev/x")),
                 cache_size_bytes: Some(64 << 20),
                 allow_other: true,
+                data_mode: Some(DataMode::Journal),
             }
         );
         assert!(!parse(&["ro,rw"]).expect("OK to unwrap: valid").read_only);
@@ -635,6 +649,8 @@ mod tests {
             ("cache_size=lots", "cache_size=lots"),
             ("cache_size=4K", "at least 1M"),
             ("ro=1", "takes no value"),
+            ("data=fast", "data=fast: expected"),
+            ("data", "needs a value"),
         ] {
             let err = parse(&[list]).expect_err("must be refused");
             assert!(err.contains(needle), "{list}: {err}");
