@@ -3,6 +3,7 @@
 //! Every failure prints `tidefs: <what>: <why>` on stderr and exits non-zero: 2 for bad usage,
 //! fsck's own codes for `fsck`, 1 otherwise.
 
+mod bench;
 mod control;
 mod demo;
 mod fsck;
@@ -122,6 +123,11 @@ enum Command {
         /// The mountpoint.
         mountpoint: PathBuf,
     },
+    /// Benchmarks that run tidefs beside its peers and print tables.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
     /// Create an image, mount it, run a short workload, print stats, unmount, check.
     Demo {
         /// The image to use (created if missing).
@@ -131,6 +137,54 @@ enum Command {
         #[arg(long, value_parser = parse_size_arg, default_value = "1G")]
         size: u64,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Recovery time per pass (scan, revoke, replay) after a crash with a full journal, for each
+    /// data mode, beside e2fsprogs replaying the same journal.
+    Recovery {
+        /// Writer threads.
+        #[arg(long, default_value_t = 100)]
+        threads: usize,
+        /// fdatasync'd writes per thread.
+        #[arg(long, default_value_t = 100)]
+        writes: usize,
+        /// Bytes per write.
+        #[arg(long, default_value_t = 125)]
+        record_size: usize,
+        /// Runs per mode.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Data mode to measure (lightweight, writeback, ordered, journal), or all.
+        #[arg(long, default_value = "all")]
+        mode: String,
+        /// Directory for the images.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The data modes named by a `--mode` argument (`all` for every mode).
+pub fn parse_modes(text: &str) -> Result<Vec<tidefs::fs::DataMode>, CliError> {
+    use tidefs::fs::DataMode;
+    if text == "all" {
+        return Ok(vec![
+            DataMode::Lightweight,
+            DataMode::Writeback,
+            DataMode::Ordered,
+            DataMode::Journal,
+        ]);
+    }
+    DataMode::parse(text).map(|m| vec![m]).ok_or_else(|| {
+        CliError::usage(
+            "--mode",
+            format!("'{text}': expected lightweight, writeback, ordered, journal or all"),
+        )
+    })
 }
 
 fn parse_size_arg(text: &str) -> Result<u64, String> {
@@ -230,6 +284,36 @@ fn run(command: Command) -> Result<u8, CliError> {
                 control::ClientError::Failed(why) => CliError::new("status", why),
             })?;
             println!("{reply}");
+            Ok(0)
+        }
+        Command::Bench {
+            which:
+                BenchCommand::Recovery {
+                    threads,
+                    writes,
+                    record_size,
+                    runs,
+                    mode,
+                    dir,
+                    json,
+                },
+        } => {
+            if threads == 0 || writes == 0 || record_size == 0 || runs == 0 {
+                return Err(CliError::usage(
+                    "bench recovery",
+                    "counts and sizes must be positive",
+                ));
+            }
+            let cfg = bench::RecoveryBench {
+                threads,
+                writes,
+                record_size,
+                runs,
+                modes: parse_modes(&mode)?,
+                dir: dir.unwrap_or_else(bench::default_dir),
+                json,
+            };
+            bench::run(&cfg)?;
             Ok(0)
         }
         Command::Demo { image, size } => {
