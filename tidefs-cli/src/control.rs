@@ -21,48 +21,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Serialize;
 use serde_json::{json, Value};
 use tidefs::fs::Stats;
-
-/// File-system counters as the control socket reports them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
-pub struct StatsReply {
-    /// Bytes written to the journal.
-    pub journal_bytes: u64,
-    /// Bytes written to home locations.
-    pub home_bytes: u64,
-    /// Transactions committed.
-    pub commits: u64,
-    /// fsync/fdatasync calls served.
-    pub fsyncs: u64,
-    /// fsyncs per commit.
-    pub fsyncs_per_commit: f64,
-    /// Average metadata blocks per committed transaction.
-    pub avg_transaction_blocks: f64,
-    /// Median fsync latency, microseconds.
-    pub fsync_p50_us: u64,
-    /// 99th percentile fsync latency, microseconds.
-    pub fsync_p99_us: u64,
-    /// Checkpoints run.
-    pub checkpoints: u64,
-}
-
-impl From<&Stats> for StatsReply {
-    fn from(s: &Stats) -> Self {
-        StatsReply {
-            journal_bytes: s.journal_bytes,
-            home_bytes: s.home_bytes,
-            commits: s.commits,
-            fsyncs: s.fsyncs,
-            fsyncs_per_commit: s.fsyncs_per_commit,
-            avg_transaction_blocks: s.avg_transaction_blocks,
-            fsync_p50_us: s.fsync_p50_us,
-            fsync_p99_us: s.fsync_p99_us,
-            checkpoints: s.checkpoints,
-        }
-    }
-}
 
 /// The candidate runtime directories, most preferred first.
 fn runtime_dirs() -> Vec<PathBuf> {
@@ -250,7 +210,7 @@ fn handle<D: Daemon>(stream: UnixStream, daemon: &D) {
     let mut stream = stream;
     let reply = match line.trim() {
         "status" => daemon.status(),
-        "stats" => json!({"ok": true, "stats": StatsReply::from(&daemon.stats())}),
+        "stats" => json!({"ok": true, "stats": daemon.stats()}),
         "unmount" => {
             daemon.unmount(stream);
             return;

@@ -373,7 +373,7 @@ fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
         control::ClientError::Failed(why) => CliError::new(what, why),
     })?;
     let value = reply.get("stats").cloned().unwrap_or_default();
-    let stats: control::StatsReply = serde_json::from_value(value)
+    let stats: tidefs::fs::Stats = serde_json::from_value(value)
         .map_err(|e| CliError::new(what, format!("bad reply from the daemon: {e}")))?;
     if as_json {
         // OK to unwrap: a plain struct of numbers always serializes.
@@ -388,7 +388,7 @@ fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
 }
 
 /// The human form of the counters.
-pub fn stats_table(s: &control::StatsReply) -> String {
+pub fn stats_table(s: &tidefs::fs::Stats) -> String {
     let rows: [(&str, String); 9] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),

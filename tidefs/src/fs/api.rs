@@ -272,6 +272,7 @@ impl Default for MountOptions {
 
 /// Live counters of a mounted file system (`tidefs stats`).
 #[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Stats {
     /// Bytes written to the journal.
     pub journal_bytes: u64,

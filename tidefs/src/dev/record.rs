@@ -1,0 +1,165 @@
+//! A block device that records every write and flush, for crash tests (DESIGN.md §6).
+//!
+//! The device keeps an in-memory image: it starts as a copy of a base image and every write is
+//! applied to it at once, so the file system above reads its own writes as on a real disk. Every
+//! write (offset and bytes) and every flush is also appended to a log, in the order the device
+//! saw them. The workload adds markers to the same log ("fsync of X returned here") so the crash
+//! harness knows, for any position in the log, which promises had been made before it.
+//!
+//! Invariants:
+//! - the log is append-only; a position returned by [`RecordingDevice::mark`] or
+//!   [`RecordingDevice::position`] stays valid for the life of the device;
+//! - `base + every write in the log, in order` equals the current content;
+//! - one mutex guards content and log together, so the log order is the order in which the
+//!   writes became visible to readers.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::BlockDevice;
+
+/// One entry of the write log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogEntry {
+    /// `data` was written at byte `offset`.
+    Write {
+        /// Byte offset on the device.
+        offset: u64,
+        /// The bytes written.
+        data: Arc<[u8]>,
+    },
+    /// A flush returned: every write before it is durable.
+    Flush,
+    /// A marker placed by the workload (for example "fsync of X returned"); writes nothing.
+    Marker(u64),
+}
+
+/// What a recording device saw: the image it started from and its log.
+#[derive(Clone, Debug)]
+pub struct Recording {
+    /// The content of the device before the first logged write.
+    pub base: Arc<Vec<u8>>,
+    /// Every write, flush and marker, in order.
+    pub log: Vec<LogEntry>,
+}
+
+struct RecState {
+    /// Current content: `base` with every logged write applied. [state]
+    content: Vec<u8>,
+    /// Writes, flushes and markers in order. [state]
+    log: Vec<LogEntry>,
+}
+
+/// A thread-safe in-memory device that logs every write and flush.
+pub struct RecordingDevice {
+    base: Arc<Vec<u8>>,
+    state: Mutex<RecState>,
+}
+
+impl RecordingDevice {
+    /// A device whose content starts as a copy of `base`.
+    pub fn new(base: Arc<Vec<u8>>) -> RecordingDevice {
+        let content = base.as_ref().clone();
+        RecordingDevice {
+            base,
+            state: Mutex::new(RecState {
+                content,
+                log: Vec::new(),
+            }),
+        }
+    }
+
+    /// Appends marker `id` to the log and returns its position (the index of the marker entry):
+    /// every entry before it had happened when the marker was placed.
+    pub fn mark(&self, id: u64) -> usize {
+        let mut s = self.state.lock();
+        s.log.push(LogEntry::Marker(id));
+        s.log.len() - 1
+    }
+
+    /// The number of log entries so far.
+    pub fn position(&self) -> usize {
+        self.state.lock().log.len()
+    }
+
+    /// A copy of the base image and of the log so far.
+    pub fn recording(&self) -> Recording {
+        Recording {
+            base: self.base.clone(),
+            log: self.state.lock().log.clone(),
+        }
+    }
+
+    /// A copy of the current content.
+    pub fn content(&self) -> Vec<u8> {
+        self.state.lock().content.clone()
+    }
+}
+
+fn range(offset: u64, len: usize, dev_len: usize) -> std::io::Result<std::ops::Range<usize>> {
+    let start = usize::try_from(offset).map_err(std::io::Error::other)?;
+    let end = start
+        .checked_add(len)
+        .filter(|&e| e <= dev_len)
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("I/O at byte {offset}+{len} is past the end of the device ({dev_len} bytes)"),
+            )
+        })?;
+    Ok(start..end)
+}
+
+impl BlockDevice for RecordingDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let s = self.state.lock();
+        let r = range(offset, buf.len(), s.content.len())?;
+        buf.copy_from_slice(&s.content[r]);
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        let mut s = self.state.lock();
+        let r = range(offset, buf.len(), s.content.len())?;
+        s.content[r].copy_from_slice(buf);
+        s.log.push(LogEntry::Write {
+            offset,
+            data: Arc::from(buf),
+        });
+        Ok(())
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        self.state.lock().log.push(LogEntry::Flush);
+        Ok(())
+    }
+
+    fn len_bytes(&self) -> u64 {
+        u64::try_from(self.base.len()).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_writes_flushes_and_markers_in_order() {
+        let dev = RecordingDevice::new(Arc::new(vec![0u8; 4096]));
+        dev.write_at(10, b"abc").unwrap();
+        dev.flush().unwrap();
+        assert_eq!(dev.mark(7), 2);
+        dev.write_at(11, b"Z").unwrap();
+        let mut buf = [0u8; 3];
+        dev.read_at(10, &mut buf).unwrap();
+        assert_eq!(&buf, b"aZc");
+        assert!(dev.write_at(4095, b"xy").is_err());
+        let rec = dev.recording();
+        assert_eq!(rec.log.len(), 4);
+        assert_eq!(rec.log[1], LogEntry::Flush);
+        assert_eq!(rec.log[2], LogEntry::Marker(7));
+        assert!(rec.base.iter().all(|&b| b == 0));
+        assert_eq!(dev.position(), 4);
+    }
+}
