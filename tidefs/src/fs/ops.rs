@@ -460,21 +460,10 @@ impl Meta {
         let b = self.block(io, blk)?;
         let refs = xattr::block_refcount(b);
         if refs > 1 {
+            // Shared with other inodes: drop this one's reference.
             let seed = self.geo.csum_seed;
-            let mut attrs = xattr::parse_block(self.block(io, blk)?, seed, blk)?;
-            let _ = &mut attrs;
             let b = self.block_mut(io, blk)?;
-            crate::format::put_le32(b, 4, refs - 1);
-            if let Some(s) = seed {
-                // Re-seal the checksum after the refcount change.
-                let mut tmp = b.to_vec();
-                crate::format::put_le32(&mut tmp, 0x10, 0);
-                let c = crate::format::crc32c_raw(
-                    crate::format::crc32c_raw(s, &blk.to_le_bytes()),
-                    &tmp,
-                );
-                crate::format::put_le32(b, 0x10, c);
-            }
+            xattr::set_block_refcount(b, refs - 1, seed, blk);
             Ok(())
         } else {
             self.free_block(io, blk, true)
@@ -557,7 +546,7 @@ impl Meta {
         self.write_inode(io, ino, &mut i)?;
         let mut pi = self.read_inode(io, parent)?;
         let l = pi.links_count();
-        if l > 2 && l != 1 {
+        if l > 2 {
             pi.set_links_count(l - 1);
         }
         let t = now();

@@ -261,6 +261,15 @@ pub fn write_block(block: &mut [u8], attrs: &[Xattr], seed: Option<u32>, block_n
     }
 }
 
+/// Sets the reference count of an xattr block and re-seals its checksum.
+pub fn set_block_refcount(block: &mut [u8], refs: u32, seed: Option<u32>, block_nr: u64) {
+    put_le32(block, H_REFCOUNT, refs);
+    if let Some(seed) = seed {
+        let c = block_checksum(block, seed, block_nr);
+        put_le32(block, H_CHECKSUM, c);
+    }
+}
+
 fn block_checksum(block: &[u8], seed: u32, block_nr: u64) -> u32 {
     let mut copy = block.to_vec();
     put_le32(&mut copy, H_CHECKSUM, 0);
@@ -320,6 +329,9 @@ mod tests {
         want.sort_by(|a, b| a.name.cmp(&b.name));
         assert_eq!(got, want);
         assert!(parse_block(&b, Some(7), 1235).is_err());
+        set_block_refcount(&mut b, 3, Some(7), 1234);
+        assert_eq!(block_refcount(&b), 3);
+        assert!(parse_block(&b, Some(7), 1234).is_ok());
         b[3] = 0;
         assert!(parse_block(&b, None, 1234)
             .unwrap_err()
