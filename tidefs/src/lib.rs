@@ -12,6 +12,7 @@
 //! operations without FUSE.
 
 pub mod cache;
+pub mod crash;
 pub mod dev;
 pub mod error;
 pub mod format;

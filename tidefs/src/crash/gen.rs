@@ -181,7 +181,13 @@ pub fn flush_state(eps: &[Epoch], e: usize) -> CrashState {
 /// A sampled state of epoch `e`: a crash after some of the epoch's writes were issued, with a
 /// random subset of them persisted in a random order; with `torn`, some persist only partly.
 /// An epoch without writes gives its flush state.
-pub fn sampled_state(log: &[LogEntry], eps: &[Epoch], e: usize, rng: &mut Rng, torn: bool) -> CrashState {
+pub fn sampled_state(
+    log: &[LogEntry],
+    eps: &[Epoch],
+    e: usize,
+    rng: &mut Rng,
+    torn: bool,
+) -> CrashState {
     let ep = &eps[e];
     let n = ep.writes.len();
     if n == 0 {
@@ -204,7 +210,11 @@ pub fn sampled_state(log: &[LogEntry], eps: &[Epoch], e: usize, rng: &mut Rng, t
                 .collect()
         }
         // Any subset.
-        _ => issued.iter().copied().filter(|_| rng.chance(1, 2)).collect(),
+        _ => issued
+            .iter()
+            .copied()
+            .filter(|_| rng.chance(1, 2))
+            .collect(),
     };
     rng.shuffle(&mut chosen);
     let applied = chosen

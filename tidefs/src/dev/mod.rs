@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+pub mod record;
+
 /// A byte-addressed storage device with a volatile write cache that `flush` empties.
 pub trait BlockDevice: Send + Sync {
     /// Reads `buf.len()` bytes at byte `offset`.

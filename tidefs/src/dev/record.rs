@@ -105,7 +105,9 @@ fn range(offset: u64, len: usize, dev_len: usize) -> std::io::Result<std::ops::R
         .ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
-                format!("I/O at byte {offset}+{len} is past the end of the device ({dev_len} bytes)"),
+                format!(
+                    "I/O at byte {offset}+{len} is past the end of the device ({dev_len} bytes)"
+                ),
             )
         })?;
     Ok(start..end)

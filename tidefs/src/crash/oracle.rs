@@ -1,0 +1,486 @@
+//! The oracle: what must hold after recovery of a crash state.
+//!
+//! (a) the real `e2fsck -fn` is clean on the recovered (and cleanly unmounted) image;
+//! (b) every promise of a persistence point that returned before the crash holds, unless an op
+//!     started after it (and before the crash) touched the promised object;
+//! (c) the mode's promise (DESIGN.md §3): ordered and journal, every byte of every file is zero
+//!     or a byte some issued write put at that offset of that file; journal, every write shows
+//!     all of its bytes or none (bytes overwritten or cut by a later op excepted).
+//!
+//! Invariants:
+//! - the checks read the file system only through the library API;
+//! - a check that cannot tell (a byte two writes could have put there) never reports.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::fs::{FileKind, Fs, Ino, ROOT_INO};
+
+use super::workload::{pattern_byte, Event, Expect, ExpectEntry, Key, Recorded};
+
+/// One object of a recovered tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RObj {
+    /// Inode number.
+    pub ino: Ino,
+    /// Kind.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Link count.
+    pub nlink: u32,
+    /// Content of regular files.
+    pub data: Option<Vec<u8>>,
+    /// Target of symbolic links.
+    pub target: Option<Vec<u8>>,
+    /// Extended attributes.
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// Path (relative, `""` for the root) → object.
+pub type RTree = BTreeMap<String, RObj>;
+
+/// Largest number of objects a walk visits before it calls the tree corrupt.
+const WALK_MAX_OBJECTS: usize = 10_000;
+/// Largest file the walk reads whole.
+const WALK_MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// Walks the whole tree through the library.
+pub fn walk(fs: &Fs) -> Result<RTree, String> {
+    let mut tree = RTree::new();
+    let mut stack = vec![(String::new(), ROOT_INO)];
+    let mut seen_dirs = std::collections::HashSet::new();
+    while let Some((path, ino)) = stack.pop() {
+        if tree.len() > WALK_MAX_OBJECTS {
+            return Err("more objects than the workload could create".into());
+        }
+        let shown = if path.is_empty() { "/" } else { path.as_str() };
+        let a = fs
+            .getattr(ino)
+            .map_err(|e| format!("getattr {shown} (ino {ino}): {e}"))?;
+        let mut xattrs = BTreeMap::new();
+        for n in fs
+            .listxattr(ino)
+            .map_err(|e| format!("listxattr {shown}: {e}"))?
+        {
+            let v = fs
+                .getxattr(ino, &n)
+                .map_err(|e| format!("getxattr {shown}: {e}"))?;
+            xattrs.insert(n, v);
+        }
+        let data = if a.kind == FileKind::File {
+            if a.size > WALK_MAX_FILE_BYTES {
+                return Err(format!("{shown}: size {} is absurd", a.size));
+            }
+            // Bounded above by WALK_MAX_FILE_BYTES.
+            let d = fs
+                .read(ino, 0, a.size as u32)
+                .map_err(|e| format!("read {shown}: {e}"))?;
+            if d.len() as u64 != a.size {
+                return Err(format!("read {shown}: {} bytes of {}", d.len(), a.size));
+            }
+            Some(d)
+        } else {
+            None
+        };
+        let target = if a.kind == FileKind::Symlink {
+            Some(
+                fs.readlink(ino)
+                    .map_err(|e| format!("readlink {shown}: {e}"))?,
+            )
+        } else {
+            None
+        };
+        if a.kind == FileKind::Dir {
+            if !seen_dirs.insert(ino) {
+                return Err(format!("directory {shown} (ino {ino}) reached twice"));
+            }
+            let mut entries = Vec::new();
+            fs.readdir(ino, 0, &mut |e| {
+                entries.push(e);
+                entries.len() <= WALK_MAX_OBJECTS
+            })
+            .map_err(|e| format!("readdir {shown}: {e}"))?;
+            for e in entries {
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                let name = String::from_utf8_lossy(&e.name).into_owned();
+                let child = if path.is_empty() {
+                    name
+                } else {
+                    format!("{path}/{name}")
+                };
+                stack.push((child, e.ino));
+            }
+        }
+        tree.insert(
+            path,
+            RObj {
+                ino,
+                kind: a.kind,
+                size: a.size,
+                nlink: a.nlink,
+                data,
+                target,
+                xattrs,
+            },
+        );
+    }
+    Ok(tree)
+}
+
+fn parent_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(p, _)| p)
+}
+
+fn name_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or(path, |(_, n)| n)
+}
+
+/// Whether an event at log position `pos` had happened before a crash at `crash_pos`. Position
+/// 0 stands for the setup, which is in the base image.
+pub fn issued(pos: usize, crash_pos: usize) -> bool {
+    pos == 0 || pos < crash_pos
+}
+
+/// The promises in force at a crash at `crash_pos`: the latest promise of each key that no op
+/// started since (before the crash) touched.
+pub fn expectations(events: &[Event], crash_pos: usize) -> BTreeMap<Key, Expect> {
+    let mut m = BTreeMap::new();
+    for e in events {
+        match e {
+            Event::Promise { pos, promises } if *pos < crash_pos => {
+                for (k, v) in promises {
+                    m.insert(k.clone(), v.clone());
+                }
+            }
+            Event::OpStart { pos, touched, .. } if *pos < crash_pos => {
+                for k in touched {
+                    m.remove(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    m
+}
+
+fn first_diff(a: &[u8], b: &[u8]) -> String {
+    let i = a.iter().zip(b).position(|(x, y)| x != y);
+    match i {
+        Some(i) => format!(
+            "first difference at byte {i}: found {:02x?}, expected {:02x?}",
+            &a[i..(i + 8).min(a.len())],
+            &b[i..(i + 8).min(b.len())]
+        ),
+        None => format!("found {} bytes, expected {}", a.len(), b.len()),
+    }
+}
+
+/// Checks every promise in force; appends what does not hold to `problems`.
+pub fn check_promises(tree: &RTree, expects: &BTreeMap<Key, Expect>, problems: &mut Vec<String>) {
+    let by_ino: HashMap<Ino, (&String, &RObj)> =
+        tree.iter().map(|(p, o)| (o.ino, (p, o))).collect();
+    for (key, exp) in expects {
+        match (key, exp) {
+            (Key::Entry(p), Expect::Entry(e)) => {
+                let got = tree.get(p);
+                let ok = match (e, got) {
+                    (None, None) => true,
+                    (Some(ExpectEntry::File(ino)), Some(o)) => {
+                        o.kind == FileKind::File && o.ino == *ino
+                    }
+                    (Some(ExpectEntry::Dir), Some(o)) => o.kind == FileKind::Dir,
+                    (Some(ExpectEntry::Symlink(t)), Some(o)) => {
+                        o.kind == FileKind::Symlink && o.target.as_ref() == Some(t)
+                    }
+                    _ => false,
+                };
+                if !ok {
+                    problems.push(format!(
+                        "promised entry /{p}: expected {e:?}, found {:?}",
+                        got.map(|o| (o.kind, o.ino, &o.target))
+                    ));
+                }
+            }
+            (Key::Listing(d), Expect::Listing(names)) => {
+                let is_dir = tree.get(d).is_some_and(|o| o.kind == FileKind::Dir);
+                let got: std::collections::BTreeSet<Vec<u8>> = tree
+                    .keys()
+                    .filter(|k| !k.is_empty() && parent_of(k) == d && *k != d)
+                    .map(|k| name_of(k).as_bytes().to_vec())
+                    .collect();
+                if !is_dir || &got != names {
+                    let show = |s: &std::collections::BTreeSet<Vec<u8>>| {
+                        s.iter()
+                            .map(|n| String::from_utf8_lossy(n).into_owned())
+                            .collect::<Vec<_>>()
+                    };
+                    problems.push(format!(
+                        "promised listing of /{d}: expected {:?}, found {}",
+                        show(names),
+                        if is_dir {
+                            format!("{:?}", show(&got))
+                        } else {
+                            "no directory".into()
+                        }
+                    ));
+                }
+            }
+            (Key::Content(_), Expect::Content(ino, data)) => match by_ino.get(ino) {
+                Some((p, o)) if o.kind == FileKind::File => {
+                    let got = o.data.as_deref().unwrap_or(&[]);
+                    if got != data.as_slice() {
+                        problems.push(format!(
+                            "promised content of /{p} (ino {ino}, {} bytes): {}",
+                            data.len(),
+                            first_diff(got, data)
+                        ));
+                    }
+                }
+                _ => problems.push(format!(
+                    "promised file ino {ino} ({} bytes) is not in the tree",
+                    data.len()
+                )),
+            },
+            (Key::Xattrs(_), Expect::Xattrs(ino, xs)) => match by_ino.get(ino) {
+                Some((p, o)) => {
+                    if &o.xattrs != xs {
+                        problems.push(format!(
+                            "promised xattrs of /{p} (ino {ino}): expected names {:?}, found {:?} \
+                             (or values differ)",
+                            xs.keys()
+                                .map(|k| String::from_utf8_lossy(k).into_owned())
+                                .collect::<Vec<_>>(),
+                            o.xattrs
+                                .keys()
+                                .map(|k| String::from_utf8_lossy(k).into_owned())
+                                .collect::<Vec<_>>()
+                        ));
+                    }
+                }
+                None => problems.push(format!(
+                    "promised xattrs: file ino {ino} is not in the tree"
+                )),
+            },
+            _ => problems.push(format!("internal: key {key:?} with {exp:?}")),
+        }
+    }
+}
+
+/// Ordered and journal: every byte of every file is zero or put at that offset by a write to
+/// that file issued before the crash.
+pub fn check_no_garbage(
+    tree: &RTree,
+    rec: &Recorded,
+    crash_pos: usize,
+    problems: &mut Vec<String>,
+) {
+    for (path, o) in tree {
+        let Some(data) = &o.data else { continue };
+        let mut ok: Vec<bool> = data.iter().map(|&b| b == 0).collect();
+        for w in &rec.writes {
+            if rec.fid_ino.get(&w.fid) != Some(&o.ino) || !issued(w.pos, crash_pos) {
+                continue;
+            }
+            let start = w.offset;
+            let end = (w.offset + w.len as u64).min(data.len() as u64);
+            for off in start..end {
+                // off < data.len(), a usize.
+                let i = off as usize;
+                if !ok[i] && data[i] == pattern_byte(w.id, off) {
+                    ok[i] = true;
+                }
+            }
+        }
+        let bad: Vec<usize> = (0..data.len()).filter(|&i| !ok[i]).collect();
+        if let Some(&first) = bad.first() {
+            problems.push(format!(
+                "garbage in /{path} (ino {}, size {}): {} byte(s) no write put there, first at \
+                 offset {first}: {:02x?}",
+                o.ino,
+                data.len(),
+                bad.len(),
+                &data[first..(first + 16).min(data.len())]
+            ));
+        }
+    }
+}
+
+/// Journal mode: each write issued before the crash shows all of its bytes or none of them
+/// (bytes a later issued op overwrote or truncated are left out).
+pub fn check_atomic_writes(
+    tree: &RTree,
+    rec: &Recorded,
+    crash_pos: usize,
+    problems: &mut Vec<String>,
+) {
+    let by_ino: HashMap<Ino, (&String, &RObj)> =
+        tree.iter().map(|(p, o)| (o.ino, (p, o))).collect();
+    for w in &rec.writes {
+        if w.pos == 0 || w.pos >= crash_pos {
+            continue;
+        }
+        let Some(&ino) = rec.fid_ino.get(&w.fid) else {
+            continue;
+        };
+        if rec.fid_ino.values().filter(|&&i| i == ino).count() != 1 {
+            continue;
+        }
+        let Some((path, o)) = by_ino.get(&ino) else {
+            continue;
+        };
+        let Some(data) = &o.data else { continue };
+        let later_cut = rec
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Truncate { pos, fid, size }
+                    if *fid == w.fid && *pos > w.pos && *pos < crash_pos =>
+                {
+                    Some(*size)
+                }
+                _ => None,
+            })
+            .min()
+            .unwrap_or(u64::MAX);
+        let others: Vec<_> = rec
+            .writes
+            .iter()
+            .filter(|x| x.id != w.id && x.fid == w.fid && issued(x.pos, crash_pos))
+            .collect();
+        let (mut shows, mut lacks) = (0usize, 0usize);
+        for off in w.offset..w.offset + w.len as u64 {
+            if off >= later_cut {
+                continue;
+            }
+            let covered_later = others
+                .iter()
+                .any(|x| x.pos > w.pos && off >= x.offset && off < x.offset + x.len as u64);
+            if covered_later {
+                continue;
+            }
+            let want = pattern_byte(w.id, off);
+            let got = usize::try_from(off).ok().and_then(|i| data.get(i)).copied();
+            match got {
+                Some(b) if b == want => {
+                    let ambiguous = others.iter().any(|x| {
+                        off >= x.offset
+                            && off < x.offset + x.len as u64
+                            && pattern_byte(x.id, off) == b
+                    });
+                    if !ambiguous {
+                        shows += 1;
+                    }
+                }
+                _ => lacks += 1,
+            }
+        }
+        if shows > 0 && lacks > 0 {
+            problems.push(format!(
+                "write #{} to /{path} ({}+{}) is torn: {shows} of its bytes are there, {lacks} \
+                 are not",
+                w.id, w.offset, w.len
+            ));
+        }
+    }
+}
+
+/// Differences between two recovered trees (tidefs's and the reference's), at most 20.
+pub fn compare_trees(ours: &RTree, theirs: &RTree) -> Vec<String> {
+    let mut d = Vec::new();
+    for (p, a) in ours {
+        match theirs.get(p) {
+            None => d.push(format!("/{p} only after tidefs recovery")),
+            Some(b) if a != b => {
+                let what = if a.kind != b.kind {
+                    format!("kind {:?} vs {:?}", a.kind, b.kind)
+                } else if a.ino != b.ino {
+                    format!("ino {} vs {}", a.ino, b.ino)
+                } else if a.size != b.size {
+                    format!("size {} vs {}", a.size, b.size)
+                } else if a.data != b.data {
+                    let (x, y) = (
+                        a.data.as_deref().unwrap_or(&[]),
+                        b.data.as_deref().unwrap_or(&[]),
+                    );
+                    format!("content: {}", first_diff(x, y))
+                } else if a.nlink != b.nlink {
+                    format!("nlink {} vs {}", a.nlink, b.nlink)
+                } else if a.target != b.target {
+                    "symlink target".into()
+                } else {
+                    "xattrs".into()
+                };
+                d.push(format!("/{p} differs (tidefs vs e2fsck): {what}"));
+            }
+            _ => {}
+        }
+    }
+    for p in theirs.keys() {
+        if !ours.contains_key(p) {
+            d.push(format!("/{p} only after e2fsck recovery"));
+        }
+    }
+    d.truncate(20);
+    d
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A scratch image file (in /dev/shm when it exists), removed on drop.
+pub struct ScratchImage {
+    /// Its path.
+    pub path: PathBuf,
+}
+
+impl ScratchImage {
+    /// Writes `bytes` to a new scratch file.
+    pub fn new(bytes: &[u8]) -> std::io::Result<ScratchImage> {
+        let dir = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("tidefs-crash-{}-{n}.img", std::process::id()));
+        std::fs::write(&path, bytes)?;
+        Ok(ScratchImage { path })
+    }
+
+    /// The file's content.
+    pub fn read(&self) -> std::io::Result<Vec<u8>> {
+        std::fs::read(&self.path)
+    }
+}
+
+impl Drop for ScratchImage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Runs `e2fsck ARGS image`; returns the exit code and the last lines of its output.
+pub fn e2fsck(img: &ScratchImage, args: &[&str]) -> Result<(i32, String), String> {
+    let tool = crate::mkfs::find_e2fsprogs_tool("e2fsck")
+        .ok_or_else(|| "e2fsck not found (install e2fsprogs)".to_string())?;
+    let out = Command::new(tool)
+        .args(args)
+        .arg(&img.path)
+        .output()
+        .map_err(|e| format!("cannot run e2fsck: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("Pass ") && !l.starts_with("e2fsck "))
+        .collect();
+    let tail = lines[lines.len().saturating_sub(12)..].join(" | ");
+    Ok((out.status.code().unwrap_or(-1), tail))
+}

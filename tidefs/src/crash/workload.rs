@@ -1,0 +1,1108 @@
+//! Workloads for the crash harness: operations over a small file set, a model of what each
+//! persistence point promised, and the two workload families.
+//!
+//! File set (as ACE's bounded sequences use): the root, directory `A`, files `foo` and `A/bar`.
+//! The base image of every workload holds `A` (empty) and `foo` (8292 bytes of tagged data, an
+//! extended attribute `user.a`), made by the setup and a clean unmount.
+//!
+//! Every byte a workload writes is *tagged*: its value is [`pattern_byte`] of the write's id and
+//! the file offset, never zero, so the oracle can tell which write put a byte at an offset, and
+//! that a byte nobody wrote there is garbage.
+//!
+//! Invariants:
+//! - the model follows the file system: an operation that fails is recorded as failed and does
+//!   not change the model (the generators avoid such operations, so it is rare);
+//! - `OpStart` of an operation is marked in the log before the operation writes anything, and a
+//!   promise is marked only after the persistence call returned.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::dev::record::{Recording, RecordingDevice};
+use crate::dev::BlockDevice;
+use crate::fs::{Creds, Fs, Ino, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
+
+use super::gen::{mix, Rng};
+
+/// The value of byte `offset` of write `write_id` (never zero).
+pub fn pattern_byte(write_id: u64, offset: u64) -> u8 {
+    let b = (mix(write_id.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ offset) >> 32) as u8;
+    if b == 0 {
+        0x5a
+    } else {
+        b
+    }
+}
+
+/// `len` tagged bytes of write `write_id` starting at file offset `offset`.
+pub fn pattern(write_id: u64, offset: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| pattern_byte(write_id, offset + i))
+        .collect()
+}
+
+/// How a write chooses its range from the file's current size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WriteKind {
+    /// 100 bytes at the end of file.
+    AppendSub,
+    /// One whole block at the first block boundary at or after the end of file.
+    AppendBlock,
+    /// 9000 bytes starting 300 bytes past the end of file (unaligned, over three blocks).
+    AppendMulti,
+    /// 200 bytes at offset 1000.
+    OverwriteSub,
+    /// 6000 bytes at offset 1500 (unaligned, over two blocks).
+    OverwriteMulti,
+}
+
+impl WriteKind {
+    /// Offset and length for a file of `size` bytes.
+    pub fn range(self, size: u64) -> (u64, usize) {
+        match self {
+            WriteKind::AppendSub => (size, 100),
+            WriteKind::AppendBlock => (size.div_ceil(4096) * 4096, 4096),
+            WriteKind::AppendMulti => (size + 300, 9000),
+            WriteKind::OverwriteSub => (1000, 200),
+            WriteKind::OverwriteMulti => (1500, 6000),
+        }
+    }
+}
+
+/// One operation of a workload. Paths are relative to the root, `""` is the root itself.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Create an empty regular file.
+    Create(&'static str),
+    /// Write tagged bytes.
+    Write(&'static str, WriteKind),
+    /// Truncate to half the size.
+    TruncateShrink(&'static str),
+    /// Truncate to the size + 6000.
+    TruncateGrow(&'static str),
+    /// Allocate 8192 bytes at the end of file; grow the size unless `keep_size`.
+    Fallocate(&'static str, bool),
+    /// Rename source to target (replacing a file target).
+    Rename(&'static str, &'static str),
+    /// Hard link: existing file, new name.
+    Link(&'static str, &'static str),
+    /// Remove a file name.
+    Unlink(&'static str),
+    /// Create a directory.
+    Mkdir(&'static str),
+    /// Remove an empty directory.
+    Rmdir(&'static str),
+    /// Create a symbolic link (path, target).
+    Symlink(&'static str, &'static str),
+    /// Set an extended attribute with a value of this length.
+    SetXattr(&'static str, &'static str, usize),
+    /// Remove an extended attribute.
+    RemoveXattr(&'static str, &'static str),
+    /// fsync of a file.
+    Fsync(&'static str),
+    /// fdatasync of a file.
+    Fdatasync(&'static str),
+    /// fsync of a directory.
+    FsyncDir(&'static str),
+    /// sync of the whole file system.
+    Sync,
+}
+
+impl Op {
+    /// Whether the op is a persistence point.
+    pub fn is_persistence(&self) -> bool {
+        matches!(
+            self,
+            Op::Fsync(_) | Op::Fdatasync(_) | Op::FsyncDir(_) | Op::Sync
+        )
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Create(p) => write!(f, "create {p}"),
+            Op::Write(p, k) => write!(f, "write {p} {k:?}"),
+            Op::TruncateShrink(p) => write!(f, "truncate-shrink {p}"),
+            Op::TruncateGrow(p) => write!(f, "truncate-grow {p}"),
+            Op::Fallocate(p, keep) => {
+                write!(f, "fallocate {p}{}", if *keep { " keep-size" } else { "" })
+            }
+            Op::Rename(a, b) => write!(f, "rename {a} {b}"),
+            Op::Link(a, b) => write!(f, "link {a} {b}"),
+            Op::Unlink(p) => write!(f, "unlink {p}"),
+            Op::Mkdir(p) => write!(f, "mkdir {p}"),
+            Op::Rmdir(p) => write!(f, "rmdir {p}"),
+            Op::Symlink(p, t) => write!(f, "symlink {p} -> {t}"),
+            Op::SetXattr(p, n, l) => write!(f, "setxattr {p} {n} ({l} bytes)"),
+            Op::RemoveXattr(p, n) => write!(f, "removexattr {p} {n}"),
+            Op::Fsync(p) => write!(f, "fsync {p}"),
+            Op::Fdatasync(p) => write!(f, "fdatasync {p}"),
+            Op::FsyncDir(p) => write!(f, "fsync-dir {}", if p.is_empty() { "/" } else { p }),
+            Op::Sync => write!(f, "sync"),
+        }
+    }
+}
+
+/// A logical file: one inode for the life of the workload (hard links share it).
+pub type Fid = u64;
+
+/// What a name points at, in the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MEntry {
+    /// A regular file.
+    File(Fid),
+    /// A directory.
+    Dir,
+    /// A symbolic link with this target.
+    Symlink(Vec<u8>),
+}
+
+/// A regular file in the model.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MFile {
+    /// Expected content (its length is the size).
+    pub data: Vec<u8>,
+    /// Extended attributes.
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Names pointing at it.
+    pub nlink: u32,
+    /// Its inode number in the recorded run.
+    pub ino: Ino,
+}
+
+/// A unit of promise: what one persistence point can promise about one object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Key {
+    /// What a path names.
+    Entry(String),
+    /// The names in a directory.
+    Listing(String),
+    /// Size and bytes of a file.
+    Content(Fid),
+    /// Extended attributes of a file.
+    Xattrs(Fid),
+}
+
+/// The promised value of a [`Key`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The path names this (`None`: nothing).
+    Entry(Option<ExpectEntry>),
+    /// Exactly these names (without "." and "..").
+    Listing(BTreeSet<Vec<u8>>),
+    /// The file with this inode holds these bytes.
+    Content(Ino, Vec<u8>),
+    /// The file with this inode has these extended attributes.
+    Xattrs(Ino, BTreeMap<Vec<u8>, Vec<u8>>),
+}
+
+/// What a promised path names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExpectEntry {
+    /// The regular file with this inode.
+    File(Ino),
+    /// A directory.
+    Dir,
+    /// A symbolic link to this target.
+    Symlink(Vec<u8>),
+}
+
+/// The model of the namespace and the files.
+#[derive(Clone, Debug, Default)]
+pub struct Model {
+    /// Path → what it names (the root is `""`).
+    pub tree: BTreeMap<String, MEntry>,
+    /// Live and dead files.
+    pub files: BTreeMap<Fid, MFile>,
+    next_fid: Fid,
+}
+
+fn parent_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(p, _)| p)
+}
+
+fn name_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or(path, |(_, n)| n)
+}
+
+impl Model {
+    fn new() -> Model {
+        let mut m = Model::default();
+        m.tree.insert(String::new(), MEntry::Dir);
+        m.tree.insert("lost+found".into(), MEntry::Dir);
+        m.next_fid = 1;
+        m
+    }
+
+    fn is_dir(&self, p: &str) -> bool {
+        matches!(self.tree.get(p), Some(MEntry::Dir))
+    }
+
+    fn file(&self, p: &str) -> Option<Fid> {
+        match self.tree.get(p) {
+            Some(MEntry::File(f)) => Some(*f),
+            _ => None,
+        }
+    }
+
+    fn children(&self, dir: &str) -> BTreeSet<Vec<u8>> {
+        self.tree
+            .keys()
+            .filter(|k| !k.is_empty() && parent_of(k) == dir && k.as_str() != dir)
+            .map(|k| name_of(k).as_bytes().to_vec())
+            .collect()
+    }
+
+    /// Whether `op` can run on the model's state (the generators keep only such ops).
+    pub fn valid(&self, op: &Op) -> bool {
+        let absent_in_dir = |p: &str| !self.tree.contains_key(p) && self.is_dir(parent_of(p));
+        match op {
+            Op::Create(p) | Op::Mkdir(p) | Op::Symlink(p, _) => absent_in_dir(p),
+            Op::Write(p, _)
+            | Op::TruncateShrink(p)
+            | Op::TruncateGrow(p)
+            | Op::Fallocate(p, _)
+            | Op::SetXattr(p, _, _)
+            | Op::Fsync(p)
+            | Op::Fdatasync(p)
+            | Op::Unlink(p) => self.file(p).is_some(),
+            Op::RemoveXattr(p, n) => self
+                .file(p)
+                .is_some_and(|f| self.files[&f].xattrs.contains_key(n.as_bytes())),
+            Op::Rename(a, b) => {
+                self.file(a).is_some()
+                    && self.is_dir(parent_of(b))
+                    && (!self.tree.contains_key(*b) || self.file(b).is_some())
+                    && self.file(a) != self.file(b)
+            }
+            Op::Link(a, b) => self.file(a).is_some() && absent_in_dir(b),
+            Op::Rmdir(p) => self.is_dir(p) && !p.is_empty() && self.children(p).is_empty(),
+            Op::FsyncDir(p) => self.is_dir(p),
+            Op::Sync => true,
+        }
+    }
+
+    /// Drops a name of file `f`; returns the keys touched when its last name goes.
+    fn drop_link(&mut self, f: Fid, touched: &mut Vec<Key>) {
+        let mf = self
+            .files
+            .get_mut(&f)
+            .expect("OK to unwrap: names point at known files");
+        mf.nlink -= 1;
+        if mf.nlink == 0 {
+            touched.push(Key::Content(f));
+            touched.push(Key::Xattrs(f));
+        }
+    }
+
+    /// The promises a persistence op makes on the current state.
+    fn promises(&self, op: &Op) -> Vec<(Key, Expect)> {
+        let mut out = Vec::new();
+        let file_promise = |out: &mut Vec<(Key, Expect)>, f: Fid, with_attrs: bool| {
+            let mf = &self.files[&f];
+            out.push((Key::Content(f), Expect::Content(mf.ino, mf.data.clone())));
+            if with_attrs {
+                out.push((Key::Xattrs(f), Expect::Xattrs(mf.ino, mf.xattrs.clone())));
+            }
+        };
+        match op {
+            Op::Fsync(p) => {
+                let f = self.file(p).expect("OK to unwrap: validated");
+                out.push((Key::Entry((*p).into()), self.entry_expect(p)));
+                file_promise(&mut out, f, true);
+            }
+            Op::Fdatasync(p) => {
+                let f = self.file(p).expect("OK to unwrap: validated");
+                file_promise(&mut out, f, false);
+            }
+            Op::FsyncDir(d) => {
+                out.push((Key::Listing((*d).into()), Expect::Listing(self.children(d))));
+                for name in self.children(d) {
+                    let p = if d.is_empty() {
+                        String::from_utf8_lossy(&name).into_owned()
+                    } else {
+                        format!("{d}/{}", String::from_utf8_lossy(&name))
+                    };
+                    out.push((Key::Entry(p.clone()), self.entry_expect(&p)));
+                }
+            }
+            Op::Sync => {
+                for (p, e) in &self.tree {
+                    out.push((Key::Entry(p.clone()), self.entry_expect(p)));
+                    if matches!(e, MEntry::Dir) {
+                        out.push((Key::Listing(p.clone()), Expect::Listing(self.children(p))));
+                    }
+                }
+                for (f, mf) in &self.files {
+                    if mf.nlink > 0 {
+                        file_promise(&mut out, *f, true);
+                    }
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+
+    fn entry_expect(&self, p: &str) -> Expect {
+        Expect::Entry(self.tree.get(p).map(|e| match e {
+            MEntry::File(f) => ExpectEntry::File(self.files[f].ino),
+            MEntry::Dir => ExpectEntry::Dir,
+            MEntry::Symlink(t) => ExpectEntry::Symlink(t.clone()),
+        }))
+    }
+}
+
+/// A data write as the oracle needs it.
+#[derive(Clone, Debug)]
+pub struct DataWrite {
+    /// Unique id (the tag of its bytes).
+    pub id: u64,
+    /// The file.
+    pub fid: Fid,
+    /// File offset.
+    pub offset: u64,
+    /// Length.
+    pub len: usize,
+    /// Log position of the op start (the write may be on disk only in crash states after it).
+    pub pos: usize,
+}
+
+/// One event of a recorded workload, with its log position.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// Op `index` started at log position `pos`; it may change these keys.
+    OpStart {
+        /// Index in the workload's op list.
+        index: usize,
+        /// Log position.
+        pos: usize,
+        /// Keys it touches.
+        touched: Vec<Key>,
+    },
+    /// A persistence point returned at `pos` and promised these values.
+    Promise {
+        /// Log position.
+        pos: usize,
+        /// What it promised.
+        promises: Vec<(Key, Expect)>,
+    },
+    /// A truncate of `fid` to `size` started at `pos` (for the atomicity check).
+    Truncate {
+        /// Log position.
+        pos: usize,
+        /// The file.
+        fid: Fid,
+        /// New size.
+        size: u64,
+    },
+}
+
+/// A workload: its name and its operations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    /// `family#index`.
+    pub name: String,
+    /// The operations, in order.
+    pub ops: Vec<Op>,
+}
+
+/// What running a workload on a recording device produced.
+pub struct Recorded {
+    /// The log and its base.
+    pub recording: Recording,
+    /// Op starts, promises, truncates, in log order.
+    pub events: Vec<Event>,
+    /// Every data write, the setup's included (those at position 0).
+    pub writes: Vec<DataWrite>,
+    /// Inode number of every file the workload knew.
+    pub fid_ino: BTreeMap<Fid, Ino>,
+    /// Failed operations, as `index: error` (should be empty).
+    pub failures: Vec<String>,
+    /// The model after the last op.
+    pub model: Model,
+    /// Log position where the ops began (after mount).
+    pub first_op_pos: usize,
+}
+
+const SETUP_FOO_WRITES: [(u64, u64, usize); 2] = [(1, 0, 8192), (2, 8192, 100)];
+
+/// Runs the setup (directory `A`, file `foo` with data and `user.a`) on a fresh image through
+/// the library, unmounts cleanly and returns the image and the model.
+pub fn setup_base(
+    image: Vec<u8>,
+    opts: &MountOptions,
+) -> crate::Result<(Vec<u8>, Model, Vec<DataWrite>)> {
+    let dev = Arc::new(crate::dev::MemDev::from_bytes(image));
+    let fs = Fs::open_devices(dev.clone(), None, opts)?;
+    let mut model = Model::new();
+    let mut writes = Vec::new();
+    fs.mkdir(ROOT_INO, b"A", 0o755, Creds::ROOT)?;
+    model.tree.insert("A".into(), MEntry::Dir);
+    let a = fs.create(ROOT_INO, b"foo", 0o100_644, 0, Creds::ROOT)?;
+    let fid = model.next_fid;
+    model.next_fid += 1;
+    let mut mf = MFile {
+        nlink: 1,
+        ino: a.ino,
+        ..MFile::default()
+    };
+    for (id, off, len) in SETUP_FOO_WRITES {
+        let data = pattern(id, off, len);
+        fs.write(a.ino, off, &data)?;
+        let end = off as usize + len;
+        if mf.data.len() < end {
+            mf.data.resize(end, 0);
+        }
+        mf.data[off as usize..end].copy_from_slice(&data);
+        writes.push(DataWrite {
+            id,
+            fid,
+            offset: off,
+            len,
+            pos: 0,
+        });
+    }
+    let v = pattern(3, 0, 24);
+    fs.setxattr(a.ino, b"user.a", &v, XattrSetMode::Any)?;
+    mf.xattrs.insert(b"user.a".to_vec(), v);
+    model.files.insert(fid, mf);
+    model.tree.insert("foo".into(), MEntry::File(fid));
+    fs.unmount()?;
+    drop(fs);
+    Ok((dev.to_bytes(), model, writes))
+}
+
+fn resolve(fs: &Fs, path: &str) -> crate::Result<Ino> {
+    let mut ino = ROOT_INO;
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        ino = fs.lookup(ino, c.as_bytes())?.ino;
+    }
+    Ok(ino)
+}
+
+fn split(path: &str) -> (&str, &[u8]) {
+    (parent_of(path), name_of(path).as_bytes())
+}
+
+/// Runs `wl` on a recording device over `base` (whose state `model` describes), then unmounts
+/// cleanly; everything the oracle needs comes back.
+pub fn record(
+    base: &Arc<Vec<u8>>,
+    model: &Model,
+    setup_writes: &[DataWrite],
+    wl: &Workload,
+    opts: &MountOptions,
+) -> crate::Result<Recorded> {
+    let dev = Arc::new(RecordingDevice::new(base.clone()));
+    let fs = Fs::open_devices(dev.clone() as Arc<dyn BlockDevice>, None, opts)?;
+    let mut model = model.clone();
+    let mut events = Vec::new();
+    let mut writes = setup_writes.to_vec();
+    let mut failures = Vec::new();
+    let mut next_write_id = 1000u64;
+    let first_op_pos = dev.position();
+    let mut marker = 0u64;
+    for (index, op) in wl.ops.iter().enumerate() {
+        marker += 1;
+        let pos = dev.mark(marker);
+        let mut touched = Vec::new();
+        let r = run_op(
+            &fs,
+            &mut model,
+            op,
+            pos,
+            &mut touched,
+            &mut writes,
+            &mut events,
+            &mut next_write_id,
+        );
+        events.push(Event::OpStart {
+            index,
+            pos,
+            touched,
+        });
+        match r {
+            Ok(()) => {
+                if op.is_persistence() {
+                    marker += 1;
+                    let pos = dev.mark(marker);
+                    events.push(Event::Promise {
+                        pos,
+                        promises: model.promises(op),
+                    });
+                }
+            }
+            Err(e) => failures.push(format!("op {index} ({op}): {e}")),
+        }
+    }
+    fs.unmount()?;
+    drop(fs);
+    // A clean unmount promises everything, as a sync does.
+    marker += 1;
+    let pos = dev.mark(marker);
+    events.push(Event::Promise {
+        pos,
+        promises: model.promises(&Op::Sync),
+    });
+    // Keep events sorted by position: truncates were pushed while their op ran.
+    events.sort_by_key(|e| match e {
+        Event::OpStart { pos, .. } | Event::Promise { pos, .. } | Event::Truncate { pos, .. } => {
+            *pos
+        }
+    });
+    let fid_ino = model.files.iter().map(|(f, m)| (*f, m.ino)).collect();
+    Ok(Recorded {
+        recording: dev.recording(),
+        events,
+        writes,
+        fid_ino,
+        failures,
+        model,
+        first_op_pos,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_op(
+    fs: &Fs,
+    model: &mut Model,
+    op: &Op,
+    pos: usize,
+    touched: &mut Vec<Key>,
+    writes: &mut Vec<DataWrite>,
+    events: &mut Vec<Event>,
+    next_write_id: &mut u64,
+) -> crate::Result<()> {
+    let c = Creds::ROOT;
+    match op {
+        Op::Create(p) => {
+            let (d, n) = split(p);
+            let a = fs.create(resolve(fs, d)?, n, 0o100_644, 0, c)?;
+            let fid = model.next_fid;
+            model.next_fid += 1;
+            model.files.insert(
+                fid,
+                MFile {
+                    nlink: 1,
+                    ino: a.ino,
+                    ..MFile::default()
+                },
+            );
+            model.tree.insert((*p).into(), MEntry::File(fid));
+            touched.extend([
+                Key::Entry((*p).into()),
+                Key::Listing(d.into()),
+                Key::Content(fid),
+                Key::Xattrs(fid),
+            ]);
+        }
+        Op::Write(p, kind) => {
+            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let ino = resolve(fs, p)?;
+            let mf = model.files.get_mut(&fid).expect("OK to unwrap: live file");
+            let (off, len) = kind.range(mf.data.len() as u64);
+            let id = *next_write_id;
+            *next_write_id += 1;
+            touched.push(Key::Content(fid));
+            writes.push(DataWrite {
+                id,
+                fid,
+                offset: off,
+                len,
+                pos,
+            });
+            let data = pattern(id, off, len);
+            let n = fs.write(ino, off, &data)?;
+            if n as usize != len {
+                return Err(crate::FsError::NoSpace);
+            }
+            let end = off as usize + len;
+            if mf.data.len() < end {
+                mf.data.resize(end, 0);
+            }
+            mf.data[off as usize..end].copy_from_slice(&data);
+        }
+        Op::TruncateShrink(p) | Op::TruncateGrow(p) => {
+            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let ino = resolve(fs, p)?;
+            let mf = model.files.get_mut(&fid).expect("OK to unwrap: live file");
+            let size = if matches!(op, Op::TruncateShrink(_)) {
+                mf.data.len() as u64 / 2
+            } else {
+                mf.data.len() as u64 + 6000
+            };
+            touched.push(Key::Content(fid));
+            events.push(Event::Truncate { pos, fid, size });
+            fs.setattr(
+                ino,
+                &SetAttr {
+                    size: Some(size),
+                    ..SetAttr::default()
+                },
+            )?;
+            mf.data.resize(size as usize, 0);
+        }
+        Op::Fallocate(p, keep) => {
+            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let ino = resolve(fs, p)?;
+            let mf = model.files.get_mut(&fid).expect("OK to unwrap: live file");
+            let off = mf.data.len() as u64;
+            touched.push(Key::Content(fid));
+            fs.fallocate(ino, off, 8192, *keep)?;
+            if !keep {
+                mf.data.resize(off as usize + 8192, 0);
+            }
+        }
+        Op::Rename(a, b) => {
+            let (da, na) = split(a);
+            let (db, nb) = split(b);
+            let (pa, pb) = (resolve(fs, da)?, resolve(fs, db)?);
+            touched.extend([
+                Key::Entry((*a).into()),
+                Key::Entry((*b).into()),
+                Key::Listing(da.into()),
+                Key::Listing(db.into()),
+            ]);
+            if let Some(old) = model.file(b) {
+                model.drop_link(old, touched);
+            }
+            fs.rename(pa, na, pb, nb, RenameFlags::default())?;
+            let e = model.tree.remove(*a).expect("OK to unwrap: validated");
+            model.tree.insert((*b).into(), e);
+        }
+        Op::Link(a, b) => {
+            let fid = model.file(a).ok_or(crate::FsError::NotFound)?;
+            let (db, nb) = split(b);
+            touched.extend([Key::Entry((*b).into()), Key::Listing(db.into())]);
+            fs.link(resolve(fs, a)?, resolve(fs, db)?, nb)?;
+            model
+                .files
+                .get_mut(&fid)
+                .expect("OK to unwrap: live file")
+                .nlink += 1;
+            model.tree.insert((*b).into(), MEntry::File(fid));
+        }
+        Op::Unlink(p) => {
+            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let (d, n) = split(p);
+            touched.extend([Key::Entry((*p).into()), Key::Listing(d.into())]);
+            model.drop_link(fid, touched);
+            fs.unlink(resolve(fs, d)?, n)?;
+            model.tree.remove(*p);
+        }
+        Op::Mkdir(p) | Op::Rmdir(p) => {
+            let (d, n) = split(p);
+            touched.extend([
+                Key::Entry((*p).into()),
+                Key::Listing(d.into()),
+                Key::Listing((*p).into()),
+            ]);
+            let parent = resolve(fs, d)?;
+            if matches!(op, Op::Mkdir(_)) {
+                fs.mkdir(parent, n, 0o755, c)?;
+                model.tree.insert((*p).into(), MEntry::Dir);
+            } else {
+                fs.rmdir(parent, n)?;
+                model.tree.remove(*p);
+            }
+        }
+        Op::Symlink(p, t) => {
+            let (d, n) = split(p);
+            touched.extend([Key::Entry((*p).into()), Key::Listing(d.into())]);
+            fs.symlink(resolve(fs, d)?, n, t.as_bytes(), c)?;
+            model
+                .tree
+                .insert((*p).into(), MEntry::Symlink(t.as_bytes().to_vec()));
+        }
+        Op::SetXattr(p, name, len) => {
+            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            touched.push(Key::Xattrs(fid));
+            let v = pattern(*next_write_id, 0, *len);
+            *next_write_id += 1;
+            fs.setxattr(resolve(fs, p)?, name.as_bytes(), &v, XattrSetMode::Any)?;
+            model
+                .files
+                .get_mut(&fid)
+                .expect("OK to unwrap: live file")
+                .xattrs
+                .insert(name.as_bytes().to_vec(), v);
+        }
+        Op::RemoveXattr(p, name) => {
+            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            touched.push(Key::Xattrs(fid));
+            fs.removexattr(resolve(fs, p)?, name.as_bytes())?;
+            model
+                .files
+                .get_mut(&fid)
+                .expect("OK to unwrap: live file")
+                .xattrs
+                .remove(name.as_bytes());
+        }
+        Op::Fsync(p) | Op::Fdatasync(p) => {
+            fs.fsync(resolve(fs, p)?, matches!(op, Op::Fdatasync(_)))?;
+        }
+        Op::FsyncDir(p) => fs.fsync(resolve(fs, p)?, false)?,
+        Op::Sync => fs.sync()?,
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Families.
+
+/// The files of the file set.
+const FILES: [&str; 2] = ["foo", "A/bar"];
+
+/// Every modifying op of the ACE family, in a fixed order.
+pub fn ace_ops() -> Vec<Op> {
+    let mut v = Vec::new();
+    for f in FILES {
+        v.push(Op::Create(f));
+        for k in [
+            WriteKind::AppendSub,
+            WriteKind::AppendBlock,
+            WriteKind::AppendMulti,
+            WriteKind::OverwriteSub,
+            WriteKind::OverwriteMulti,
+        ] {
+            v.push(Op::Write(f, k));
+        }
+        v.push(Op::TruncateShrink(f));
+        v.push(Op::TruncateGrow(f));
+        v.push(Op::Fallocate(f, false));
+        v.push(Op::Fallocate(f, true));
+        v.push(Op::SetXattr(f, "user.a", 40));
+        v.push(Op::SetXattr(f, "user.b", 600));
+        v.push(Op::RemoveXattr(f, "user.a"));
+        v.push(Op::Unlink(f));
+    }
+    v.extend([
+        Op::Rename("foo", "A/bar"),
+        Op::Rename("A/bar", "foo"),
+        Op::Link("foo", "A/bar"),
+        Op::Link("A/bar", "foo"),
+        Op::Symlink("A/bar", "foo"),
+        Op::Symlink("foo", "A/bar"),
+        Op::Mkdir("A"),
+        Op::Rmdir("A"),
+    ]);
+    v
+}
+
+/// The persistence points that may follow `op` (ACE: persist what the op touched, or all).
+pub fn persistence_after(op: &Op) -> Vec<Op> {
+    let mut v = Vec::new();
+    let file = |p: &'static str, v: &mut Vec<Op>| {
+        v.push(Op::Fsync(p));
+        v.push(Op::Fdatasync(p));
+        v.push(Op::FsyncDir(parent_of(p)));
+    };
+    match op {
+        Op::Create(p)
+        | Op::Write(p, _)
+        | Op::TruncateShrink(p)
+        | Op::TruncateGrow(p)
+        | Op::Fallocate(p, _)
+        | Op::SetXattr(p, _, _)
+        | Op::RemoveXattr(p, _) => file(p, &mut v),
+        Op::Unlink(p) | Op::Symlink(p, _) | Op::Mkdir(p) | Op::Rmdir(p) => {
+            v.push(Op::FsyncDir(parent_of(p)))
+        }
+        Op::Rename(a, b) | Op::Link(a, b) => {
+            v.push(Op::Fsync(b));
+            v.push(Op::FsyncDir(parent_of(a)));
+            if parent_of(a) != parent_of(b) {
+                v.push(Op::FsyncDir(parent_of(b)));
+            }
+        }
+        _ => {}
+    }
+    v.push(Op::Sync);
+    v
+}
+
+/// Every (op, persistence) step of the ACE family.
+pub fn ace_steps() -> Vec<(Op, Op)> {
+    ace_ops()
+        .into_iter()
+        .flat_map(|op| {
+            persistence_after(&op)
+                .into_iter()
+                .map(move |p| (op.clone(), p))
+        })
+        .collect()
+}
+
+/// Whether a sequence of ops is valid from `model` (each op valid when it runs).
+pub fn valid_sequence(model: &Model, ops: &[Op]) -> bool {
+    let mut m = model.clone();
+    for op in ops {
+        if !m.valid(op) {
+            return false;
+        }
+        m.apply_dry(op);
+    }
+    true
+}
+
+impl Model {
+    /// Applies `op` to the namespace only (for validity checks of generated sequences).
+    fn apply_dry(&mut self, op: &Op) {
+        let mut t = Vec::new();
+        match op {
+            Op::Create(p) => {
+                let fid = self.next_fid;
+                self.next_fid += 1;
+                self.files.insert(
+                    fid,
+                    MFile {
+                        nlink: 1,
+                        ..MFile::default()
+                    },
+                );
+                self.tree.insert((*p).into(), MEntry::File(fid));
+            }
+            Op::Write(p, k) => {
+                if let Some(f) = self.file(p) {
+                    let mf = self.files.get_mut(&f).expect("OK to unwrap: live file");
+                    let (off, len) = k.range(mf.data.len() as u64);
+                    let end = off as usize + len;
+                    if mf.data.len() < end {
+                        mf.data.resize(end, 1);
+                    }
+                }
+            }
+            Op::TruncateShrink(p) | Op::TruncateGrow(p) => {
+                if let Some(f) = self.file(p) {
+                    let mf = self.files.get_mut(&f).expect("OK to unwrap: live file");
+                    let n = if matches!(op, Op::TruncateShrink(_)) {
+                        mf.data.len() / 2
+                    } else {
+                        mf.data.len() + 6000
+                    };
+                    mf.data.resize(n, 0);
+                }
+            }
+            Op::Fallocate(p, false) => {
+                if let Some(f) = self.file(p) {
+                    let mf = self.files.get_mut(&f).expect("OK to unwrap: live file");
+                    let n = mf.data.len() + 8192;
+                    mf.data.resize(n, 0);
+                }
+            }
+            Op::Rename(a, b) => {
+                if let Some(old) = self.file(b) {
+                    self.drop_link(old, &mut t);
+                }
+                if let Some(e) = self.tree.remove(*a) {
+                    self.tree.insert((*b).into(), e);
+                }
+            }
+            Op::Link(a, b) => {
+                if let Some(f) = self.file(a) {
+                    self.files
+                        .get_mut(&f)
+                        .expect("OK to unwrap: live file")
+                        .nlink += 1;
+                    self.tree.insert((*b).into(), MEntry::File(f));
+                }
+            }
+            Op::Unlink(p) => {
+                if let Some(f) = self.file(p) {
+                    self.drop_link(f, &mut t);
+                }
+                self.tree.remove(*p);
+            }
+            Op::Mkdir(p) => {
+                self.tree.insert((*p).into(), MEntry::Dir);
+            }
+            Op::Rmdir(p) => {
+                self.tree.remove(*p);
+            }
+            Op::Symlink(p, target) => {
+                self.tree
+                    .insert((*p).into(), MEntry::Symlink(target.as_bytes().to_vec()));
+            }
+            Op::SetXattr(p, n, _) => {
+                if let Some(f) = self.file(p) {
+                    self.files
+                        .get_mut(&f)
+                        .expect("OK to unwrap: live file")
+                        .xattrs
+                        .insert(n.as_bytes().to_vec(), Vec::new());
+                }
+            }
+            Op::RemoveXattr(p, n) => {
+                if let Some(f) = self.file(p) {
+                    self.files
+                        .get_mut(&f)
+                        .expect("OK to unwrap: live file")
+                        .xattrs
+                        .remove(n.as_bytes());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Which workload family to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// ACE-style bounded sequences.
+    Ace,
+    /// Longer random sequences.
+    Random,
+    /// Both, interleaved.
+    All,
+}
+
+impl Family {
+    /// Parses `ace`, `random` or `all`.
+    pub fn parse(s: &str) -> Option<Family> {
+        match s {
+            "ace" => Some(Family::Ace),
+            "random" => Some(Family::Random),
+            "all" => Some(Family::All),
+            _ => None,
+        }
+    }
+
+    /// The name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Ace => "ace",
+            Family::Random => "random",
+            Family::All => "all",
+        }
+    }
+}
+
+/// The deterministic, endless-or-finite stream of workloads of a family.
+pub struct Workloads {
+    family: Family,
+    seed: u64,
+    base: Model,
+    steps: Vec<(Op, Op)>,
+    /// ACE: the valid one-step sequences, then every two-step sequence in a seeded order.
+    ace_index: usize,
+    ace_pairs: Vec<u32>,
+    ace_len3: bool,
+    random_index: u64,
+    ace_count: u64,
+    turn: u64,
+}
+
+impl Workloads {
+    /// The workloads of `family` from the setup state `base`; `ace_len3` adds sampled
+    /// three-step ACE sequences after the two-step ones.
+    pub fn new(family: Family, seed: u64, base: &Model, ace_len3: bool) -> Workloads {
+        let steps = ace_steps();
+        let n = steps.len();
+        let mut ace_pairs: Vec<u32> = (0..(n * n) as u32).collect();
+        Rng::derive(seed, 1, 0).shuffle(&mut ace_pairs);
+        Workloads {
+            family,
+            seed,
+            base: base.clone(),
+            steps,
+            ace_index: 0,
+            ace_pairs,
+            ace_len3,
+            random_index: 0,
+            ace_count: 0,
+            turn: 0,
+        }
+    }
+
+    fn next_ace(&mut self) -> Option<Workload> {
+        let n = self.steps.len();
+        loop {
+            let i = self.ace_index;
+            self.ace_index += 1;
+            let ops: Vec<Op> = if i < n {
+                let (a, b) = &self.steps[i];
+                vec![a.clone(), b.clone()]
+            } else if i < n + n * n {
+                let k = self.ace_pairs[i - n] as usize;
+                let (a, b) = &self.steps[k / n];
+                let (c, d) = &self.steps[k % n];
+                vec![a.clone(), b.clone(), c.clone(), d.clone()]
+            } else if self.ace_len3 {
+                let mut r = Rng::derive(self.seed, 3, i as u64);
+                let mut ops = Vec::new();
+                for _ in 0..3 {
+                    let (a, b) = &self.steps[r.below(n as u64) as usize];
+                    ops.push(a.clone());
+                    ops.push(b.clone());
+                }
+                ops
+            } else {
+                return None;
+            };
+            if valid_sequence(&self.base, &ops) {
+                self.ace_count += 1;
+                return Some(Workload {
+                    name: format!("ace#{}", i),
+                    ops,
+                });
+            }
+        }
+    }
+
+    fn next_random(&mut self) -> Workload {
+        let i = self.random_index;
+        self.random_index += 1;
+        let mut r = Rng::derive(self.seed, 2, i);
+        let ops_all = ace_ops();
+        let len = 4 + r.below(9) as usize;
+        let mut m = self.base.clone();
+        let mut ops = Vec::new();
+        let mut tries = 0;
+        while ops.len() < len && tries < 1000 {
+            tries += 1;
+            let op = ops_all[r.below(ops_all.len() as u64) as usize].clone();
+            if !m.valid(&op) {
+                continue;
+            }
+            m.apply_dry(&op);
+            let pers = persistence_after(&op);
+            ops.push(op);
+            if r.chance(3, 5) {
+                let p = pers[r.below(pers.len() as u64) as usize].clone();
+                if m.valid(&p) {
+                    ops.push(p);
+                }
+            }
+        }
+        if !ops.last().is_some_and(Op::is_persistence) {
+            ops.push(Op::FsyncDir(""));
+        }
+        Workload {
+            name: format!("random#{i}"),
+            ops,
+        }
+    }
+}
+
+impl Iterator for Workloads {
+    type Item = Workload;
+
+    fn next(&mut self) -> Option<Workload> {
+        match self.family {
+            Family::Ace => self.next_ace(),
+            Family::Random => Some(self.next_random()),
+            Family::All => {
+                self.turn += 1;
+                if self.turn % 2 == 1 {
+                    if let Some(w) = self.next_ace() {
+                        return Some(w);
+                    }
+                }
+                Some(self.next_random())
+            }
+        }
+    }
+}
