@@ -132,7 +132,7 @@ fn journal_err_to_readonly(meta: &mut Meta, e: FsError) -> FsError {
 }
 
 /// Reads the superblock of `dev` and refuses what tidefs cannot handle.
-fn read_superblock(dev: &dyn BlockDevice, read_only: bool) -> Result<Superblock> {
+fn read_superblock(dev: &dyn BlockDevice, read_only: bool, verify: bool) -> Result<Superblock> {
     if dev.len_bytes() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
         return Err(FsError::corrupt(format!(
             "image is too small ({} bytes) to hold an ext4 superblock",
@@ -141,7 +141,7 @@ fn read_superblock(dev: &dyn BlockDevice, read_only: bool) -> Result<Superblock>
     }
     let mut buf = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(SUPERBLOCK_OFFSET, &mut buf)?;
-    let sb = Superblock::parse(&buf)?;
+    let sb = Superblock::parse_checked(&buf, verify)?;
     if sb.has_incompat(incompat::JOURNAL_DEV) {
         return Err(FsError::Incompatible(
             "journal_dev: this is an external journal device, not a file system".into(),
@@ -277,7 +277,17 @@ impl Fs {
         let ro = opts.read_only;
         let counted = Arc::new(crate::dev::CountingDevice::new(dev));
         let dev: Arc<dyn BlockDevice> = counted.clone();
-        let sb = read_superblock(dev.as_ref(), ro)?;
+        // A superblock whose checksum fails may be a checkpoint write torn by a crash while the
+        // journal still holds its committed copy: its geometry is then used only to find the
+        // journal, and the image is refused unless replay brings back a superblock that
+        // verifies.
+        let (sb, torn_superblock) = match read_superblock(dev.as_ref(), ro, true) {
+            Ok(sb) => (sb, None),
+            Err(FsError::Corrupt(c)) if c.what.starts_with("superblock checksum mismatch") => {
+                (read_superblock(dev.as_ref(), ro, false)?, Some(c))
+            }
+            Err(e) => return Err(e),
+        };
         let geo = Geometry::from_superblock(&sb)?;
         let jopts = JournalOptions {
             read_only: ro,
@@ -310,6 +320,9 @@ impl Fs {
             ));
         };
         let journal = Journal::open(jgeo, dev.clone(), jopts)?;
+        if let (Some(c), false) = (&torn_superblock, journal.needs_recovery()) {
+            return Err(FsError::Corrupt(c.clone()));
+        }
         let recovery = if journal.needs_recovery() {
             Some(journal.recover()?)
         } else {
@@ -319,7 +332,7 @@ impl Fs {
         // read-only recovery keeps the replayed copy in the journal's pending map.
         let sb = match &recovery {
             None => sb,
-            Some(_) if !ro => read_superblock(dev.as_ref(), ro)?,
+            Some(_) if !ro => read_superblock(dev.as_ref(), ro, true)?,
             Some(_) => {
                 let bs = u64::from(geo.block_size);
                 match journal.pending(SUPERBLOCK_OFFSET / bs) {
@@ -327,7 +340,10 @@ impl Fs {
                         let off = (SUPERBLOCK_OFFSET % bs) as usize;
                         Superblock::parse(&copy[off..off + SUPERBLOCK_SIZE])?
                     }
-                    None => sb,
+                    None => match torn_superblock {
+                        Some(c) => return Err(FsError::Corrupt(c)),
+                        None => sb,
+                    },
                 }
             }
         };

@@ -214,6 +214,12 @@ impl Superblock {
     /// Parses and validates a superblock: magic, geometry that cannot cause division by zero or
     /// overflow, and (when `metadata_csum` is on) the checksum.
     pub fn parse(bytes: &[u8]) -> Result<Superblock, Corrupt> {
+        Superblock::parse_checked(bytes, true)
+    }
+
+    /// As [`Superblock::parse`], with the checksum check optional: a superblock whose last
+    /// write was torn by a crash can still locate the journal that holds its good copy.
+    pub fn parse_checked(bytes: &[u8], verify_checksum: bool) -> Result<Superblock, Corrupt> {
         if bytes.len() < SUPERBLOCK_SIZE {
             return Err(Corrupt::new("superblock is truncated"));
         }
@@ -226,7 +232,7 @@ impl Superblock {
                 "bad superblock magic {magic:#06x} (expected {EXT4_MAGIC:#06x}): not an ext2/3/4 file system"
             )));
         }
-        if sb.has_ro_compat(ro_compat::METADATA_CSUM) {
+        if verify_checksum && sb.has_ro_compat(ro_compat::METADATA_CSUM) {
             if sb.raw[S_CHECKSUM_TYPE] != 1 {
                 return Err(Corrupt::new(format!(
                     "unknown superblock checksum type {}",
