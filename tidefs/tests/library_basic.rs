@@ -75,3 +75,33 @@ fn operations_round_trip_and_fsck_clean() {
     fs.unmount().unwrap();
     common::assert_fsck_clean(&img);
 }
+
+/// Goal: the commit timer writes nothing when nothing changed (an idle mount does not fill its
+/// journal with empty transactions), and does commit a change on its own.
+#[test]
+fn commit_timer_skips_idle_and_commits_changes() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "idle.img", 32, &[]);
+    let opts = MountOptions {
+        commit_interval: std::time::Duration::from_millis(10),
+        ..MountOptions::default()
+    };
+    let fs = Fs::open(&img, &opts).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(
+        fs.stats().commits,
+        0,
+        "the timer committed an empty transaction"
+    );
+    fs.mkdir(ROOT_INO, b"d", 0o755, Creds::ROOT).unwrap();
+    let mut waited = 0;
+    while fs.stats().commits == 0 && waited < 500 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        waited += 1;
+    }
+    assert_eq!(fs.stats().commits, 1, "the timer did not commit the change");
+    fs.unmount().unwrap();
+}

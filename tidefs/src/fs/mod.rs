@@ -1017,6 +1017,15 @@ impl Inner {
                 // Committed by someone else between our check and the lock.
                 return Ok(());
             }
+            if m.cache.dirty_count() == 0
+                && m.revoked.is_empty()
+                && m.freed_running.is_empty()
+                && !m.sb_dirty
+                && m.deferred_data.is_empty()
+            {
+                // Nothing to commit (the timer fired on an idle file system).
+                return Ok(());
+            }
             if m.sb_dirty {
                 m.flush_sb_to_cache(&self.io)?;
             }
