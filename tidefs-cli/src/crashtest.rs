@@ -8,50 +8,44 @@ use tidefs::fs::{Canary, DataMode};
 use crate::CliError;
 
 /// The arguments of `tidefs crashtest`.
+#[derive(clap::Args)]
 pub struct CrashtestArgs {
-    /// `lightweight`, `writeback`, `ordered`, `journal` or `all`.
+    /// lightweight, writeback, ordered, journal or all.
+    #[arg(long, default_value = "all")]
     pub mode: String,
-    /// `ace`, `random` or `all`.
+    /// Workload family: ace, random or all.
+    #[arg(long, default_value = "ace")]
     pub workloads: String,
     /// Crash states per mode.
+    #[arg(long, default_value_t = 1000)]
     pub states: u64,
-    /// Seed.
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Replay only this state.
+    /// Replay only this state index (as printed with a violation).
+    #[arg(long)]
     pub state: Option<u64>,
-    /// `commit-without-flush` or `data-after-commit`.
+    /// A deliberately broken ordering: commit-without-flush or data-after-commit.
+    #[arg(long)]
     pub canary: Option<String>,
-    /// Tear in-flight writes at sectors.
+    /// Also tear in-flight writes at 512-byte sectors.
+    #[arg(long)]
     pub torn: bool,
-    /// Add sampled three-step ACE sequences.
+    /// Add sampled three-step sequences to the ace family.
+    #[arg(long)]
     pub ace3: bool,
-    /// Skip the comparison with e2fsck's own replay.
+    /// Skip the comparison with e2fsck's own journal replay.
+    #[arg(long)]
     pub no_kernel_compare: bool,
-    /// Print progress.
+    /// Print progress on stderr.
+    #[arg(long)]
     pub progress: bool,
 }
 
 /// Runs the harness; returns the exit code.
 pub fn run(args: CrashtestArgs) -> Result<u8, CliError> {
     let what = "crashtest";
-    let modes: Vec<DataMode> = if args.mode == "all" {
-        vec![
-            DataMode::Lightweight,
-            DataMode::Writeback,
-            DataMode::Ordered,
-            DataMode::Journal,
-        ]
-    } else {
-        vec![DataMode::parse(&args.mode).ok_or_else(|| {
-            CliError::usage(
-                what,
-                format!(
-                    "unknown mode '{}' (lightweight, writeback, ordered, journal, all)",
-                    args.mode
-                ),
-            )
-        })?]
-    };
+    let modes: Vec<DataMode> = crate::parse_modes(&args.mode)?;
     if args.state.is_some() && modes.len() != 1 {
         return Err(CliError::usage(what, "--state needs one --mode"));
     }

@@ -131,38 +131,7 @@ enum Command {
     },
     /// Crash-state harness: record workloads, rebuild the disk at crash points, recover and
     /// check each data mode's promises (exit 1 on any violation).
-    Crashtest {
-        /// lightweight, writeback, ordered, journal or all.
-        #[arg(long, default_value = "all")]
-        mode: String,
-        /// Workload family: ace, random or all.
-        #[arg(long, default_value = "ace")]
-        workloads: String,
-        /// Crash states per mode.
-        #[arg(long, default_value_t = 1000)]
-        states: u64,
-        /// Seed of every random choice.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Replay only this state index (as printed with a violation).
-        #[arg(long)]
-        state: Option<u64>,
-        /// A deliberately broken ordering: commit-without-flush or data-after-commit.
-        #[arg(long)]
-        canary: Option<String>,
-        /// Also tear in-flight writes at 512-byte sectors.
-        #[arg(long)]
-        torn: bool,
-        /// Add sampled three-step sequences to the ace family.
-        #[arg(long)]
-        ace3: bool,
-        /// Skip the comparison with e2fsck's own journal replay.
-        #[arg(long)]
-        no_kernel_compare: bool,
-        /// Print progress on stderr.
-        #[arg(long)]
-        progress: bool,
-    },
+    Crashtest(crashtest::CrashtestArgs),
     /// Create an image, mount it, run a short workload, print stats, unmount, check.
     Demo {
         /// The image to use (created if missing).
@@ -207,12 +176,7 @@ enum BenchCommand {
 pub fn parse_modes(text: &str) -> Result<Vec<tidefs::fs::DataMode>, CliError> {
     use tidefs::fs::DataMode;
     if text == "all" {
-        return Ok(vec![
-            DataMode::Lightweight,
-            DataMode::Writeback,
-            DataMode::Ordered,
-            DataMode::Journal,
-        ]);
+        return Ok(DataMode::ALL.to_vec());
     }
     DataMode::parse(text).map(|m| vec![m]).ok_or_else(|| {
         CliError::usage(
@@ -351,29 +315,7 @@ fn run(command: Command) -> Result<u8, CliError> {
             bench::run(&cfg)?;
             Ok(0)
         }
-        Command::Crashtest {
-            mode,
-            workloads,
-            states,
-            seed,
-            state,
-            canary,
-            torn,
-            ace3,
-            no_kernel_compare,
-            progress,
-        } => crashtest::run(crashtest::CrashtestArgs {
-            mode,
-            workloads,
-            states,
-            seed,
-            state,
-            canary,
-            torn,
-            ace3,
-            no_kernel_compare,
-            progress,
-        }),
+        Command::Crashtest(args) => crashtest::run(args),
         Command::Demo { image, size } => {
             demo::run(&image, size)?;
             Ok(0)

@@ -203,6 +203,14 @@ pub enum DataMode {
 }
 
 impl DataMode {
+    /// Every mode, weakest promise first.
+    pub const ALL: [DataMode; 4] = [
+        DataMode::Lightweight,
+        DataMode::Writeback,
+        DataMode::Ordered,
+        DataMode::Journal,
+    ];
+
     /// The name used by `-o data=` and in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -215,14 +223,7 @@ impl DataMode {
 
     /// Parses a mode name.
     pub fn parse(name: &str) -> Option<DataMode> {
-        [
-            DataMode::Lightweight,
-            DataMode::Writeback,
-            DataMode::Ordered,
-            DataMode::Journal,
-        ]
-        .into_iter()
-        .find(|m| m.name() == name)
+        DataMode::ALL.into_iter().find(|m| m.name() == name)
     }
 }
 
