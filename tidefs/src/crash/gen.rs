@@ -194,13 +194,30 @@ pub fn sampled_state(
         return flush_state(eps, e);
     }
     // n is a small count of log entries; it fits in u64, and the results fit back in usize.
-    let cut = 1 + rng.below(n as u64) as usize;
+    // Half the crashes come after the whole epoch was issued: the write just before a flush
+    // (a commit block, say) is the one whose ordering the flush exists for.
+    let cut = if rng.chance(1, 2) {
+        n
+    } else {
+        1 + rng.below(n as u64) as usize
+    };
     let issued = &ep.writes[..cut];
-    let mut chosen: Vec<usize> = match rng.below(4) {
+    let mut chosen: Vec<usize> = match rng.below(5) {
         // An in-order disk: a prefix of the issued writes.
         0 => issued[..rng.below(cut as u64 + 1) as usize].to_vec(),
+        // The newest issued write persisted while one older write did not: the state a missing
+        // ordering point between them exposes.
+        1 if cut >= 2 => {
+            let skip = rng.below(cut as u64 - 1) as usize;
+            issued
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != skip)
+                .map(|(_, &w)| w)
+                .collect()
+        }
         // Everything but one write.
-        1 => {
+        1 | 2 => {
             let skip = rng.below(cut as u64) as usize;
             issued
                 .iter()
