@@ -18,30 +18,16 @@ pub fn have_e2fsprogs() -> bool {
 
 /// Makes an ext4 image of `size_mb` MiB with the feature set tidefs supports.
 pub fn mkimage(dir: &Path, name: &str, size_mb: u64, extra: &[&str]) -> PathBuf {
-    let path = dir.join(name);
-    let f = std::fs::File::create(&path).unwrap();
-    f.set_len(size_mb << 20).unwrap();
-    let out = Command::new("mkfs.ext4")
-        .args([
-            "-q",
-            "-F",
-            "-b",
-            "4096",
-            "-O",
-            "metadata_csum,64bit",
-            "-E",
-            "lazy_itable_init=0,lazy_journal_init=0",
-        ])
-        .args(extra)
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "mkfs.ext4 failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    path
+    let mut args = vec![
+        "-b",
+        "4096",
+        "-O",
+        "metadata_csum,64bit",
+        "-E",
+        "lazy_itable_init=0,lazy_journal_init=0",
+    ];
+    args.extend_from_slice(extra);
+    mkfs_raw(dir, name, size_mb, &args)
 }
 
 /// Runs `e2fsck -fn` and panics with its output unless the image is clean.

@@ -202,23 +202,15 @@ pub fn sampled_state(
         1 + rng.below(n as u64) as usize
     };
     let issued = &ep.writes[..cut];
-    let mut chosen: Vec<usize> = match rng.below(5) {
+    let shape = rng.below(5);
+    let mut chosen: Vec<usize> = match shape {
         // An in-order disk: a prefix of the issued writes.
         0 => issued[..rng.below(cut as u64 + 1) as usize].to_vec(),
-        // The newest issued write persisted while one older write did not: the state a missing
-        // ordering point between them exposes.
-        1 if cut >= 2 => {
-            let skip = rng.below(cut as u64 - 1) as usize;
-            issued
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| i != skip)
-                .map(|(_, &w)| w)
-                .collect()
-        }
-        // Everything but one write.
+        // Everything but one write. Shape 1 always keeps the newest issued write, losing an
+        // older one: the state that a missing ordering point between the two exposes.
         1 | 2 => {
-            let skip = rng.below(cut as u64) as usize;
+            let candidates = if shape == 1 && cut >= 2 { cut - 1 } else { cut };
+            let skip = rng.below(candidates as u64) as usize;
             issued
                 .iter()
                 .enumerate()
