@@ -4,7 +4,10 @@
 //! - a block modified by the running transaction (`dirty`) is never evicted: it is the only
 //!   copy of that change until the transaction commits;
 //! - any other block may be dropped at any time; the layer above reloads it from the newest
-//!   committed journal copy (not yet checkpointed) or else from its home location.
+//!   committed journal copy (not yet checkpointed) or else from its home location;
+//! - while an undo record is open (one file-system operation), the first change, insertion or
+//!   removal of each block saves what the cache held before, so a failed operation is taken
+//!   back whole and never reaches a commit half done.
 //!
 //! File data does not pass through this cache (DESIGN.md §1: data goes home directly, or
 //! through the journal records of its mode).
@@ -17,6 +20,9 @@ pub struct BlockCache {
     /// Blocks changed since the running transaction began; cleared when it is snapshotted.
     dirty: BTreeSet<u64>,
     max_blocks: usize,
+    /// While an operation runs: each block it touched, with what the cache held before (its
+    /// bytes and whether it was dirty), or `None` if it was not cached.
+    undo: Option<HashMap<u64, Option<(Box<[u8]>, bool)>>>,
 }
 
 impl BlockCache {
@@ -26,6 +32,55 @@ impl BlockCache {
             blocks: HashMap::new(),
             dirty: BTreeSet::new(),
             max_blocks: max_blocks.max(64),
+            undo: None,
+        }
+    }
+
+    /// Starts recording pre-images for one operation.
+    pub fn begin_undo(&mut self) {
+        debug_assert!(self.undo.is_none(), "undo records do not nest");
+        self.undo = Some(HashMap::new());
+    }
+
+    /// Ends the operation, keeping its changes.
+    pub fn end_undo(&mut self) {
+        self.undo = None;
+    }
+
+    /// Ends the operation and takes back every change it made; returns the blocks restored.
+    pub fn rollback(&mut self) -> Vec<u64> {
+        let Some(undo) = self.undo.take() else {
+            return Vec::new();
+        };
+        let mut touched = Vec::with_capacity(undo.len());
+        for (nr, before) in undo {
+            match before {
+                Some((bytes, was_dirty)) => {
+                    self.blocks.insert(nr, bytes);
+                    if was_dirty {
+                        self.dirty.insert(nr);
+                    } else {
+                        self.dirty.remove(&nr);
+                    }
+                }
+                None => {
+                    self.blocks.remove(&nr);
+                    self.dirty.remove(&nr);
+                }
+            }
+            touched.push(nr);
+        }
+        touched
+    }
+
+    /// Saves block `nr`'s current state if the open operation has not touched it yet.
+    fn note(&mut self, nr: u64) {
+        if let Some(undo) = &mut self.undo {
+            undo.entry(nr).or_insert_with(|| {
+                self.blocks
+                    .get(&nr)
+                    .map(|b| (b.clone(), self.dirty.contains(&nr)))
+            });
         }
     }
 
@@ -39,6 +94,7 @@ impl BlockCache {
         if self.blocks.len() >= self.max_blocks {
             self.evict();
         }
+        self.note(nr);
         self.blocks.insert(nr, data);
     }
 
@@ -64,6 +120,10 @@ impl BlockCache {
 
     /// A cached block for modification; marks it dirty in the running transaction.
     pub fn get_mut(&mut self, nr: u64) -> Option<&mut [u8]> {
+        if !self.blocks.contains_key(&nr) {
+            return None;
+        }
+        self.note(nr);
         let b = self.blocks.get_mut(&nr)?;
         self.dirty.insert(nr);
         Some(&mut b[..])
@@ -71,6 +131,7 @@ impl BlockCache {
 
     /// Forgets a block (freed and about to be reused for something else).
     pub fn forget(&mut self, nr: u64) {
+        self.note(nr);
         self.blocks.remove(&nr);
         self.dirty.remove(&nr);
     }
@@ -87,6 +148,7 @@ impl BlockCache {
 
     /// Copies of every dirty block, and clears the dirty set: the running transaction closes.
     pub fn take_dirty(&mut self) -> Vec<(u64, std::sync::Arc<[u8]>)> {
+        debug_assert!(self.undo.is_none(), "commit inside an operation");
         let dirty = std::mem::take(&mut self.dirty);
         dirty
             .into_iter()
@@ -119,5 +181,34 @@ mod tests {
         assert_eq!(snap.len(), 1);
         assert_eq!(snap[0].0, 3);
         assert_eq!(c.dirty_count(), 0);
+    }
+
+    #[test]
+    fn rollback_restores_changed_inserted_and_forgotten_blocks() {
+        let mut c = BlockCache::new(64);
+        c.insert(1, vec![1u8; 8].into_boxed_slice());
+        c.insert(2, vec![2u8; 8].into_boxed_slice());
+        c.get_mut(2).unwrap()[0] = 20; // dirty before the operation
+        c.begin_undo();
+        c.get_mut(1).unwrap()[0] = 9;
+        c.get_mut(2).unwrap()[1] = 21;
+        c.forget(2);
+        c.insert(3, vec![3u8; 8].into_boxed_slice());
+        c.get_mut(3).unwrap()[0] = 30;
+        let mut touched = c.rollback();
+        touched.sort_unstable();
+        assert_eq!(touched, vec![1, 2, 3]);
+        assert_eq!(c.get(1).unwrap()[0], 1);
+        assert!(!c.is_dirty(1));
+        assert_eq!(&c.get(2).unwrap()[..2], &[20, 2]);
+        assert!(c.is_dirty(2));
+        assert!(!c.contains(3));
+        assert_eq!(c.dirty_count(), 1);
+        // A finished operation keeps its changes.
+        c.begin_undo();
+        c.get_mut(1).unwrap()[0] = 7;
+        c.end_undo();
+        assert_eq!(c.rollback(), Vec::<u64>::new());
+        assert_eq!(c.get(1).unwrap()[0], 7);
     }
 }

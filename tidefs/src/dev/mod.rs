@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+pub mod fault;
 pub mod record;
 
 /// A byte-addressed storage device with a volatile write cache that `flush` empties.

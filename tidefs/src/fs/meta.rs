@@ -119,6 +119,24 @@ pub(crate) struct GroupInfo {
     pub itable_unused: u32,
 }
 
+/// What one operation changed outside the buffer cache, kept while it runs so that a failure
+/// half-way (no space, an I/O error, corruption found) takes the whole operation back: a commit
+/// never sees half an operation. The cache keeps the pre-images of the blocks themselves.
+pub(crate) struct OpUndo {
+    sb: Superblock,
+    sb_dirty: bool,
+    block_cursor: u64,
+    next_generation: u32,
+    /// Group summaries before their first change.
+    groups: Vec<(u32, GroupInfo)>,
+    /// Changes to the revoke set, oldest first: (block, whether it was revoked before).
+    revoked: Vec<(u64, bool)>,
+    /// Blocks this operation put in quarantine.
+    quarantined: Vec<u64>,
+    freed_running_len: usize,
+    deferred_data_len: usize,
+}
+
 /// The state behind the file-system lock.
 pub(crate) struct Meta {
     pub geo: Geometry,
@@ -155,6 +173,8 @@ pub(crate) struct Meta {
     /// Canary `DataAfterCommit` only: file data held back until its transaction has committed,
     /// as (device byte offset, bytes).
     pub deferred_data: Vec<(u64, Vec<u8>)>,
+    /// While an operation runs: what it changed outside the buffer cache (see [`OpUndo`]).
+    pub op_undo: Option<OpUndo>,
     /// Block and inode bitmap blocks: with the GDT and the superblock, what lightweight mode
     /// journals.
     pub bitmap_blocks: HashSet<u64>,
@@ -203,7 +223,7 @@ impl Meta {
             return Err(FsError::ReadOnly);
         }
         self.load(io, nr)?;
-        self.revoked.remove(&nr);
+        self.unrevoke(nr);
         // OK to unwrap: `load` just inserted it and nothing ran in between.
         Ok(self.cache.get_mut(nr).expect("block just loaded"))
     }
@@ -214,9 +234,92 @@ impl Meta {
         self.cache.forget(nr);
         self.cache
             .insert(nr, vec![0u8; self.geo.bs()].into_boxed_slice());
-        self.revoked.remove(&nr);
+        self.unrevoke(nr);
         // OK to unwrap: inserted just above.
         self.cache.get_mut(nr).expect("block just inserted")
+    }
+
+    /// Starts an operation: from here until [`Meta::end_op`] or [`Meta::rollback_op`], every
+    /// change it makes can be taken back.
+    pub fn begin_op(&mut self) {
+        debug_assert!(self.op_undo.is_none(), "operations do not nest");
+        self.cache.begin_undo();
+        self.op_undo = Some(OpUndo {
+            sb: self.sb.clone(),
+            sb_dirty: self.sb_dirty,
+            block_cursor: self.block_cursor,
+            next_generation: self.next_generation,
+            groups: Vec::new(),
+            revoked: Vec::new(),
+            quarantined: Vec::new(),
+            freed_running_len: self.freed_running.len(),
+            deferred_data_len: self.deferred_data.len(),
+        });
+    }
+
+    /// Ends an operation that succeeded: its changes stay in the running transaction.
+    pub fn end_op(&mut self) {
+        self.cache.end_undo();
+        self.op_undo = None;
+    }
+
+    /// Ends an operation that failed: takes back every change it made, so the running
+    /// transaction holds exactly what it held before the operation began. Block maps and
+    /// directory indexes are derived from blocks, so they are dropped and rebuilt on next use.
+    pub fn rollback_op(&mut self) {
+        let Some(u) = self.op_undo.take() else {
+            return;
+        };
+        self.cache.rollback();
+        self.sb = u.sb;
+        self.sb_dirty = u.sb_dirty;
+        self.block_cursor = u.block_cursor;
+        self.next_generation = u.next_generation;
+        for (g, info) in u.groups.into_iter().rev() {
+            self.groups[g as usize] = info;
+        }
+        for (nr, was) in u.revoked.into_iter().rev() {
+            if was {
+                self.revoked.insert(nr);
+            } else {
+                self.revoked.remove(&nr);
+            }
+        }
+        for b in u.quarantined {
+            self.quarantine.remove(&b);
+        }
+        self.freed_running.truncate(u.freed_running_len);
+        self.deferred_data.truncate(u.deferred_data_len);
+        self.maps.clear();
+        self.dirs.clear();
+    }
+
+    /// Group `g`'s summary for modification (its old value is saved for a rollback).
+    fn group_mut(&mut self, g: u32) -> &mut GroupInfo {
+        if let Some(u) = &mut self.op_undo {
+            if !u.groups.iter().any(|(h, _)| *h == g) {
+                u.groups.push((g, self.groups[g as usize]));
+            }
+        }
+        &mut self.groups[g as usize]
+    }
+
+    /// Block `nr` is metadata of the running transaction again: no revoke record for it.
+    fn unrevoke(&mut self, nr: u64) {
+        if self.revoked.remove(&nr) {
+            if let Some(u) = &mut self.op_undo {
+                u.revoked.push((nr, true));
+            }
+        }
+    }
+
+    /// Whether the running transaction holds anything a commit must write.
+    pub fn has_uncommitted_changes(&self) -> bool {
+        self.cache.dirty_count() > 0
+            || !self.revoked.is_empty()
+            || !self.freed_running.is_empty()
+            || self.sb_dirty
+            || !self.deferred_data.is_empty()
     }
 
     /// Drops block maps and directory indexes when too many have piled up. Both are derived
@@ -406,7 +509,7 @@ impl Meta {
         if info.flags & BG_BLOCK_UNINIT != 0 {
             let bm = self.init_block_bitmap(g);
             self.new_block_mut(info.block_bitmap).copy_from_slice(&bm);
-            self.groups[g as usize].flags &= !BG_BLOCK_UNINIT;
+            self.group_mut(g).flags &= !BG_BLOCK_UNINIT;
             let c = self
                 .geo
                 .csum_seed
@@ -492,7 +595,7 @@ impl Meta {
             let bm = self.block_mut(io, bb)?;
             bm[i / 8] |= 1 << (i % 8);
             let c = seed.map(|s| bitmap_checksum(s, bm, len));
-            self.groups[g as usize].free_blocks -= 1;
+            self.group_mut(g).free_blocks -= 1;
             self.store_group(io, g, c, None)?;
             let free = self.sb.free_blocks_count().saturating_sub(1);
             self.sb.set_free_blocks_count(free);
@@ -525,7 +628,7 @@ impl Meta {
         }
         bm[i / 8] &= !(1 << (i % 8));
         let c = seed.map(|s| bitmap_checksum(s, bm, len));
-        self.groups[g as usize].free_blocks += 1;
+        self.group_mut(g).free_blocks += 1;
         self.store_group(io, g, c, None)?;
         let free = self.sb.free_blocks_count() + 1;
         self.sb.set_free_blocks_count(free);
@@ -538,11 +641,17 @@ impl Meta {
             || self.committing.contains_key(&b)
             || io.journal.pending(b).is_some();
         self.cache.forget(b);
-        if in_journal {
-            self.revoked.insert(b);
+        if in_journal && self.revoked.insert(b) {
+            if let Some(u) = &mut self.op_undo {
+                u.revoked.push((b, false));
+            }
         }
         if in_journal || self.default_mode != DataMode::Writeback {
-            self.quarantine.insert(b);
+            if self.quarantine.insert(b) {
+                if let Some(u) = &mut self.op_undo {
+                    u.quarantined.push(b);
+                }
+            }
             self.freed_running.push(b);
         }
         Ok(())
@@ -582,7 +691,7 @@ impl Meta {
                 for i in ipg as usize..bs * 8 {
                     bm[i / 8] |= 1 << (i % 8);
                 }
-                self.groups[g as usize].flags &= !BG_INODE_UNINIT;
+                self.group_mut(g).flags &= !BG_INODE_UNINIT;
             }
             let first_usable = if g == 0 { self.geo.first_ino - 1 } else { 0 };
             let bm = self.block_mut(io, info.inode_bitmap)?;
@@ -601,7 +710,7 @@ impl Meta {
             };
             bm[i / 8] |= 1 << (i % 8);
             let c = seed.map(|s| bitmap_checksum(s, bm, len));
-            let gi = &mut self.groups[g as usize];
+            let gi = self.group_mut(g);
             gi.free_inodes -= 1;
             if is_dir {
                 gi.used_dirs += 1;
@@ -632,7 +741,7 @@ impl Meta {
         }
         bm[i / 8] &= !(1 << (i % 8));
         let c = seed.map(|s| bitmap_checksum(s, bm, len));
-        let gi = &mut self.groups[g as usize];
+        let gi = self.group_mut(g);
         gi.free_inodes += 1;
         if is_dir {
             gi.used_dirs = gi.used_dirs.saturating_sub(1);

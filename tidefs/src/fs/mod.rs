@@ -105,6 +105,12 @@ struct Inner {
     gate: CommitGate,
     /// Tid of the last transaction that is durable.
     committed_tid: AtomicU32,
+    /// Set once a commit, checkpoint or in-place write failed: the file system is then in
+    /// ext4's `errors=remount-ro` state (changes refused with EROFS, reads served, every fsync
+    /// not yet durable fails with EIO). Never cleared while mounted.
+    errored: AtomicBool,
+    /// What failed first, for the EIO of every later fsync.
+    first_error: Mutex<Option<String>>,
     data_locks: Mutex<HashMap<u32, Arc<RwLock<()>>>>,
     counters: Counters,
     read_only: bool,
@@ -123,12 +129,6 @@ struct Inner {
 pub struct Fs {
     inner: Arc<Inner>,
     background: Mutex<Option<JoinHandle<()>>>,
-}
-
-fn journal_err_to_readonly(meta: &mut Meta, e: FsError) -> FsError {
-    // A failed journal write or flush latches the file system read-only (DESIGN.md; jbd2 abort).
-    meta.read_only = true;
-    e
 }
 
 /// Reads the superblock of `dev` and refuses what tidefs cannot handle.
@@ -378,6 +378,7 @@ impl Fs {
             canary: opts.canary,
             deferred_data: Vec::new(),
             bitmap_blocks: HashSet::new(),
+            op_undo: None,
         };
         meta.load_groups(&io)?;
         meta.read_only = ro;
@@ -390,6 +391,8 @@ impl Fs {
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
             committed_tid: AtomicU32::new(tid.wrapping_sub(1)),
+            errored: AtomicBool::new(false),
+            first_error: Mutex::new(None),
             data_locks: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             read_only: ro,
@@ -486,7 +489,13 @@ impl Fs {
                 if write && m.read_only {
                     return Err(FsError::ReadOnly);
                 }
+                m.begin_op();
                 let r = f(&mut m, &inner.io);
+                if r.is_ok() {
+                    m.end_op();
+                } else {
+                    m.rollback_op();
+                }
                 m.trim_derived_caches();
                 let big = m.cache.dirty_count() + m.revoked.len()
                     >= inner.io.journal.max_transaction_blocks() / 2;
@@ -912,7 +921,24 @@ impl Inner {
         m.sb.set_state(st);
         m.sb.note_mount(now);
         m.sb.set_wtime(now);
-        write_sb_direct(&mut m, &self.io)
+        // A previous mount that aborted its journal left EIO in the journal superblock; like
+        // ext4, carry it into the file-system superblock, where fsck tools look.
+        let journal_errno = self.io.journal.recorded_errno();
+        if journal_errno != 0 {
+            log::warn!("the journal recorded error {journal_errno} from a previous mount");
+            m.sb.record_error(now, 0, 0, "journal abort", superblock::ERRCODE_EIO);
+        }
+        if m.sb.state() & superblock::STATE_ERROR != 0 {
+            log::warn!(
+                "mounting a file system with {} recorded error(s); run `tidefs fsck -p`",
+                m.sb.error_count().max(1)
+            );
+        }
+        write_sb_direct(&mut m, &self.io)?;
+        if journal_errno != 0 {
+            self.io.journal.clear_recorded_errno()?;
+        }
+        Ok(())
     }
 
     /// Frees the inodes left on the orphan list by a crash.
@@ -971,11 +997,7 @@ impl Inner {
             if m.read_only && self.read_only {
                 return Ok(());
             }
-            if m.cache.dirty_count() > 0
-                || !m.revoked.is_empty()
-                || m.sb_dirty
-                || !m.freed_running.is_empty()
-            {
+            if m.has_uncommitted_changes() {
                 Some(m.tid)
             } else {
                 None
@@ -984,9 +1006,10 @@ impl Inner {
         match target {
             Some(t) => self.commit_up_to(t),
             None => {
-                // Nothing new in the running transaction: wait for a commit in flight, then make
-                // in-place data durable.
-                drop(self.gate.enter(|| false));
+                // Nothing new in the running transaction: wait for a commit in flight (its
+                // result is ours too), then make in-place data durable.
+                let last = self.meta.lock().tid.wrapping_sub(1);
+                self.commit_up_to(last)?;
                 self.io.dev.flush().map_err(FsError::Io)
             }
         }
@@ -998,11 +1021,53 @@ impl Inner {
         self.commit_up_to(t)
     }
 
-    /// Returns once transaction `target` is durable, committing it if nobody else has.
+    /// The error every caller waiting for a transaction that can no longer commit gets.
+    fn error_result(&self) -> FsError {
+        let first = self.first_error.lock().clone().unwrap_or_default();
+        FsError::Io(std::io::Error::other(format!(
+            "the file system is read-only after an error ({first})"
+        )))
+    }
+
+    /// Puts the file system in the error state (ext4's `errors=remount-ro`): changes are
+    /// refused from now on, the journal is aborted with EIO recorded in its superblock, and the
+    /// error is recorded in the file-system superblock at home (state bit, count, first and last
+    /// error), so `tidefs fsck`, `e2fsck` and the next mount see it. Returns `e` for the caller
+    /// that met it. Recording is best effort: the device may be what failed.
+    fn fail(&self, m: &mut Meta, what: &str, e: FsError) -> FsError {
+        m.read_only = true;
+        if self.errored.swap(true, Ordering::SeqCst) {
+            return e;
+        }
+        let message = format!("{what}: {e}");
+        log::error!("file system error, now read-only: {message}");
+        *self.first_error.lock() = Some(message);
+        if let Err(j) = self.io.journal.abort(-libc::EIO) {
+            log::error!("could not record the error in the journal superblock: {j}");
+        }
+        let now = u32::try_from(ops::now().sec).unwrap_or(u32::MAX);
+        m.sb.record_error(now, 0, 0, what, superblock::ERRCODE_EIO);
+        if let Err(w) = record_error_at_home(self.io.dev.as_ref(), now, what) {
+            log::error!("could not record the error in the superblock: {w}");
+        }
+        e
+    }
+
+    /// Returns once transaction `target` is durable, committing it if nobody else has. Every
+    /// caller learns the result of the commit that covered `target`: after a failed commit,
+    /// nothing from that transaction on can become durable, and all of them get EIO.
     fn commit_up_to(&self, target: u32) -> Result<()> {
-        let committed = || tid_ge(self.committed_tid.load(Ordering::SeqCst), target);
-        let Some(_gate) = self.gate.enter(committed) else {
+        let durable = || tid_ge(self.committed_tid.load(Ordering::SeqCst), target);
+        let settled = || durable() || self.errored.load(Ordering::SeqCst);
+        let gate = self.gate.enter(settled);
+        if durable() {
             return Ok(());
+        }
+        if self.errored.load(Ordering::SeqCst) {
+            return Err(self.error_result());
+        }
+        let Some(_gate) = gate else {
+            unreachable!("the gate is refused only once the target is settled");
         };
         // Group commit: when other threads are fsyncing too, give them about one commit's time
         // to add their changes to this transaction, as jbd2 does for multiple sync writers.
@@ -1013,21 +1078,20 @@ impl Inner {
         let started = Instant::now();
         let (req, freed, tid, in_place, deferred) = {
             let mut m = self.meta.lock();
-            if m.tid != target {
-                // Committed by someone else between our check and the lock.
-                return Ok(());
-            }
-            if m.cache.dirty_count() == 0
-                && m.revoked.is_empty()
-                && m.freed_running.is_empty()
-                && !m.sb_dirty
-                && m.deferred_data.is_empty()
-            {
-                // Nothing to commit (the timer fired on an idle file system).
+            // We hold the gate, so nobody else committed since the checks above: the running
+            // transaction is `target` or, when `target` was already closed, the next one.
+            debug_assert!(tid_ge(m.tid, target), "commit target is in the future");
+            if !m.has_uncommitted_changes() {
+                // Nothing to commit (the timer fired on an idle file system, or `target` closed
+                // with nothing in it).
+                self.committed_tid
+                    .store(m.tid.wrapping_sub(1), Ordering::SeqCst);
                 return Ok(());
             }
             if m.sb_dirty {
-                m.flush_sb_to_cache(&self.io)?;
+                if let Err(e) = m.flush_sb_to_cache(&self.io) {
+                    return Err(self.fail(&mut m, "commit", e));
+                }
             }
             let mut blocks = m.cache.take_dirty();
             let revoked: Vec<u64> = std::mem::take(&mut m.revoked).into_iter().collect();
@@ -1060,15 +1124,19 @@ impl Inner {
         for (nr, b) in &in_place {
             if let Err(e) = self.io.dev.write_at(nr * bs, b) {
                 let mut m = self.meta.lock();
-                return Err(journal_err_to_readonly(&mut m, e.into()));
+                m.committing.clear();
+                return Err(self.fail(&mut m, "in-place metadata write", e.into()));
             }
         }
         let nblocks = req.blocks.len() as u64;
-        let r = self.io.journal.commit(req);
+        let mut r = self.io.journal.commit(req);
         if r.is_ok() {
             // Canary only: file data written home after the commit that maps it.
             for (at, bytes) in &deferred {
-                self.io.dev.write_at(*at, bytes)?;
+                if let Err(e) = self.io.dev.write_at(*at, bytes) {
+                    r = Err(e.into());
+                    break;
+                }
             }
         }
         let mut m = self.meta.lock();
@@ -1091,7 +1159,7 @@ impl Inner {
                     .fetch_add(nblocks, Ordering::Relaxed);
                 Ok(())
             }
-            Err(e) => Err(journal_err_to_readonly(&mut m, e)),
+            Err(e) => Err(self.fail(&mut m, &format!("commit of transaction {tid}"), e)),
         }
     }
 
@@ -1113,7 +1181,10 @@ impl Inner {
             }
             let j = &self.io.journal;
             if !self.hold_checkpoints && j.used_blocks() > j.len_blocks() / 2 {
-                let _ = j.checkpoint();
+                if let Err(e) = j.checkpoint() {
+                    let mut m = self.meta.lock();
+                    self.fail(&mut m, "checkpoint", e);
+                }
             }
         }
     }
@@ -1137,6 +1208,21 @@ fn write_sb_direct(m: &mut Meta, io: &Io) -> Result<()> {
     m.cache.forget(nr);
     m.cache.insert(nr, block.into_boxed_slice());
     m.sb_dirty = false;
+    Ok(())
+}
+
+/// Marks the superblock at home with the error state, straight on the device (the journal is
+/// aborted by then). The copy at home is read back rather than the one in memory, so that no
+/// uncommitted free count reaches the disk.
+fn record_error_at_home(dev: &dyn BlockDevice, now: u32, what: &str) -> Result<()> {
+    let mut buf = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(SUPERBLOCK_OFFSET, &mut buf)?;
+    let mut sb = Superblock::parse_checked(&buf, false)?;
+    sb.record_error(now, 0, 0, what, superblock::ERRCODE_EIO);
+    sb.update_checksum();
+    sb.write(&mut buf);
+    dev.write_at(SUPERBLOCK_OFFSET, &buf)?;
+    dev.flush()?;
     Ok(())
 }
 

@@ -795,6 +795,38 @@ impl Journal {
         Ok(())
     }
 
+    /// Aborts the journal as `jbd2_journal_abort` does: no later commit or checkpoint runs, and
+    /// `errno` is recorded in the journal superblock (`s_errno`) so that the next mount (ours,
+    /// the kernel's or e2fsck) learns that this mount failed. Writing it is best effort: the
+    /// device may be what failed.
+    pub fn abort(&self, errno: i32) -> Result<()> {
+        let mut state = self.log.lock();
+        state.aborted = true;
+        if self.opts.read_only || state.sb.errno != 0 {
+            return Ok(());
+        }
+        state.sb.errno = errno;
+        self.write_sb(&mut state)?;
+        self.geom.dev.flush().map_err(FsError::Io)
+    }
+
+    /// The error a previous mount recorded in `s_errno` (0 if none).
+    pub fn recorded_errno(&self) -> i32 {
+        self.log.lock().sb.errno
+    }
+
+    /// Clears `s_errno` once the error was copied into the file-system superblock, as ext4's
+    /// mount does.
+    pub fn clear_recorded_errno(&self) -> Result<()> {
+        let mut state = self.log.lock();
+        if self.opts.read_only || state.sb.errno == 0 {
+            return Ok(());
+        }
+        state.sb.errno = 0;
+        self.write_sb(&mut state)?;
+        self.geom.dev.flush().map_err(|e| io_abort(&mut state, e))
+    }
+
     /// Counters since open.
     pub fn stats(&self) -> JournalStats {
         self.stats.lock().clone()

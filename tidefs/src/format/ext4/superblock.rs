@@ -16,6 +16,11 @@
 //! 0x154 s_r_blocks_count_hi    0x158 s_free_blocks_count_hi 0x15C s_min_extra_isize u16
 //! 0x15E s_want_extra_isize u16 0x160 s_flags u32            0x174 s_log_groups_per_flex u8
 //! 0x175 s_checksum_type u8 (1 = crc32c)                     0x178 s_kbytes_written u64
+//! 0x194 s_error_count u32      0x198 s_first_error_time u32 0x19C s_first_error_ino u32
+//! 0x1A0 s_first_error_block u64                             0x1A8 s_first_error_func [32]
+//! 0x1C8 s_first_error_line u32 0x1CC s_last_error_time u32  0x1D0 s_last_error_ino u32
+//! 0x1D4 s_last_error_line u32  0x1D8 s_last_error_block u64 0x1E0 s_last_error_func [32]
+//! 0x27C s_first_error_errcode u8                            0x27D s_last_error_errcode u8
 //! 0x270 s_checksum_seed u32    0x3FC s_checksum u32 (crc32c of bytes 0..0x3FC)
 //! ```
 
@@ -67,7 +72,21 @@ const S_WANT_EXTRA_ISIZE: usize = 0x15E;
 const S_FLAGS: usize = 0x160;
 const S_CHECKSUM_TYPE: usize = 0x175;
 const S_KBYTES_WRITTEN: usize = 0x178;
+const S_ERROR_COUNT: usize = 0x194;
+const S_FIRST_ERROR_TIME: usize = 0x198;
+const S_FIRST_ERROR_INO: usize = 0x19C;
+const S_FIRST_ERROR_BLOCK: usize = 0x1A0;
+const S_FIRST_ERROR_FUNC: usize = 0x1A8;
+const S_FIRST_ERROR_LINE: usize = 0x1C8;
+const S_LAST_ERROR_TIME: usize = 0x1CC;
+const S_LAST_ERROR_INO: usize = 0x1D0;
+const S_LAST_ERROR_LINE: usize = 0x1D4;
+const S_LAST_ERROR_BLOCK: usize = 0x1D8;
+const S_LAST_ERROR_FUNC: usize = 0x1E0;
+const ERROR_FUNC_LEN: usize = 32;
 const S_CHECKSUM_SEED: usize = 0x270;
+const S_FIRST_ERROR_ERRCODE: usize = 0x27C;
+const S_LAST_ERROR_ERRCODE: usize = 0x27D;
 const S_CHECKSUM: usize = 0x3FC;
 const _: () = assert!(S_CHECKSUM + 4 == SUPERBLOCK_SIZE);
 
@@ -193,6 +212,11 @@ pub fn describe_unknown(bits: u32, supported: u32, names: &[(u32, &str)]) -> Opt
 pub const STATE_VALID: u16 = 1;
 /// `s_state` bit: errors detected.
 pub const STATE_ERROR: u16 = 2;
+/// `s_first_error_errcode` / `s_last_error_errcode` for an I/O error (the kernel's
+/// `EXT4_ERR_EIO`).
+pub const ERRCODE_EIO: u8 = 2;
+/// The same for corrupt metadata (`EXT4_ERR_EFSCORRUPTED`).
+pub const ERRCODE_CORRUPTED: u8 = 5;
 
 /// The superblock, kept as its raw 1024 bytes with typed accessors.
 #[derive(Clone, PartialEq, Eq)]
@@ -503,6 +527,38 @@ impl Superblock {
     pub fn add_kbytes_written(&mut self, kb: u64) {
         let v = le64(&self.raw[..], S_KBYTES_WRITTEN).saturating_add(kb);
         put_le64(&mut self.raw[..], S_KBYTES_WRITTEN, v);
+    }
+    /// Records a file-system error as the kernel's `ext4_error` does: sets the error state bit,
+    /// counts it, and fills the first-error fields (once) and the last-error fields. `func`
+    /// names where it happened (cut to 32 bytes), `errcode` is the kernel's EXT4_ERR_* code.
+    pub fn record_error(&mut self, now: u32, ino: u32, block: u64, func: &str, errcode: u8) {
+        let st = self.state() | STATE_ERROR;
+        self.set_state(st);
+        let count = self.u32_at(S_ERROR_COUNT);
+        let name = func.as_bytes();
+        let name = &name[..name.len().min(ERROR_FUNC_LEN)];
+        let raw = &mut self.raw[..];
+        if count == 0 {
+            put_le32(raw, S_FIRST_ERROR_TIME, now);
+            put_le32(raw, S_FIRST_ERROR_INO, ino);
+            put_le64(raw, S_FIRST_ERROR_BLOCK, block);
+            put_le32(raw, S_FIRST_ERROR_LINE, 0);
+            raw[S_FIRST_ERROR_FUNC..S_FIRST_ERROR_FUNC + ERROR_FUNC_LEN].fill(0);
+            raw[S_FIRST_ERROR_FUNC..S_FIRST_ERROR_FUNC + name.len()].copy_from_slice(name);
+            raw[S_FIRST_ERROR_ERRCODE] = errcode;
+        }
+        put_le32(raw, S_ERROR_COUNT, count.saturating_add(1));
+        put_le32(raw, S_LAST_ERROR_TIME, now);
+        put_le32(raw, S_LAST_ERROR_INO, ino);
+        put_le64(raw, S_LAST_ERROR_BLOCK, block);
+        put_le32(raw, S_LAST_ERROR_LINE, 0);
+        raw[S_LAST_ERROR_FUNC..S_LAST_ERROR_FUNC + ERROR_FUNC_LEN].fill(0);
+        raw[S_LAST_ERROR_FUNC..S_LAST_ERROR_FUNC + name.len()].copy_from_slice(name);
+        raw[S_LAST_ERROR_ERRCODE] = errcode;
+    }
+    /// Number of errors recorded since the last check (`s_error_count`).
+    pub fn error_count(&self) -> u32 {
+        self.u32_at(S_ERROR_COUNT)
     }
     /// Seed of all metadata checksums; `None` without `metadata_csum`.
     pub fn csum_seed(&self) -> Option<u32> {
