@@ -22,8 +22,11 @@ pub struct BlockCache {
     max_blocks: usize,
     /// While an operation runs: each block it touched, with what the cache held before (its
     /// bytes and whether it was dirty), or `None` if it was not cached.
-    undo: Option<HashMap<u64, Option<(Box<[u8]>, bool)>>>,
+    undo: Option<HashMap<u64, Option<PreImage>>>,
 }
+
+/// A cached block as it was before an operation changed it: its bytes and whether it was dirty.
+type PreImage = (Box<[u8]>, bool);
 
 impl BlockCache {
     /// A cache holding at most about `max_blocks` clean blocks.
