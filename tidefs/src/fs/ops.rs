@@ -901,10 +901,20 @@ impl Meta {
             let in_block = (pos % bs) as usize;
             let len = ((bs as usize) - in_block).min((end - pos) as usize);
             let chunk = &data[written..written + len];
+            // A data write that fails ends the request here: what landed before it is kept
+            // and reported as a short write, as POSIX allows; nothing after it is mapped.
             match map.map(lblk) {
-                Some((p, false)) => self.put_data(io, ino, p, in_block, chunk, false)?,
+                Some((p, false)) => {
+                    if let Err(e) = self.put_data(io, ino, p, in_block, chunk, false) {
+                        result = Err(e);
+                        break;
+                    }
+                }
                 Some((p, true)) => {
-                    self.put_data(io, ino, p, in_block, chunk, true)?;
+                    if let Err(e) = self.put_data(io, ino, p, in_block, chunk, true) {
+                        result = Err(e);
+                        break;
+                    }
                     map.mark_written(lblk);
                 }
                 None => {
@@ -921,13 +931,21 @@ impl Meta {
                             break;
                         }
                     };
-                    self.put_data(io, ino, p, in_block, chunk, true)?;
+                    if let Err(e) = self.put_data(io, ino, p, in_block, chunk, true) {
+                        self.free_block(io, p, false)?;
+                        result = Err(e);
+                        break;
+                    }
                     map.insert(lblk, p, false);
                     new_blocks += 1;
                 }
             }
             pos += len as u64;
             written += len;
+        }
+        if written == 0 {
+            // Nothing landed: the whole request fails (and its changes are rolled back).
+            return result.map(|()| 0);
         }
         map.store(self, io, ino, &mut i)?;
         self.maps.insert(ino, map);
@@ -955,12 +973,10 @@ impl Meta {
         }
         let old = i.size();
         let mut map = self.extent_map(io, ino, i)?.clone();
-        if size < old && size % bs != 0 {
-            if let Some((p, false)) = map.map((size / bs) as u32) {
-                let zeros = vec![0u8; (bs - size % bs) as usize];
-                self.put_data(io, ino, p, (size % bs) as usize, &zeros, false)?;
-            }
-        }
+        let tail = match map.map((size / bs) as u32) {
+            Some((p, false)) if size < old && size % bs != 0 => Some(p),
+            _ => None,
+        };
         // Drop blocks past the new end (also unwritten ones past EOF when shrinking).
         if size <= old {
             let freed = map.truncate_from(size.div_ceil(bs) as u32);
@@ -979,6 +995,12 @@ impl Meta {
         }
         self.maps.insert(ino, map);
         i.set_size(size);
+        // Zero the tail of the new last block last: in the modes that write data in place this
+        // cannot be rolled back, so everything that can fail comes first.
+        if let Some(p) = tail {
+            let zeros = vec![0u8; (bs - size % bs) as usize];
+            self.put_data(io, ino, p, (size % bs) as usize, &zeros, false)?;
+        }
         Ok(())
     }
 

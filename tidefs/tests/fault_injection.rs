@@ -1,0 +1,523 @@
+//! Goal: every error path keeps its promise. A failed commit fails every fsync it covers with
+//! EIO and puts the file system in the error state (changes refused with EROFS, reads served,
+//! the error recorded on disk where the next mount and e2fsck see it); an operation that meets
+//! an error half-way (EIO from a read or write, no space) is taken back whole, so nothing
+//! half-done is ever committed.
+//!
+//! Method: images made by the real `mkfs.ext4`, loaded into memory and served through
+//! `FaultDev`, which fails the Nth read, write or flush. Durability and "nothing half-done" are
+//! checked after the device is healed and the file system is unmounted and opened again (never
+//! only on the live mount), with the real `e2fsck -fn` as the consistency oracle.
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+
+use tidefs::dev::fault::{Fault, FaultDev, FaultOp};
+use tidefs::dev::{BlockDevice, MemDev};
+use tidefs::format::ext4::superblock::{Superblock, STATE_ERROR, SUPERBLOCK_OFFSET};
+use tidefs::fs::{Creds, DataMode, Fs, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
+use tidefs::FsError;
+
+/// A fresh 16 MiB image from the real mkfs, as bytes.
+fn base_image(name: &str) -> Vec<u8> {
+    assert!(common::have_e2fsprogs(), "these tests need e2fsprogs");
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), name, 16, &[]);
+    std::fs::read(img).unwrap()
+}
+
+/// Opens `bytes` through a fault-injecting device.
+fn open(bytes: &[u8], mode: DataMode) -> (Fs, Arc<FaultDev>, Arc<MemDev>) {
+    let mem = Arc::new(MemDev::from_bytes(bytes.to_vec()));
+    let fault = Arc::new(FaultDev::new(mem.clone()));
+    let opts = MountOptions {
+        data_mode: mode,
+        ..MountOptions::default()
+    };
+    let fs = Fs::open_devices(fault.clone(), None, &opts).unwrap();
+    (fs, fault, mem)
+}
+
+/// Runs `e2fsck -fn` on `bytes` and returns its exit code and output.
+fn e2fsck_n(bytes: &[u8]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("check.img");
+    std::fs::write(&path, bytes).unwrap();
+    e2fsck_path(&path, "-fn")
+}
+
+fn e2fsck_path(path: &Path, flags: &str) -> (i32, String) {
+    let out = std::process::Command::new("e2fsck")
+        .arg(flags)
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn assert_clean(what: &str, bytes: &[u8]) {
+    let (code, out) = e2fsck_n(bytes);
+    assert_eq!(code, 0, "{what}: e2fsck -fn exits {code}:\n{out}");
+}
+
+fn superblock_of(bytes: &[u8]) -> Superblock {
+    let at = SUPERBLOCK_OFFSET as usize;
+    Superblock::parse(&bytes[at..at + 1024]).unwrap()
+}
+
+fn is_eio(e: &FsError) -> bool {
+    matches!(e, FsError::Io(_))
+}
+
+/// Fills in a small tree: `a/` with a three-block file and an xattr, `b/` with a file, a
+/// symlink; everything committed and checkpointed (clean unmount).
+fn populated_image() -> Vec<u8> {
+    let base = base_image("populated.img");
+    let (fs, _fault, mem) = open(&base, DataMode::Ordered);
+    let a = fs.mkdir(ROOT_INO, b"a", 0o755, Creds::ROOT).unwrap();
+    let b = fs.mkdir(ROOT_INO, b"b", 0o755, Creds::ROOT).unwrap();
+    let f = fs.create(a.ino, b"f", 0o100644, 0, Creds::ROOT).unwrap();
+    let data: Vec<u8> = (0..12_000u32).map(|i| (i % 251) as u8).collect();
+    fs.write(f.ino, 0, &data).unwrap();
+    fs.setxattr(f.ino, b"user.k", b"v", XattrSetMode::Any)
+        .unwrap();
+    let g = fs.create(b.ino, b"g", 0o100600, 0, Creds::ROOT).unwrap();
+    fs.write(g.ino, 0, b"gee").unwrap();
+    fs.symlink(b.ino, b"l", b"../a/f", Creds::ROOT).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    mem.to_bytes()
+}
+
+fn ino_of(fs: &Fs, path: &[&[u8]]) -> tidefs::Result<u64> {
+    let mut ino = ROOT_INO;
+    for name in path {
+        ino = fs.lookup(ino, name)?.ino;
+    }
+    Ok(ino)
+}
+
+/// The tree with times cleared: the same operation run twice differs only in its clock.
+fn timeless(mut t: common::Tree) -> common::Tree {
+    for n in t.values_mut() {
+        n.mtime = (0, 0);
+        n.ctime = (0, 0);
+    }
+    t
+}
+
+#[test]
+fn shared_commit_failure_fails_every_fsync() {
+    let base = base_image("shared.img");
+    for trial in 0..10 {
+        let (fs, fault, mem) = open(&base, DataMode::Ordered);
+        let fs = Arc::new(fs);
+        // Something committed before the failure: reads of it must still be served after.
+        let keep = fs
+            .create(ROOT_INO, b"keep", 0o100644, 0, Creds::ROOT)
+            .unwrap();
+        fs.write(keep.ino, 0, b"durable").unwrap();
+        fs.fsync(keep.ino, false).unwrap();
+        let threads = 4;
+        let files: Vec<u64> = (0..threads)
+            .map(|t| {
+                let a = fs
+                    .create(
+                        ROOT_INO,
+                        format!("t{t}").as_bytes(),
+                        0o100644,
+                        0,
+                        Creds::ROOT,
+                    )
+                    .unwrap();
+                fs.write(a.ino, 0, b"record").unwrap();
+                a.ino
+            })
+            .collect();
+        // The next journal write fails, once: the device is healthy again right after, so a
+        // waiter that merely saw the transaction id move on would wrongly report success.
+        fault.inject(Fault::nth(FaultOp::Write, 0));
+        let barrier = Arc::new(Barrier::new(threads));
+        let results: Vec<_> = files
+            .iter()
+            .map(|&ino| {
+                let fs = fs.clone();
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    fs.fsync(ino, true)
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        for (t, r) in results.iter().enumerate() {
+            match r {
+                Err(e) => assert!(is_eio(e), "trial {trial}, thread {t}: {e}"),
+                Ok(()) => panic!("trial {trial}, thread {t}: fsync succeeded over a failed commit"),
+            }
+        }
+        // The error state: changes refused, reads served, later fsyncs fail too.
+        assert!(matches!(
+            fs.create(ROOT_INO, b"late", 0o100644, 0, Creds::ROOT),
+            Err(FsError::ReadOnly)
+        ));
+        assert_eq!(fs.read(keep.ino, 0, 100).unwrap(), b"durable");
+        assert!(fs.fsync(keep.ino, false).is_err());
+        assert!(fs.unmount().is_err(), "unmount must report the error");
+        drop(fs);
+        // On disk: the error is recorded, the fsync'd file survives recovery, and the fsck
+        // tools see a consistent file system that carries the error.
+        let bytes = mem.to_bytes();
+        let sb = superblock_of(&bytes);
+        assert_ne!(sb.state() & STATE_ERROR, 0, "error state bit not recorded");
+        assert!(sb.error_count() >= 1);
+        let (fs, _fault, mem) = open(&bytes, DataMode::Ordered);
+        let k = fs.lookup(ROOT_INO, b"keep").unwrap();
+        assert_eq!(fs.read(k.ino, 0, 100).unwrap(), b"durable");
+        fs.unmount().unwrap();
+        drop(fs);
+        let bytes = mem.to_bytes();
+        assert_ne!(superblock_of(&bytes).state() & STATE_ERROR, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("after.img");
+        std::fs::write(&path, &bytes).unwrap();
+        let (code, out) = e2fsck_path(&path, "-fy");
+        assert!(code <= 1, "e2fsck -fy exits {code}:\n{out}");
+        let (code, out) = e2fsck_path(&path, "-fn");
+        assert_eq!(code, 0, "after e2fsck -fy:\n{out}");
+        assert_eq!(
+            superblock_of(&std::fs::read(&path).unwrap()).state() & STATE_ERROR,
+            0,
+            "e2fsck -fy clears the error state"
+        );
+    }
+}
+
+#[test]
+fn failed_flush_fails_the_fsync_and_the_next_mount_learns_it_from_the_journal() {
+    let base = base_image("flush.img");
+    let (fs, fault, mem) = open(&base, DataMode::Journal);
+    let f = fs.create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT).unwrap();
+    fs.write(f.ino, 0, b"never promised").unwrap();
+    fault.inject(Fault::nth(FaultOp::Flush, 0));
+    let e = fs.fsync(f.ino, false).unwrap_err();
+    assert!(is_eio(&e), "{e}");
+    assert!(matches!(
+        fs.mkdir(ROOT_INO, b"d", 0o755, Creds::ROOT),
+        Err(FsError::ReadOnly)
+    ));
+    fs.crash();
+    drop(fs);
+    let bytes = mem.to_bytes();
+    // The next mount carries the journal's record of the abort into the superblock.
+    let (fs, _fault, mem) = open(&bytes, DataMode::Journal);
+    fs.unmount().unwrap();
+    drop(fs);
+    let after = mem.to_bytes();
+    assert_ne!(superblock_of(&after).state() & STATE_ERROR, 0);
+}
+
+#[test]
+fn checkpoint_failure_keeps_the_journal_for_the_next_mount() {
+    let base = base_image("ckpt.img");
+    let (fs, fault, mem) = open(&base, DataMode::Ordered);
+    let f = fs.create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT).unwrap();
+    fs.write(f.ino, 0, b"committed").unwrap();
+    fs.fsync(f.ino, false).unwrap();
+    // Unmount commits (nothing left), then checkpoints: its first home write fails.
+    fault.inject(Fault::from_nth(FaultOp::Write, 0));
+    assert!(fs.unmount().is_err());
+    drop(fs);
+    fault.heal();
+    let bytes = mem.to_bytes();
+    let (fs, _fault, mem) = open(&bytes, DataMode::Ordered);
+    assert!(
+        fs.recovery_report().is_some(),
+        "the journal was kept for replay"
+    );
+    let f = fs.lookup(ROOT_INO, b"f").unwrap();
+    assert_eq!(fs.read(f.ino, 0, 100).unwrap(), b"committed");
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_clean("after the replay", &mem.to_bytes());
+}
+
+#[test]
+fn recovery_failure_is_an_error_and_a_later_recovery_completes() {
+    let base = base_image("recover.img");
+    let (fs, _fault, mem) = open(&base, DataMode::Ordered);
+    for i in 0..20u32 {
+        let f = fs
+            .create(
+                ROOT_INO,
+                format!("f{i}").as_bytes(),
+                0o100644,
+                0,
+                Creds::ROOT,
+            )
+            .unwrap();
+        fs.write(f.ino, 0, &i.to_le_bytes()).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+    }
+    fs.crash();
+    drop(fs);
+    let crashed = mem.to_bytes();
+    // Recovery's writes fail from the third on: open fails with an I/O error.
+    let mem = Arc::new(MemDev::from_bytes(crashed));
+    let fault = Arc::new(FaultDev::new(mem.clone()));
+    fault.inject(Fault::from_nth(FaultOp::Write, 2));
+    match Fs::open_devices(fault.clone(), None, &MountOptions::default()) {
+        Err(e) => assert!(is_eio(&e), "{e}"),
+        Ok(_) => panic!("open succeeded though recovery could not write"),
+    }
+    // A healthy retry replays everything.
+    let (fs, _f, mem) = open(&mem.to_bytes(), DataMode::Ordered);
+    for i in 0..20u32 {
+        let f = fs.lookup(ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+        assert_eq!(fs.read(f.ino, 0, 4).unwrap(), i.to_le_bytes());
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_clean("after recovery retry", &mem.to_bytes());
+}
+
+/// An operation under test; returns the bytes a write reported (0 for other operations).
+type Op = fn(&Fs) -> tidefs::Result<u32>;
+
+/// Where the write operations write, so a short write can be redone with its reported length.
+const WRITE_AT: u64 = 100_000;
+const OVERWRITE_AT: u64 = 10;
+
+fn operations() -> Vec<(&'static str, Op)> {
+    vec![
+        ("create", |fs| {
+            let b = ino_of(fs, &[b"b"])?;
+            fs.create(b, b"new", 0o100644, 0, Creds::ROOT).map(|_| 0)
+        }),
+        ("mkdir", |fs| {
+            let a = ino_of(fs, &[b"a"])?;
+            fs.mkdir(a, b"sub", 0o755, Creds::ROOT).map(|_| 0)
+        }),
+        ("symlink", |fs| {
+            fs.symlink(ROOT_INO, b"s", &[b'x'; 300], Creds::ROOT)
+                .map(|_| 0)
+        }),
+        ("link", |fs| {
+            let f = ino_of(fs, &[b"a", b"f"])?;
+            let b = ino_of(fs, &[b"b"])?;
+            fs.link(f, b, b"f2").map(|_| 0)
+        }),
+        ("unlink", |fs| {
+            let a = ino_of(fs, &[b"a"])?;
+            fs.unlink(a, b"f").map(|()| 0)
+        }),
+        ("rmdir", |fs| {
+            let b = ino_of(fs, &[b"b"])?;
+            fs.unlink(b, b"g")?;
+            fs.unlink(b, b"l")?;
+            fs.rmdir(ROOT_INO, b"b").map(|()| 0)
+        }),
+        ("rename across directories, replacing", |fs| {
+            let a = ino_of(fs, &[b"a"])?;
+            let b = ino_of(fs, &[b"b"])?;
+            fs.rename(a, b"f", b, b"g", RenameFlags::default())
+                .map(|()| 0)
+        }),
+        ("write that allocates", |fs| {
+            let f = ino_of(fs, &[b"a", b"f"])?;
+            fs.write(f, WRITE_AT, &[7u8; 20_000])
+        }),
+        ("overwrite", |fs| {
+            let f = ino_of(fs, &[b"a", b"f"])?;
+            fs.write(f, OVERWRITE_AT, &[9u8; 5000])
+        }),
+        ("truncate", |fs| {
+            let f = ino_of(fs, &[b"a", b"f"])?;
+            let shrink = SetAttr {
+                size: Some(100),
+                ..SetAttr::default()
+            };
+            fs.setattr(f, &shrink).map(|_| 0)
+        }),
+        ("setxattr", |fs| {
+            let g = ino_of(fs, &[b"b", b"g"])?;
+            fs.setxattr(g, b"user.big", &[1u8; 3000], XattrSetMode::Any)
+                .map(|()| 0)
+        }),
+        ("fallocate", |fs| {
+            let g = ino_of(fs, &[b"b", b"g"])?;
+            fs.fallocate(g, 0, 64 << 10, false).map(|()| 0)
+        }),
+    ]
+}
+
+/// Runs `op` once on `image` with the `n`th call of `kind` failing. Returns `None` when the
+/// operation finished before reaching that call (no fault fired).
+fn run_with_fault(
+    image: &[u8],
+    mode: DataMode,
+    op: Op,
+    kind: FaultOp,
+    n: u64,
+) -> Option<(tidefs::Result<u32>, common::Tree, Vec<u8>)> {
+    let (fs, fault, mem) = open(image, mode);
+    fault.inject(Fault::nth(kind, n));
+    let r = op(&fs);
+    let fired = fault.counts().injected > 0;
+    fault.heal();
+    if !fired {
+        fs.unmount().unwrap();
+        return None;
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let bytes = mem.to_bytes();
+    Some((r, live_after_remount(&bytes), bytes))
+}
+
+/// For a write operation that reported `n` bytes, fewer than it asked for: where it wrote and
+/// the bytes that landed.
+fn short_write(name: &str, n: u32) -> Option<(u64, Vec<u8>)> {
+    let n = n as usize;
+    match name {
+        "write that allocates" if n < 20_000 => Some((WRITE_AT, vec![7u8; n])),
+        "overwrite" if n < 5000 => Some((OVERWRITE_AT, vec![9u8; n])),
+        _ => None,
+    }
+}
+
+fn live_after_remount(bytes: &[u8]) -> common::Tree {
+    let (fs, _fault, _mem) = open(bytes, DataMode::Ordered);
+    let t = common::walk_lib(&fs, false);
+    fs.unmount().unwrap();
+    t
+}
+
+#[test]
+fn an_operation_that_fails_half_way_leaves_nothing_behind() {
+    let image = populated_image();
+    let before = live_after_remount(&image);
+    for mode in [DataMode::Ordered, DataMode::Journal] {
+        for (name, op) in operations() {
+            // The operation done without faults: what success looks like.
+            let (fs, _f, _m) = open(&image, mode);
+            op(&fs).unwrap_or_else(|e| panic!("{name} without faults: {e}"));
+            let done = timeless(common::walk_lib(&fs, false));
+            fs.unmount().unwrap();
+            drop(fs);
+            for kind in [FaultOp::Read, FaultOp::Write] {
+                let mut failures = 0;
+                for n in 0..10_000 {
+                    let Some((r, after, bytes)) = run_with_fault(&image, mode, op, kind, n) else {
+                        break;
+                    };
+                    let what = format!("{mode:?} {name}, {kind:?} #{n} fails");
+                    match r {
+                        Err(e) => {
+                            failures += 1;
+                            assert!(is_eio(&e), "{what}: the caller must see EIO, got {e}");
+                            common::assert_trees_equal(&what, &before, &after);
+                        }
+                        Ok(n) if short_write(name, n).is_some() => {
+                            // A short write is exactly the first `n` bytes, nothing more.
+                            let (at, data) = short_write(name, n).unwrap();
+                            let (fs, _f, _m) = open(&image, mode);
+                            let f = ino_of(&fs, &[b"a", b"f"]).unwrap();
+                            assert_eq!(fs.write(f, at, &data).unwrap(), n);
+                            let expected = timeless(common::walk_lib(&fs, false));
+                            fs.unmount().unwrap();
+                            common::assert_trees_equal(&what, &expected, &timeless(after));
+                        }
+                        Ok(_) => common::assert_trees_equal(&what, &done, &timeless(after)),
+                    }
+                    assert_clean(&what, &bytes);
+                }
+                if kind == FaultOp::Read {
+                    assert!(failures > 0, "{mode:?} {name}: no read was ever failed");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn no_space_half_way_leaves_nothing_behind() {
+    let image = populated_image();
+    let (fs, _f, mem) = open(&image, DataMode::Ordered);
+    // Fill every free block: a file grows until ENOSPC.
+    let fill = fs
+        .create(ROOT_INO, b"fill", 0o100644, 0, Creds::ROOT)
+        .unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut at = 0u64;
+    loop {
+        match fs.write(fill.ino, at, &chunk) {
+            Ok(n) if n > 0 => at += u64::from(n),
+            Ok(_) | Err(FsError::NoSpace) => break,
+            Err(e) => panic!("filling: {e}"),
+        }
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let full = mem.to_bytes();
+    let before = live_after_remount(&full);
+    let free_inodes_before = superblock_of(&full).free_inodes_count();
+    let attempts: Vec<(&str, Op)> = vec![
+        // Each needs an inode (available) and then a block (not available).
+        ("mkdir", |fs| {
+            fs.mkdir(ROOT_INO, b"d", 0o755, Creds::ROOT).map(|_| 0)
+        }),
+        ("long symlink", |fs| {
+            fs.symlink(ROOT_INO, b"s", &[b'y'; 1000], Creds::ROOT)
+                .map(|_| 0)
+        }),
+        ("create into a full directory block", |fs| {
+            let b = ino_of(fs, &[b"b"])?;
+            for i in 0..400 {
+                let name = format!("{i:0>200}");
+                fs.create(b, name.as_bytes(), 0o100644, 0, Creds::ROOT)?;
+            }
+            Ok(0)
+        }),
+        ("block xattr", |fs| {
+            let g = ino_of(fs, &[b"b", b"g"])?;
+            fs.setxattr(g, b"user.big", &[1u8; 3000], XattrSetMode::Any)
+                .map(|()| 0)
+        }),
+    ];
+    for (name, op) in attempts {
+        let (fs, _f, mem) = open(&full, DataMode::Ordered);
+        let r = op(&fs);
+        assert!(
+            matches!(r, Err(FsError::NoSpace)),
+            "{name}: expected ENOSPC, got {r:?}"
+        );
+        fs.unmount().unwrap();
+        drop(fs);
+        let bytes = mem.to_bytes();
+        let after = live_after_remount(&bytes);
+        if name.starts_with("create into") {
+            // The creates before the one that failed stay; the failed one left nothing.
+            assert_clean(name, &bytes);
+            continue;
+        }
+        common::assert_trees_equal(name, &before, &after);
+        assert_eq!(
+            superblock_of(&bytes).free_inodes_count(),
+            free_inodes_before,
+            "{name}: an inode leaked"
+        );
+        assert_clean(name, &bytes);
+    }
+}
