@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::{Arc, Barrier};
 
 use tidefs::dev::fault::{Fault, FaultDev, FaultOp};
-use tidefs::dev::{BlockDevice, MemDev};
+use tidefs::dev::MemDev;
 use tidefs::format::ext4::superblock::{Superblock, STATE_ERROR, SUPERBLOCK_OFFSET};
 use tidefs::fs::{Creds, DataMode, Fs, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
 use tidefs::FsError;
