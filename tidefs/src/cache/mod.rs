@@ -6,7 +6,7 @@
 //! - any other block may be dropped at any time; the layer above reloads it from the newest
 //!   committed journal copy (not yet checkpointed) or else from its home location.
 //!
-//! File data does not pass through this cache (DESIGN.md §1: data goes home directly, or
+//! File data does not pass through this cache (docs/DESIGN.md §2.3: data goes home directly, or
 //! through the journal records of its mode).
 
 use std::collections::{BTreeSet, HashMap};

@@ -126,7 +126,8 @@ pub struct Fs {
 }
 
 fn journal_err_to_readonly(meta: &mut Meta, e: FsError) -> FsError {
-    // A failed journal write or flush latches the file system read-only (DESIGN.md; jbd2 abort).
+    // A failed journal write or flush latches the file system read-only (docs/DESIGN.md §5;
+    // jbd2 abort).
     meta.read_only = true;
     e
 }
