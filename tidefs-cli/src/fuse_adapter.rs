@@ -81,7 +81,7 @@ type SyncJob = (Ino, bool, ReplyEmpty);
 
 /// Serves fsyncs away from the session threads: a session thread hands the request over and
 /// goes back to the kernel for the next one, and the reply leaves when the commit is durable
-/// (DESIGN.md §1: one slow fsync never holds the other requests).
+/// (docs/DESIGN.md §2.7: one slow fsync never holds the other requests).
 struct SyncWorkers {
     queue: Mutex<std::sync::mpsc::Sender<SyncJob>>,
 }

@@ -1,7 +1,7 @@
 //! tidefs: a user-space journaling file system that keeps its data in the ext4 on-disk format and
 //! its journal in the jbd2 format.
 //!
-//! Layers, each knowing only the one below it (see `shared/DESIGN.md` §1):
+//! Layers, each knowing only the one below it (see `docs/DESIGN.md` §2):
 //! - [`fs`]: inodes, directories, files, allocation; every metadata change inside a transaction;
 //! - [`journal`]: jbd2 transactions, commit, checkpoint, recovery;
 //! - [`cache`]: the metadata buffer cache;

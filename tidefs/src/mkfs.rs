@@ -30,7 +30,7 @@ pub const DEFAULT_JOURNAL_DEVICE_SIZE: u64 = 64 << 20;
 /// The smallest image we format: below this, `mke2fs` leaves too little room beside the journal.
 pub const MIN_IMAGE_SIZE: u64 = 8 << 20;
 
-/// The ext4 features of a tidefs image (DESIGN.md §2).
+/// The ext4 features of a tidefs image (docs/FORMAT.md §2).
 pub const FEATURES: &str = "has_journal,ext_attr,dir_index,filetype,extent,64bit,flex_bg,\
 sparse_super,large_file,huge_file,dir_nlink,extra_isize,metadata_csum";
 

@@ -1,4 +1,4 @@
-//! Goal: every data mode keeps its crash promise (DESIGN.md §3) over a bounded, seeded set of
+//! Goal: every data mode keeps its crash promise (docs/DESIGN.md §3) over a bounded, seeded set of
 //! crash states; the harness catches a deliberately broken ordering; the crash-state generator
 //! builds exactly the states it claims to and replays them by seed and index.
 //!

@@ -1,6 +1,6 @@
 //! Goal: each data mode (`lightweight`, `writeback`, `ordered`, `journal`) works end to end
 //! through the library: what is written reads back before and after a clean remount, the image
-//! is clean by the real e2fsck, and each mode sends its data where DESIGN.md §3 says (journal
+//! is clean by the real e2fsck, and each mode sends its data where docs/DESIGN.md §3 says (journal
 //! mode logs data blocks, the others do not). Crash behaviour is the crash harness's job.
 
 mod common;

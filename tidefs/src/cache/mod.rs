@@ -9,7 +9,7 @@
 //!   removal of each block saves what the cache held before, so a failed operation is taken
 //!   back whole and never reaches a commit half done.
 //!
-//! File data does not pass through this cache (DESIGN.md §1: data goes home directly, or
+//! File data does not pass through this cache (docs/DESIGN.md §2.3: data goes home directly, or
 //! through the journal records of its mode).
 
 use std::collections::{BTreeSet, HashMap};

@@ -1,4 +1,4 @@
-//! The crash-state harness (DESIGN.md §6, issue 3): record a workload's writes and flushes,
+//! The crash-state harness (docs/DESIGN.md §6, issue 3): record a workload's writes and flushes,
 //! rebuild the disk as a power cut could leave it, recover, and check the promises.
 //!
 //! A run, for one data mode:

@@ -3,8 +3,8 @@
 //! (a) the real `e2fsck -fn` is clean on the recovered (and cleanly unmounted) image;
 //! (b) every promise of a persistence point that returned before the crash holds, unless an op
 //!     started after it (and before the crash) touched the promised object;
-//! (c) the mode's promise (DESIGN.md §3): ordered and journal, every byte of every file is zero
-//!     or a byte some issued write put at that offset of that file; journal, every write shows
+//! (c) the mode's promise (docs/DESIGN.md §3): ordered and journal, every byte of every file is
+//!     zero or a byte some issued write put at that offset of that file; journal, every write shows
 //!     all of its bytes or none (bytes overwritten or cut by a later op excepted).
 //!
 //! Invariants:

@@ -1,4 +1,4 @@
-//! A block device that records every write and flush, for crash tests (DESIGN.md §6).
+//! A block device that records every write and flush, for crash tests (docs/DESIGN.md §6).
 //!
 //! The device keeps an in-memory image: it starts as a copy of a base image and every write is
 //! applied to it at once, so the file system above reads its own writes as on a real disk. Every

@@ -182,7 +182,7 @@ pub struct StatFs {
     pub name_max: u32,
 }
 
-/// How file data is journaled (DESIGN.md §3). A per-inode property inside the file system;
+/// How file data is journaled (docs/DESIGN.md §3). A per-inode property inside the file system;
 /// chosen for the whole mount with `-o data=MODE` for now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DataMode {

@@ -1,4 +1,4 @@
-//! The jbd2 journal: commit, checkpoint and recovery (DESIGN.md §2, §4).
+//! The jbd2 journal: commit, checkpoint and recovery (docs/DESIGN.md §2.4, §4; docs/FORMAT.md §4).
 //!
 //! INTERFACE CONTRACT (the fs layer codes against exactly this; keep signatures stable):
 //!

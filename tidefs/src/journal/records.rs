@@ -4,7 +4,7 @@
 //! blocks of one transaction. Today there is one serializer, [`Jbd2BlockLayout`], the classic
 //! jbd2 layout (descriptor blocks with tags, the block copies, revoke blocks, a commit block)
 //! that the kernel and e2fsck can replay. Later record kinds (byte ranges of a home block) and
-//! denser layouts (a compact commit of a few sectors, DESIGN.md §8) plug in here without
+//! denser layouts (a compact commit of a few sectors, docs/DESIGN.md §8) plug in here without
 //! touching the log's space accounting, which only needs `blocks_needed` and the block list.
 //!
 //! Invariants:
