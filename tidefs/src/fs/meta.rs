@@ -634,8 +634,9 @@ impl Meta {
         self.sb.set_free_blocks_count(free);
         // A block that may sit in the journal gets a revoke record, so replay cannot write its
         // old content over its next use; the revoke takes effect at commit, so until then the
-        // block is not handed out again. Plain data blocks wait for the commit too (ordered
-        // mode's promise: no stale data inside files), except in writeback mode.
+        // block is not handed out again. Plain data blocks wait for the commit too, in every
+        // mode as in ext4: until the free commits, a crash brings back the file that owned the
+        // block, and its contents must still be its own.
         let in_journal = journaled
             || self.cache.is_dirty(b)
             || self.committing.contains_key(&b)
@@ -646,14 +647,12 @@ impl Meta {
                 u.revoked.push((b, false));
             }
         }
-        if in_journal || self.default_mode != DataMode::Writeback {
-            if self.quarantine.insert(b) {
-                if let Some(u) = &mut self.op_undo {
-                    u.quarantined.push(b);
-                }
+        if self.quarantine.insert(b) {
+            if let Some(u) = &mut self.op_undo {
+                u.quarantined.push(b);
             }
-            self.freed_running.push(b);
         }
+        self.freed_running.push(b);
         Ok(())
     }
 
