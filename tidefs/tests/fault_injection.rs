@@ -408,7 +408,12 @@ fn live_after_remount(bytes: &[u8]) -> common::Tree {
 fn an_operation_that_fails_half_way_leaves_nothing_behind() {
     let image = populated_image();
     let before = live_after_remount(&image);
-    for mode in [DataMode::Ordered, DataMode::Journal] {
+    for mode in [
+        DataMode::Lightweight,
+        DataMode::Writeback,
+        DataMode::Ordered,
+        DataMode::Journal,
+    ] {
         for (name, op) in operations() {
             // The operation done without faults: what success looks like.
             let (fs, _f, _m) = open(&image, mode);

@@ -44,6 +44,8 @@ pub struct Fault {
     pub times: Option<u64>,
     /// Writes only: bytes of the buffer written to the inner device before the error.
     pub short_prefix: Option<usize>,
+    /// Once this fault fires, every later write and flush fails too: power was cut there.
+    pub then_dead: bool,
 }
 
 impl Fault {
@@ -55,6 +57,7 @@ impl Fault {
             range: None,
             times: Some(1),
             short_prefix: None,
+            then_dead: false,
         }
     }
 
@@ -74,7 +77,24 @@ impl Fault {
             range: Some(range),
             times: None,
             short_prefix: None,
+            then_dead: false,
         }
+    }
+
+    /// Fires once, on the `n`th (0-based) call touching `range`.
+    pub fn nth_in_range(op: FaultOp, range: Range<u64>, n: u64) -> Fault {
+        Fault {
+            after: n,
+            times: Some(1),
+            ..Fault::range(op, range)
+        }
+    }
+
+    /// Makes the device dead after this fault fires: nothing written later lands, as at a
+    /// power cut.
+    pub fn then_dead(mut self) -> Fault {
+        self.then_dead = true;
+        self
     }
 
     /// Makes a write fault land the first `bytes` of its buffer before failing.
@@ -104,6 +124,8 @@ pub struct FaultCounts {
     pub flushes: u64,
     /// Calls that failed by injection.
     pub injected: u64,
+    /// A `then_dead` fault fired: writes and flushes fail from then on.
+    pub dead: bool,
 }
 
 /// A device that fails the operations its faults name.
@@ -133,7 +155,9 @@ impl FaultDev {
 
     /// Removes every planned failure (the device is healthy again).
     pub fn heal(&self) {
-        self.state.lock().0.clear();
+        let mut state = self.state.lock();
+        state.0.clear();
+        state.1.dead = false;
     }
 
     /// Calls so far.
@@ -149,6 +173,10 @@ impl FaultDev {
             FaultOp::Read => counts.reads += 1,
             FaultOp::Write => counts.writes += 1,
             FaultOp::Flush => counts.flushes += 1,
+        }
+        if counts.dead && op != FaultOp::Read {
+            counts.injected += 1;
+            return Some(Fault::from_nth(op, 0));
         }
         for armed in faults.iter_mut() {
             let f = &armed.fault;
@@ -169,6 +197,7 @@ impl FaultDev {
             }
             armed.fired += 1;
             counts.injected += 1;
+            counts.dead |= f.then_dead;
             return Some(f.clone());
         }
         None

@@ -119,6 +119,16 @@ pub(crate) struct GroupInfo {
     pub itable_unused: u32,
 }
 
+/// A free that lightweight mode holds back: the bitmaps learn of it only once the in-place
+/// writes of the transaction that made it (the inode or extent block that stopped pointing at
+/// it) are durable. Until then a crash leaks it, which lightweight allows; the other order could
+/// leave a block in use that the bitmap calls free.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LateFree {
+    Block { nr: u64, journaled: bool },
+    Inode { ino: u32, is_dir: bool },
+}
+
 /// What one operation changed outside the buffer cache, kept while it runs so that a failure
 /// half-way (no space, an I/O error, corruption found) takes the whole operation back: a commit
 /// never sees half an operation. The cache keeps the pre-images of the blocks themselves.
@@ -135,6 +145,7 @@ pub(crate) struct OpUndo {
     quarantined: Vec<u64>,
     freed_running_len: usize,
     deferred_data_len: usize,
+    late_frees_len: usize,
 }
 
 /// The state behind the file-system lock.
@@ -175,6 +186,9 @@ pub(crate) struct Meta {
     pub deferred_data: Vec<(u64, Vec<u8>)>,
     /// While an operation runs: what it changed outside the buffer cache (see [`OpUndo`]).
     pub op_undo: Option<OpUndo>,
+    /// Lightweight mode: frees made by the running transaction, applied to the bitmaps once
+    /// its in-place writes are durable (see [`LateFree`]).
+    pub late_frees: Vec<LateFree>,
     /// Block and inode bitmap blocks: with the GDT and the superblock, what lightweight mode
     /// journals.
     pub bitmap_blocks: HashSet<u64>,
@@ -254,6 +268,7 @@ impl Meta {
             quarantined: Vec::new(),
             freed_running_len: self.freed_running.len(),
             deferred_data_len: self.deferred_data.len(),
+            late_frees_len: self.late_frees.len(),
         });
     }
 
@@ -290,6 +305,7 @@ impl Meta {
         }
         self.freed_running.truncate(u.freed_running_len);
         self.deferred_data.truncate(u.deferred_data_len);
+        self.late_frees.truncate(u.late_frees_len);
         self.maps.clear();
         self.dirs.clear();
     }
@@ -313,6 +329,23 @@ impl Meta {
         }
     }
 
+    /// Whether frees wait for a commit before their blocks can be allocated again.
+    pub fn frees_pending(&self) -> bool {
+        !self.quarantine.is_empty() || !self.late_frees.is_empty()
+    }
+
+    /// Applies frees held back by lightweight mode (their transaction's in-place writes are
+    /// durable now); they join the running transaction.
+    pub fn apply_late_frees(&mut self, io: &Io, frees: Vec<LateFree>) -> Result<()> {
+        for f in frees {
+            match f {
+                LateFree::Block { nr, journaled } => self.free_block_now(io, nr, journaled)?,
+                LateFree::Inode { ino, is_dir } => self.free_inode_now(io, ino, is_dir)?,
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the running transaction holds anything a commit must write.
     pub fn has_uncommitted_changes(&self) -> bool {
         self.cache.dirty_count() > 0
@@ -320,6 +353,7 @@ impl Meta {
             || !self.freed_running.is_empty()
             || self.sb_dirty
             || !self.deferred_data.is_empty()
+            || !self.late_frees.is_empty()
     }
 
     /// Drops block maps and directory indexes when too many have piled up. Both are derived
@@ -426,6 +460,23 @@ impl Meta {
             .collect();
         self.groups = groups;
         Ok(())
+    }
+
+    /// Sets the superblock's free block and inode counts from the group descriptors, which
+    /// are journaled with every allocation: the superblock's own counts may be stale (a
+    /// backup superblock, a lightweight crash), as the kernel also assumes.
+    pub fn sum_free_counts(&mut self) {
+        let blocks: u64 = self.groups.iter().map(|g| u64::from(g.free_blocks)).sum();
+        let inodes: u64 = self.groups.iter().map(|g| u64::from(g.free_inodes)).sum();
+        if self.sb.free_blocks_count() != blocks {
+            self.sb.set_free_blocks_count(blocks);
+            self.sb_dirty = true;
+        }
+        let inodes = u32::try_from(inodes).unwrap_or(u32::MAX);
+        if self.sb.free_inodes_count() != inodes {
+            self.sb.set_free_inodes_count(inodes);
+            self.sb_dirty = true;
+        }
     }
 
     /// Writes `groups[g]` into its descriptor, with bitmap checksums `bb`/`ib` if given.
@@ -616,6 +667,17 @@ impl Meta {
                 "freeing block {b} outside the file system"
             )));
         }
+        if self.default_mode == DataMode::Lightweight {
+            let journaled = journaled || self.cache.is_dirty(b) || self.committing.contains_key(&b);
+            self.cache.forget(b);
+            self.late_frees.push(LateFree::Block { nr: b, journaled });
+            return Ok(());
+        }
+        self.free_block_now(io, b, journaled)
+    }
+
+    /// Clears block `b` in its bitmap, in the running transaction.
+    fn free_block_now(&mut self, io: &Io, b: u64, journaled: bool) -> Result<()> {
         let g = self.geo.group_of_block(b);
         self.prepare_block_bitmap(io, g)?;
         let bb = self.groups[g as usize].block_bitmap;
@@ -728,6 +790,15 @@ impl Meta {
 
     /// Frees inode `ino`.
     pub fn free_inode(&mut self, io: &Io, ino: u32, is_dir: bool) -> Result<()> {
+        if self.default_mode == DataMode::Lightweight {
+            self.late_frees.push(LateFree::Inode { ino, is_dir });
+            return Ok(());
+        }
+        self.free_inode_now(io, ino, is_dir)
+    }
+
+    /// Clears inode `ino` in its bitmap, in the running transaction.
+    fn free_inode_now(&mut self, io: &Io, ino: u32, is_dir: bool) -> Result<()> {
         let ipg = self.geo.inodes_per_group;
         let g = (ino - 1) / ipg;
         let i = ((ino - 1) % ipg) as usize;

@@ -185,6 +185,28 @@ fn read_superblock(dev: &dyn BlockDevice, read_only: bool, verify: bool) -> Resu
     Ok(sb)
 }
 
+/// The backup superblock of group 1 for the geometry `damaged` claims, if it verifies and
+/// describes the same file system; returns it made primary, and its block number.
+fn read_backup_superblock(
+    dev: &dyn BlockDevice,
+    damaged: &Superblock,
+) -> Option<(Superblock, u64)> {
+    if damaged.group_count() < 2 {
+        return None;
+    }
+    let at = u64::from(damaged.first_data_block()) + u64::from(damaged.blocks_per_group());
+    let offset = at.checked_mul(u64::from(damaged.block_size()))?;
+    let mut buf = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(offset, &mut buf).ok()?;
+    let mut sb = Superblock::parse(&buf).ok()?;
+    if sb.uuid() != damaged.uuid() || sb.blocks_count() != damaged.blocks_count() {
+        return None;
+    }
+    sb.set_block_group_nr(0);
+    sb.update_checksum();
+    Some((sb, at))
+}
+
 /// Reads inode `ino` straight from the device (before the journal exists).
 fn read_inode_direct(
     dev: &dyn BlockDevice,
@@ -320,9 +342,20 @@ impl Fs {
             ));
         };
         let journal = Journal::open(jgeo, dev.clone(), jopts)?;
-        if let (Some(c), false) = (&torn_superblock, journal.needs_recovery()) {
-            return Err(FsError::Corrupt(c.clone()));
-        }
+        // A damaged primary with nothing in the journal to repair it: the backup in group 1,
+        // as e2fsck -b does; mount writes it back as the primary.
+        let (sb, torn_superblock) = match (torn_superblock, journal.needs_recovery()) {
+            (Some(c), false) => match read_backup_superblock(dev.as_ref(), &sb) {
+                Some((backup, at)) => {
+                    log::warn!(
+                        "the primary superblock is damaged ({c}); using the backup at block {at}"
+                    );
+                    (backup, None)
+                }
+                None => return Err(FsError::Corrupt(c)),
+            },
+            (torn, _) => (sb, torn),
+        };
         let recovery = if journal.needs_recovery() {
             Some(journal.recover()?)
         } else {
@@ -379,8 +412,10 @@ impl Fs {
             deferred_data: Vec::new(),
             bitmap_blocks: HashSet::new(),
             op_undo: None,
+            late_frees: Vec::new(),
         };
         meta.load_groups(&io)?;
+        meta.sum_free_counts();
         meta.read_only = ro;
         let root = meta.read_inode(&io, ROOT_INO as u32)?;
         if !root.is_dir() {
@@ -479,7 +514,7 @@ impl Fs {
         mut f: impl FnMut(&mut Meta, &Io) -> Result<T>,
     ) -> Result<T> {
         let inner = &self.inner;
-        let mut retried = false;
+        let mut retries = 0;
         loop {
             if inner.closed.load(Ordering::SeqCst) {
                 return Err(FsError::ReadOnly);
@@ -499,13 +534,14 @@ impl Fs {
                 m.trim_derived_caches();
                 let big = m.cache.dirty_count() + m.revoked.len()
                     >= inner.io.journal.max_transaction_blocks() / 2;
-                (r, big, !m.quarantine.is_empty())
+                (r, big, m.frees_pending())
             };
             if write && (big || matches!(r, Err(FsError::NoSpace)) && waiting_frees) {
                 inner.commit_running()?;
             }
-            if write && !retried && waiting_frees && matches!(r, Err(FsError::NoSpace)) {
-                retried = true;
+            // Lightweight mode's frees reach the bitmaps one commit late, so it may take two.
+            if write && retries < 2 && waiting_frees && matches!(r, Err(FsError::NoSpace)) {
+                retries += 1;
                 continue;
             }
             return r;
@@ -689,7 +725,7 @@ impl Fs {
             }
             // A short write ran out of space: commit so blocks freed by the running
             // transaction become usable, and go on if that made room.
-            let waiting = !self.inner.meta.lock().quarantine.is_empty();
+            let waiting = self.inner.meta.lock().frees_pending();
             if !waiting {
                 break;
             }
@@ -934,7 +970,7 @@ impl Inner {
                 m.sb.error_count().max(1)
             );
         }
-        write_sb_direct(&mut m, &self.io)?;
+        self.write_sb_journaled(&mut m)?;
         if journal_errno != 0 {
             self.io.journal.clear_recorded_errno()?;
         }
@@ -979,7 +1015,13 @@ impl Inner {
                 }
             }
         }
-        self.commit_running()?;
+        // Lightweight frees reach the bitmaps in the commit after the one that made them.
+        for _ in 0..3 {
+            self.commit_running()?;
+            if !self.meta.lock().has_uncommitted_changes() {
+                break;
+            }
+        }
         let _gate = self.gate.enter(|| false);
         self.io.journal.close()?;
         let mut m = self.meta.lock();
@@ -987,7 +1029,35 @@ impl Inner {
         let st = m.sb.state() | superblock::STATE_VALID;
         m.sb.set_state(st);
         m.sb.set_wtime(ops::now().sec as u32);
-        write_sb_direct(&mut m, &self.io)
+        self.write_sb_journaled(&mut m)
+    }
+
+    /// Writes the in-memory superblock home through the journal: committed as a transaction of
+    /// its own, then checkpointed. Used where the journal is otherwise empty (mount, the end of
+    /// unmount); the journal keeps its copy until the home write is durable, so a crash that
+    /// tears the write of block 0 is always repaired by replay.
+    fn write_sb_journaled(&self, m: &mut Meta) -> Result<()> {
+        debug_assert_eq!(
+            m.cache.dirty_count(),
+            0,
+            "superblock write in a running transaction"
+        );
+        m.sb.update_checksum();
+        let (nr, off) = m.sb_location();
+        let mut block = m.block(&self.io, nr)?.to_vec();
+        m.sb.write(&mut block[off..off + SUPERBLOCK_SIZE]);
+        let block: Arc<[u8]> = Arc::from(block);
+        let tid = m.tid;
+        self.io.journal.commit(CommitRequest {
+            blocks: vec![(nr, block.clone())],
+            revoked: Vec::new(),
+        })?;
+        m.tid = tid.wrapping_add(1);
+        self.committed_tid.store(tid, Ordering::SeqCst);
+        m.cache.forget(nr);
+        m.cache.insert(nr, Box::from(&block[..]));
+        m.sb_dirty = false;
+        self.io.journal.checkpoint()
     }
 
     /// Makes everything written so far durable.
@@ -1076,7 +1146,7 @@ impl Inner {
             std::thread::sleep(avg.min(MAX_BATCH_WAIT));
         }
         let started = Instant::now();
-        let (req, freed, tid, in_place, deferred) = {
+        let (req, freed, tid, in_place, deferred, late_frees) = {
             let mut m = self.meta.lock();
             // We hold the gate, so nobody else committed since the checks above: the running
             // transaction is `target` or, when `target` was already closed, the next one.
@@ -1098,8 +1168,9 @@ impl Inner {
             let freed = std::mem::take(&mut m.freed_running);
             m.committing = blocks.iter().map(|(nr, b)| (*nr, b.clone())).collect();
             // Lightweight mode journals only the allocation structures; the other metadata
-            // goes home in place, before the commit's flush (a block still waiting in the
-            // journal is journaled again instead, so a checkpoint never overwrites it).
+            // goes home in place once the commit is durable (a block still waiting in the
+            // journal is journaled again instead, so a checkpoint never overwrites it). Its
+            // frees reach the bitmaps only after that, in the next transaction.
             let mut in_place = Vec::new();
             if m.default_mode == DataMode::Lightweight {
                 let (journaled, home): (Vec<_>, Vec<_>) =
@@ -1110,6 +1181,7 @@ impl Inner {
                 in_place = home;
             }
             let deferred = std::mem::take(&mut m.deferred_data);
+            let late_frees = std::mem::take(&mut m.late_frees);
             let tid = m.tid;
             m.tid = m.tid.wrapping_add(1);
             (
@@ -1118,18 +1190,13 @@ impl Inner {
                 tid,
                 in_place,
                 deferred,
+                late_frees,
             )
         };
-        let bs = u64::from(self.meta.lock().geo.block_size);
-        for (nr, b) in &in_place {
-            if let Err(e) = self.io.dev.write_at(nr * bs, b) {
-                let mut m = self.meta.lock();
-                m.committing.clear();
-                return Err(self.fail(&mut m, "in-place metadata write", e.into()));
-            }
-        }
         let nblocks = req.blocks.len() as u64;
-        let mut r = self.io.journal.commit(req);
+        let mut r = self.io.journal.commit(req).map(|t| {
+            debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
+        });
         if r.is_ok() {
             // Canary only: file data written home after the commit that maps it.
             for (at, bytes) in &deferred {
@@ -1139,14 +1206,22 @@ impl Inner {
                 }
             }
         }
+        if r.is_ok() && !in_place.is_empty() {
+            // Lightweight: the allocations these blocks point at are durable in the journal
+            // now, so a crash from here on can only leak; write them home and make them durable
+            // before the transaction counts as committed.
+            r = self.write_in_place(&in_place);
+        }
         let mut m = self.meta.lock();
         m.committing.clear();
         match r {
-            Ok(t) => {
-                debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
+            Ok(()) => {
                 self.committed_tid.store(tid, Ordering::SeqCst);
                 for b in freed {
                     m.quarantine.remove(&b);
+                }
+                if let Err(e) = m.apply_late_frees(&self.io, late_frees) {
+                    return Err(self.fail(&mut m, "applying lightweight frees", e));
                 }
                 self.counters.commits.fetch_add(1, Ordering::Relaxed);
                 let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -1161,6 +1236,16 @@ impl Inner {
             }
             Err(e) => Err(self.fail(&mut m, &format!("commit of transaction {tid}"), e)),
         }
+    }
+
+    /// Writes lightweight mode's in-place metadata blocks home and flushes.
+    fn write_in_place(&self, blocks: &[(u64, Arc<[u8]>)]) -> Result<()> {
+        let bs = u64::from(self.meta.lock().geo.block_size);
+        for (nr, b) in blocks {
+            self.io.dev.write_at(nr * bs, b)?;
+        }
+        self.io.dev.flush()?;
+        Ok(())
     }
 
     /// Commits on the timer and checkpoints when the log is half full, until unmount.
@@ -1193,22 +1278,6 @@ impl Inner {
 /// Whether tid `a` is at or after `b` in wrapping tid order.
 fn tid_ge(a: u32, b: u32) -> bool {
     a.wrapping_sub(b) < (1 << 31)
-}
-
-/// Writes the in-memory superblock straight to its home block and flushes: used only when the
-/// journal holds nothing (mount, after close), where no transaction can own the block.
-fn write_sb_direct(m: &mut Meta, io: &Io) -> Result<()> {
-    m.sb.update_checksum();
-    let (nr, off) = m.sb_location();
-    let mut block = m.block(io, nr)?.to_vec();
-    m.sb.write(&mut block[off..off + SUPERBLOCK_SIZE]);
-    let bs = u64::from(m.geo.block_size);
-    io.dev.write_at(nr * bs, &block)?;
-    io.dev.flush()?;
-    m.cache.forget(nr);
-    m.cache.insert(nr, block.into_boxed_slice());
-    m.sb_dirty = false;
-    Ok(())
 }
 
 /// Marks the superblock at home with the error state, straight on the device (the journal is

@@ -8,7 +8,7 @@
 //! 0x24 s_clusters_per_group    0x28 s_inodes_per_group      0x2C s_mtime   0x30 s_wtime
 //! 0x34 s_mnt_count u16         0x36 s_max_mnt_count u16     0x38 s_magic u16 (0xEF53)
 //! 0x3A s_state u16 (1 clean, 2 errors, 4 orphans)           0x4C s_rev_level u32
-//! 0x54 s_first_ino u32         0x58 s_inode_size u16
+//! 0x54 s_first_ino u32         0x58 s_inode_size u16         0x5A s_block_group_nr u16
 //! 0x5C s_feature_compat        0x60 s_feature_incompat      0x64 s_feature_ro_compat
 //! 0x68 s_uuid [16]             0xCE s_reserved_gdt_blocks u16
 //! 0xE0 s_journal_inum u32      0xE8 s_last_orphan u32       0xEC s_hash_seed [4 x u32]
@@ -52,6 +52,7 @@ const S_STATE: usize = 0x3A;
 const S_REV_LEVEL: usize = 0x4C;
 const S_FIRST_INO: usize = 0x54;
 const S_INODE_SIZE: usize = 0x58;
+const S_BLOCK_GROUP_NR: usize = 0x5A;
 const S_FEATURE_COMPAT: usize = 0x5C;
 const S_FEATURE_INCOMPAT: usize = 0x60;
 const S_FEATURE_RO_COMPAT: usize = 0x64;
@@ -555,6 +556,14 @@ impl Superblock {
         raw[S_LAST_ERROR_FUNC..S_LAST_ERROR_FUNC + ERROR_FUNC_LEN].fill(0);
         raw[S_LAST_ERROR_FUNC..S_LAST_ERROR_FUNC + name.len()].copy_from_slice(name);
         raw[S_LAST_ERROR_ERRCODE] = errcode;
+    }
+    /// Group whose copy this is (`s_block_group_nr`: 0 for the primary, g for a backup).
+    pub fn block_group_nr(&self) -> u16 {
+        le16(&self.raw[..], S_BLOCK_GROUP_NR)
+    }
+    /// Makes this the copy of group `g` (0 when a backup is promoted to primary).
+    pub fn set_block_group_nr(&mut self, g: u16) {
+        put_le16(&mut self.raw[..], S_BLOCK_GROUP_NR, g);
     }
     /// Number of errors recorded since the last check (`s_error_count`).
     pub fn error_count(&self) -> u32 {
