@@ -753,6 +753,47 @@ mod tests {
     }
 
     #[test]
+    fn root_mounts_are_shared_unless_private() {
+        let default = parse(&[]).expect("OK to unwrap: valid");
+        assert!(default.shared_with_all_users(0));
+        assert!(!default.shared_with_all_users(1000));
+        let asked = parse(&["allow_other"]).expect("OK to unwrap: valid");
+        assert!(asked.shared_with_all_users(1000));
+        let private = parse(&["private"]).expect("OK to unwrap: valid");
+        assert!(!private.shared_with_all_users(0));
+        // The last of allow_other and private wins.
+        let last = parse(&["private,allow_other"]).expect("OK to unwrap: valid");
+        assert!(last.shared_with_all_users(1000));
+        let last = parse(&["allow_other", "private"]).expect("OK to unwrap: valid");
+        assert!(!last.shared_with_all_users(0));
+    }
+
+    #[test]
+    fn mount_8_options_are_accepted() {
+        let c = parse(&[
+            "defaults,noatime,nodiratime,relatime,_netdev,nofail,noauto,user,x-systemd.automount",
+            "comment=x,nosuid,nodev,noexec,async,rw",
+        ])
+        .expect("OK to unwrap: valid");
+        assert_eq!(
+            c,
+            MountConfig {
+                nosuid: true,
+                nodev: true,
+                noexec: true,
+                ..MountConfig::default()
+            }
+        );
+        let c = parse(&["nosuid,suid,nodev,dev,noexec,exec"]).expect("OK to unwrap: valid");
+        assert_eq!(c, MountConfig::default());
+        // The daemon gets them back.
+        let c = parse(&["private,nosuid"]).expect("OK to unwrap: valid");
+        let again = parse(&[&c.to_option_string().expect("OK to unwrap: no paths")])
+            .expect("OK to unwrap: valid");
+        assert_eq!(again, c);
+    }
+
+    #[test]
     fn bad_options_are_refused_with_the_option_named() {
         for (list, needle) in [
             ("bogus", "unknown mount option 'bogus'"),
@@ -764,6 +805,8 @@ mod tests {
             ("ro=1", "takes no value"),
             ("data=fast", "data=fast: expected"),
             ("data", "needs a value"),
+            ("private=1", "takes no value"),
+            ("sync", "unknown mount option 'sync'"),
         ] {
             let err = parse(&[list]).expect_err("must be refused");
             assert!(err.contains(needle), "{list}: {err}");
