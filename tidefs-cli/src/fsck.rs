@@ -177,27 +177,28 @@ fn fsck(image: &Path, journal_device: Option<&Path>, mode: Mode) -> Result<u8, S
                     println!("    {line}");
                 }
             };
+            let repairing = matches!(mode, Mode::Preen | Mode::Yes);
+            // e2fsck's exit status is fsck(8)'s bit set: 1 corrected, 2 corrected and reboot
+            // (for a mounted root, which never applies here), 4 left uncorrected, 8 and up
+            // operational errors.
             match status {
                 0 => println!("  e2fsck {flags}: clean"),
-                // 2 and 3: corrected, "reboot" (for a mounted root), which never applies here.
-                1..=3 if mode != Mode::Check && mode != Mode::ReadOnly => {
-                    println!("  e2fsck {flags}: errors corrected (exit {status}):");
+                _ if status & !7 == 0 => {
+                    if repairing && status & 3 != 0 {
+                        code |= 1;
+                    }
+                    if status & 4 != 0 {
+                        println!("  e2fsck {flags}: ERRORS FOUND (exit {status}):");
+                        code |= 4;
+                    } else {
+                        println!("  e2fsck {flags}: errors corrected (exit {status}):");
+                    }
                     print_output(&text);
-                    code |= 1;
-                }
-                4 => {
-                    println!("  e2fsck {flags}: ERRORS FOUND (exit 4):");
-                    print_output(&text);
-                    code |= 4;
                 }
                 other => {
                     println!("  e2fsck {flags}: could not check (exit {other}):");
                     print_output(&text);
-                    code |= if other & 8 == 0 && other & 4 != 0 {
-                        4
-                    } else {
-                        8
-                    };
+                    code |= 8;
                 }
             }
         }
@@ -210,6 +211,12 @@ fn fsck(image: &Path, journal_device: Option<&Path>, mode: Mode) -> Result<u8, S
         _ => "errors left uncorrected",
     };
     println!("  verdict: {verdict} (exit {code})");
+    if mode == Mode::Preen && code & 4 != 0 {
+        println!(
+            "  -p repairs only what needs no questions: run `tidefs fsck -y {}` to repair the rest",
+            image.display()
+        );
+    }
     Ok(code)
 }
 

@@ -358,3 +358,47 @@ fn a_failed_mkfs_leaves_nothing_behind() {
         "a failed mkfs changed an existing file"
     );
 }
+
+/// Goal: started as `mount.fuse.tidefs` (how mount(8) runs it), the binary takes mount(8)'s
+/// helper arguments: `-f` (fake) checks the options and mounts nothing, a bad option is a usage
+/// error, a stray flag or a missing mountpoint is named. Method: a symbolic link of that name
+/// in a temporary directory; nothing is mounted, so no root is needed.
+#[test]
+fn the_mount_helper_takes_mount_8_arguments() {
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let helper = dir.path().join("mount.fuse.tidefs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tidefs"), &helper)
+        .expect("OK to unwrap: symlink");
+    let image = dir.path().join("x.img");
+    let mnt = dir.path().join("mnt");
+    let run = |args: &[&str]| {
+        output(
+            std::process::Command::new(&helper)
+                .arg(&image)
+                .arg(&mnt)
+                .args(args),
+        )
+    };
+    let out = run(&["-f", "-n", "-s", "-o", "rw,noatime,_netdev,nofail,commit=5"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!mnt.exists());
+    let out = run(&["-f", "-orw,defaults,nodev"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["-f", "-o", "rw,frobnicate"]);
+    assert_failure(
+        &out,
+        2,
+        &["tidefs: mount: ", "unknown mount option 'frobnicate'"],
+    );
+    let out = run(&["-Z"]);
+    assert_failure(&out, 2, &["-Z"]);
+    let out = output(std::process::Command::new(&helper).arg(&image));
+    assert_failure(&out, 2, &["usage: mount.fuse.tidefs IMAGE MOUNTPOINT"]);
+    // Not faked: the usual checks of `tidefs mount` apply.
+    let out = run(&["-o", "rw"]);
+    assert_failure(
+        &out,
+        1,
+        &["tidefs: mount: ", "x.img", "no such file or directory"],
+    );
+}
