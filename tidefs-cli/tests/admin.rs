@@ -515,3 +515,92 @@ fn fsck_p_and_y_repair_with_fsck_8_exit_codes() {
     }
     assert!(digest(&image) == before);
 }
+
+/// A loop device attached to an image, detached on drop (after the mount on it is removed).
+struct LoopDevice {
+    device: PathBuf,
+    mounted_on: Option<PathBuf>,
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        if let Some(mnt) = &self.mounted_on {
+            let _ = Command::new("umount").arg(mnt).status();
+        }
+        let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
+    }
+}
+
+/// Goal: a block device the kernel has mounted is refused by `tidefs mount` and mkfs, naming
+/// the kernel's mountpoint; once the kernel let go, tidefs mounts the same device.
+/// Method: attach the image to a loop device and mount that device read-only with ext4.
+#[test]
+fn a_block_device_the_kernel_has_mounted_is_refused() {
+    let test = "a_block_device_the_kernel_has_mounted_is_refused";
+    if root_mount_skip(test) {
+        return;
+    }
+    if tool("losetup").is_none() {
+        skip(test, "losetup is not installed");
+        return;
+    }
+    let mut m = Mount::unmounted("64M", &[]);
+    let out = output(
+        Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&m.image),
+    );
+    if !out.status.success() {
+        skip(test, &format!("no loop device: {}", stderr(&out)));
+        return;
+    }
+    let mut device = LoopDevice {
+        device: PathBuf::from(stdout(&out).trim()),
+        mounted_on: None,
+    };
+    let kernel_mnt = m.dir.path().join("kernel");
+    std::fs::create_dir(&kernel_mnt).expect("OK to unwrap: mkdir");
+    let out = output(
+        Command::new("mount")
+            .args(["-t", "ext4", "-o", "ro"])
+            .arg(&device.device)
+            .arg(&kernel_mnt),
+    );
+    assert!(out.status.success(), "mount: {}", stderr(&out));
+    device.mounted_on = Some(kernel_mnt.clone());
+    let kernel_mnt = kernel_mnt.canonicalize().expect("OK to unwrap: mountpoint");
+
+    let out = output(tidefs().arg("mount").arg(&device.device).arg(&m.mnt));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("mounted by the kernel on"), "{err}");
+    assert!(err.contains(&*kernel_mnt.to_string_lossy()), "{err}");
+    assert!(!is_mounted(&m.mnt));
+    let out = output(tidefs().args(["mkfs", "-F"]).arg(&device.device));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("mounted by the kernel on"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = output(Command::new("umount").arg(&kernel_mnt));
+    assert!(out.status.success(), "umount: {}", stderr(&out));
+    device.mounted_on = None;
+    let device_path = device.device.display().to_string();
+    m.image = device.device.clone();
+    m.mount(&[]);
+    std::fs::write(m.path("on-the-device"), b"x").expect("OK to unwrap: write");
+    // While tidefs serves the device (opened with O_EXCL), the kernel cannot mount it.
+    let out = output(
+        Command::new("mount")
+            .args(["-t", "ext4", "-o", "ro"])
+            .arg(&device_path)
+            .arg(&kernel_mnt),
+    );
+    assert!(
+        !out.status.success(),
+        "the kernel mounted a device tidefs serves"
+    );
+    m.umount_ok();
+}
