@@ -398,9 +398,24 @@ struct KernelMount {
 
 impl Drop for KernelMount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
+        kernel_umount(&self.mnt);
     }
 }
+
+/// Removes a kernel mount: umount(8), else a lazy umount, so that no test leaves one behind.
+fn kernel_umount(mnt: &Path) {
+    let clean = Command::new("umount")
+        .arg(mnt)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !clean && is_mounted(mnt) {
+        let _ = Command::new("umount").arg("-l").arg(mnt).status();
+    }
+}
+
+/// The tests that make kernel mounts of loop devices run one at a time: each finds a free loop
+/// device, and their failures are easier to read alone.
+static KERNEL_MOUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Goal: an image the kernel has mounted (here read-only, through a loop device) is refused by
 /// `tidefs mount`, mkfs and a writing fsck, naming the kernel's mountpoint.
@@ -410,6 +425,7 @@ fn an_image_the_kernel_has_mounted_is_refused() {
     if root_mount_skip(test) {
         return;
     }
+    let _serial = KERNEL_MOUNTS.lock().unwrap_or_else(|e| e.into_inner());
     let m = Mount::unmounted("64M", &[]);
     let kernel_mnt = m.dir.path().join("kernel");
     std::fs::create_dir(&kernel_mnt).expect("OK to unwrap: mkdir");
@@ -452,6 +468,9 @@ fn an_image_the_kernel_has_mounted_is_refused() {
         digest(&m.image) == before,
         "a refused command changed the image"
     );
+    let out = output(Command::new("umount").arg(&kernel_mnt));
+    assert!(out.status.success(), "umount: {}", stderr(&out));
+    assert!(!is_mounted(&kernel_mnt));
 }
 
 /// Marks a free block in use in the block bitmap with debugfs (which keeps the checksums
@@ -525,7 +544,7 @@ struct LoopDevice {
 impl Drop for LoopDevice {
     fn drop(&mut self) {
         if let Some(mnt) = &self.mounted_on {
-            let _ = Command::new("umount").arg(mnt).status();
+            kernel_umount(mnt);
         }
         let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
     }
@@ -544,6 +563,7 @@ fn a_block_device_the_kernel_has_mounted_is_refused() {
         skip(test, "losetup is not installed");
         return;
     }
+    let _serial = KERNEL_MOUNTS.lock().unwrap_or_else(|e| e.into_inner());
     let mut m = Mount::unmounted("64M", &[]);
     let out = output(
         Command::new("losetup")
