@@ -631,6 +631,59 @@ mod tests {
         assert!(err.to_string().contains("MiB"), "{err}");
     }
 
+    /// Goal: the library refuses to format over a file system unless `force`, and a format
+    /// that mke2fs itself fails removes the file mkfs created and gives a grown file back its
+    /// length and bytes. Method: a journal larger than the image makes mke2fs fail.
+    #[test]
+    fn mkfs_needs_force_over_a_file_system_and_leaves_nothing_on_failure() {
+        if find_e2fsprogs_tool("mke2fs").is_none() {
+            eprintln!("skipped: e2fsprogs is not installed");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
+        let image = dir.path().join("fs.img");
+        let opts = MkfsOptions {
+            size: Some(32 << 20),
+            ..MkfsOptions::default()
+        };
+        mkfs(&image, &opts).expect("OK to unwrap: a fresh image");
+        assert_eq!(
+            existing_format(&image).expect("OK to unwrap: readable"),
+            Some("an ext4 file system")
+        );
+        let before = std::fs::read(&image).expect("OK to unwrap: read");
+        let err = mkfs(&image, &opts).expect_err("no force: refused");
+        assert!(
+            err.to_string().contains("contains an ext4 file system"),
+            "{err}"
+        );
+        assert!(std::fs::read(&image).expect("OK to unwrap: read") == before);
+        let forced = MkfsOptions {
+            force: true,
+            ..opts.clone()
+        };
+        mkfs(&image, &forced).expect("OK to unwrap: forced");
+
+        let impossible = MkfsOptions {
+            size: Some(16 << 20),
+            journal_size: Some(64 << 20),
+            force: true,
+            ..MkfsOptions::default()
+        };
+        let fresh = dir.path().join("fresh.img");
+        mkfs(&fresh, &impossible).expect_err("a 64 MiB journal cannot fit in 16 MiB");
+        assert!(!fresh.exists(), "a failed mkfs left the file it created");
+
+        let small = dir.path().join("small.img");
+        let bytes = vec![0x5au8; 12 << 20];
+        std::fs::write(&small, &bytes).expect("OK to unwrap: test setup");
+        mkfs(&small, &impossible).expect_err("a 64 MiB journal cannot fit in 16 MiB");
+        assert!(
+            std::fs::read(&small).expect("OK to unwrap: read") == bytes,
+            "a failed mkfs changed the length or bytes of an existing file"
+        );
+    }
+
     #[test]
     fn mkfs_with_external_journal_device() {
         let (Some(_), Some(dumpe2fs)) = (
