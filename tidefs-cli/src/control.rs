@@ -7,13 +7,20 @@
 //! Protocol: the client sends one command line; the daemon answers with JSON lines.
 //! - `status` → `{"ok":true,"pid":..,"image":"..","mountpoint":"..","read_only":..}`
 //! - `stats` → `{"ok":true,"stats":{"journal_bytes":..,...}}`
+//! - `sync` → `{"ok":true}` once the running transaction is committed and flushed (durable), or
+//!   `{"ok":false,"error":".."}`
 //! - `unmount` → `{"ok":true,"state":"unmounting"}` once the kernel let go of the mount, then
 //!   `{"ok":true,"state":"closed"}` (or `{"ok":false,"error":".."}`) once the file system was
 //!   closed cleanly; then the daemon exits, which the client sees as end of file.
 //!
+//! Beside its socket each daemon keeps a record, `<key>.json` (`{"pid":..,"image":"..",
+//! "mountpoint":".."}`), so that a command refused because the image is in use can name the
+//! mount that holds it.
+//!
 //! Invariants:
 //! - A socket file nobody listens on is stale: the daemon replaces it; clients treat the mount as
 //!   not a tidefs mount.
+//! - A record whose pid is gone is stale (the daemon was killed): it is ignored.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
@@ -94,6 +101,64 @@ pub fn daemon_paths(mountpoint: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
     Err(last_error.unwrap_or_else(|| std::io::Error::other("no runtime directory")))
 }
 
+/// The record file that sits beside the socket `socket`.
+pub fn record_path(socket: &Path) -> PathBuf {
+    socket.with_extension("json")
+}
+
+/// Writes the daemon's record beside its socket.
+pub fn write_record(socket: &Path, image: &Path, mountpoint: &Path) -> std::io::Result<()> {
+    let record = json!({
+        "pid": std::process::id(),
+        "image": image.display().to_string(),
+        "mountpoint": mountpoint.display().to_string(),
+    });
+    std::fs::write(record_path(socket), format!("{record}\n"))
+}
+
+/// The live tidefs mount serving `image`, as (daemon pid, mountpoint), from the daemons'
+/// records in every runtime dir. The image is compared by device and inode, so any path to it
+/// matches.
+pub fn mount_of_image(image: &Path) -> Option<(u32, PathBuf)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let wanted = std::fs::metadata(image).ok()?;
+    runtime_dirs()
+        .into_iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.path().extension().is_some_and(|e| e == "json"))
+        .find_map(|entry| {
+            let text = std::fs::read_to_string(entry.path()).ok()?;
+            let record: Value = serde_json::from_str(&text).ok()?;
+            let pid = u32::try_from(record.get("pid")?.as_u64()?).ok()?;
+            let path = PathBuf::from(record.get("image")?.as_str()?);
+            let meta = std::fs::metadata(&path).ok()?;
+            let same = meta.dev() == wanted.dev() && meta.ino() == wanted.ino();
+            let alive = Path::new(&format!("/proc/{pid}")).exists();
+            let mountpoint = PathBuf::from(record.get("mountpoint")?.as_str()?);
+            (same && alive).then_some((pid, mountpoint))
+        })
+}
+
+/// Words for a library error about `path`: a busy image is named with the tidefs mount that
+/// holds it where one does; other errors are prefixed with the path.
+pub fn describe_open_error(path: &Path, error: &tidefs::FsError) -> String {
+    match error {
+        tidefs::FsError::Busy(why) => match mount_of_image(path) {
+            Some((pid, mountpoint)) => format!(
+                "{}: in use by the tidefs mount on {} (pid {pid}); unmount it first \
+                 (tidefs umount {})",
+                path.display(),
+                mountpoint.display(),
+                mountpoint.display()
+            ),
+            None => why.clone(),
+        },
+        other => format!("{}: {other}", path.display()),
+    }
+}
+
 /// Why a request to a daemon failed.
 #[derive(Debug)]
 pub enum ClientError {
@@ -165,6 +230,8 @@ pub trait Daemon: Send + Sync + 'static {
     fn status(&self) -> Value;
     /// Current counters.
     fn stats(&self) -> Stats;
+    /// Commits the running transaction and flushes; returns when it is durable.
+    fn sync(&self) -> Result<(), String>;
     /// Asks the kernel to unmount and answers on `stream`: an error, or `unmounting` and later
     /// (when the session ended and the file system is closed) the final reply.
     fn unmount(&self, stream: UnixStream);
@@ -211,6 +278,10 @@ fn handle<D: Daemon>(stream: UnixStream, daemon: &D) {
     let reply = match line.trim() {
         "status" => daemon.status(),
         "stats" => json!({"ok": true, "stats": daemon.stats()}),
+        "sync" => match daemon.sync() {
+            Ok(()) => json!({"ok": true}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
         "unmount" => {
             daemon.unmount(stream);
             return;

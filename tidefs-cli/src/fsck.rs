@@ -1,25 +1,62 @@
-//! `tidefs fsck`: replays the journal with tidefs' own recovery, then runs `e2fsck -fn` (when
+//! `tidefs fsck`: replays the journal with tidefs' own recovery, then runs `e2fsck` (when
 //! installed) on the result and reports its verdict.
 //!
-//! Exit codes follow fsck(8): 0 clean, 1 errors corrected (the journal was replayed), 4 errors
-//! left uncorrected (e2fsck found problems), 8 operational error (cannot open, not ext4,
-//! unsupported feature, I/O error).
+//! Modes, as e2fsck's: without a flag the replayed image is checked with `e2fsck -fn` (report
+//! only); `-p` repairs what is safe to repair without questions (`e2fsck -fp`); `-y` repairs
+//! everything (`e2fsck -fy`); `-n` never modifies the image: it (and an external journal) is
+//! copied into a temporary sparse file, and the copy is replayed and checked with `-fn`. The
+//! verdict then says whether the image is consistent once its journal is replayed, as any mount
+//! would do first. The flags exclude each other.
 //!
-//! With `-n` the image is never modified: it (and an external journal) is copied into a
-//! temporary sparse file, and the copy is replayed and checked. The verdict then says whether
-//! the image is consistent once its journal is replayed, as any mount would do first.
+//! Exit codes follow fsck(8): 0 clean, 1 errors corrected (the journal was replayed, or e2fsck
+//! repaired), 4 errors left uncorrected, 8 operational error (cannot open, not ext4,
+//! unsupported feature, in use, I/O error), 16 usage error. (2, "reboot", never applies: a
+//! tidefs image is never the running root.)
+//!
+//! Invariants:
+//! - A writing fsck claims the image ([`tidefs::dev::lock`]) for the replay and again for the
+//!   repair, so it never writes to an image a mount or mkfs holds or the kernel has mounted;
+//!   `-n` holds a shared claim while it copies, so it never copies a live read-write image.
 
 use std::io::{Seek as _, SeekFrom};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::control;
 use crate::mount::io_reason;
 use crate::sys;
 
+/// fsck(8)'s exit code for a usage error.
+pub const USAGE: u8 = 16;
+
+/// What `tidefs fsck` may do to the image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// No flag: replay the journal, then check with `e2fsck -fn` (report only).
+    Check,
+    /// `-n`: replay and check a temporary copy; the image is never written.
+    ReadOnly,
+    /// `-p`: replay, then repair what is safe without questions (`e2fsck -fp`).
+    Preen,
+    /// `-y`: replay, then repair everything (`e2fsck -fy`).
+    Yes,
+}
+
+impl Mode {
+    /// e2fsck's flags for this mode.
+    fn e2fsck_flags(self) -> &'static str {
+        match self {
+            Mode::Check | Mode::ReadOnly => "-fn",
+            Mode::Preen => "-fp",
+            Mode::Yes => "-fy",
+        }
+    }
+}
+
 /// Runs `tidefs fsck` and returns its exit code.
-pub fn run(image: &Path, journal_device: Option<&Path>, no_modify: bool) -> u8 {
-    match fsck(image, journal_device, no_modify) {
+pub fn run(image: &Path, journal_device: Option<&Path>, mode: Mode) -> u8 {
+    match fsck(image, journal_device, mode) {
         Ok(code) => code,
         Err(why) => {
             eprintln!("tidefs: fsck: {why}");
@@ -28,7 +65,17 @@ pub fn run(image: &Path, journal_device: Option<&Path>, no_modify: bool) -> u8 {
     }
 }
 
-fn fsck(image: &Path, journal_device: Option<&Path>, no_modify: bool) -> Result<u8, String> {
+/// Words for a failed claim of `path` (an `io::Error` from [`tidefs::dev::lock`]).
+fn claim_error(image: &Path, path: &Path, e: std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::ResourceBusy {
+        control::describe_open_error(image, &tidefs::FsError::Busy(e.to_string()))
+    } else {
+        format!("{}: {}", path.display(), io_reason(&e))
+    }
+}
+
+fn fsck(image: &Path, journal_device: Option<&Path>, mode: Mode) -> Result<u8, String> {
+    let no_modify = mode == Mode::ReadOnly;
     for path in std::iter::once(image).chain(journal_device) {
         std::fs::metadata(path).map_err(|e| format!("{}: {}", path.display(), io_reason(&e)))?;
     }
@@ -39,6 +86,15 @@ fn fsck(image: &Path, journal_device: Option<&Path>, no_modify: bool) -> Result<
     };
     let (target, target_journal) = match &scratch {
         Some(scratch) => {
+            // A shared claim while copying: a copy of an image that a read-write mount is
+            // changing would be a torn snapshot, not the image.
+            let _claims = std::iter::once(image)
+                .chain(journal_device)
+                .map(|path| {
+                    tidefs::dev::lock::open_claimed(path, false)
+                        .map_err(|e| claim_error(image, path, e))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
             let copy = scratch.dir.join("image");
             sparse_copy(image, &copy)
                 .map_err(|e| format!("copying {} for -n: {e}", image.display()))?;
@@ -58,7 +114,7 @@ fn fsck(image: &Path, journal_device: Option<&Path>, no_modify: bool) -> Result<
 
     println!("tidefs fsck {}", image.display());
     let report = tidefs::fs::recover_image(&target, target_journal.as_deref())
-        .map_err(|e| format!("{}: {e}", image.display()))?;
+        .map_err(|e| control::describe_open_error(image, &e))?;
     let replayed = report.transactions > 0;
     let mut code = 0;
     if replayed {
@@ -81,10 +137,28 @@ fn fsck(image: &Path, journal_device: Option<&Path>, no_modify: bool) -> Result<
     }
 
     match tidefs::mkfs::find_e2fsprogs_tool("e2fsck") {
+        None if matches!(mode, Mode::Preen | Mode::Yes) => {
+            return Err(
+                "e2fsck is not installed; -p and -y need it (apt-get install e2fsprogs)".into(),
+            );
+        }
         None => println!("  e2fsck: not installed, full check skipped"),
         Some(e2fsck) => {
+            // A repair writes: claim the image (again) for as long as e2fsck runs. Block
+            // devices are claimed without O_EXCL, which e2fsck takes itself.
+            let _claims = if matches!(mode, Mode::Preen | Mode::Yes) {
+                std::iter::once(target.as_path())
+                    .chain(target_journal.as_deref())
+                    .map(|path| {
+                        tidefs::dev::lock::claim_path(path).map_err(|e| claim_error(image, path, e))
+                    })
+                    .collect::<Result<Vec<_>, String>>()?
+            } else {
+                Vec::new()
+            };
+            let flags = mode.e2fsck_flags();
             let mut command = Command::new(e2fsck);
-            command.arg("-fn");
+            command.arg(flags);
             if let Some(journal) = &target_journal {
                 command.arg("-j").arg(journal);
             }
@@ -94,36 +168,55 @@ fn fsck(image: &Path, journal_device: Option<&Path>, no_modify: bool) -> Result<
                 .map_err(|e| format!("cannot run e2fsck: {e}"))?;
             let status = output.status.code().unwrap_or(8);
             let text = String::from_utf8_lossy(&output.stdout);
+            let print_output = |text: &str| {
+                for line in text
+                    .lines()
+                    .chain(String::from_utf8_lossy(&output.stderr).lines())
+                    .filter(|l| !l.is_empty())
+                {
+                    println!("    {line}");
+                }
+            };
+            let repairing = matches!(mode, Mode::Preen | Mode::Yes);
+            // e2fsck's exit status is fsck(8)'s bit set: 1 corrected, 2 corrected and reboot
+            // (for a mounted root, which never applies here), 4 left uncorrected, 8 and up
+            // operational errors.
             match status {
-                0 => println!("  e2fsck -fn: clean"),
-                4 => {
-                    println!("  e2fsck -fn: ERRORS FOUND (exit 4):");
-                    for line in text.lines().filter(|l| !l.is_empty()) {
-                        println!("    {line}");
+                0 => println!("  e2fsck {flags}: clean"),
+                _ if status & !7 == 0 => {
+                    if repairing && status & 3 != 0 {
+                        code |= 1;
                     }
-                    code |= 4;
+                    if status & 4 != 0 {
+                        println!("  e2fsck {flags}: ERRORS FOUND (exit {status}):");
+                        code |= 4;
+                    } else {
+                        println!("  e2fsck {flags}: errors corrected (exit {status}):");
+                    }
+                    print_output(&text);
                 }
                 other => {
-                    println!("  e2fsck -fn: could not check (exit {other}):");
-                    for line in text
-                        .lines()
-                        .chain(String::from_utf8_lossy(&output.stderr).lines())
-                        .filter(|l| !l.is_empty())
-                    {
-                        println!("    {line}");
-                    }
-                    code |= if other & 4 != 0 { 4 } else { 8 };
+                    println!("  e2fsck {flags}: could not check (exit {other}):");
+                    print_output(&text);
+                    code |= 8;
                 }
             }
         }
     }
     let verdict = match code {
         0 => "clean",
-        1 => "clean after journal replay",
+        1 if replayed && mode != Mode::Preen && mode != Mode::Yes => "clean after journal replay",
+        1 => "errors corrected",
         _ if code & 8 != 0 => "check failed",
         _ => "errors left uncorrected",
     };
     println!("  verdict: {verdict} (exit {code})");
+    if mode == Mode::Preen && code & 4 != 0 {
+        println!(
+            "  -p repairs only what needs no questions: run `tidefs fsck -y {}` to repair the rest",
+            image.display()
+        );
+    }
     Ok(code)
 }
 

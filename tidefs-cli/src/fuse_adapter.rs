@@ -143,6 +143,7 @@ pub fn errno(error: &FsError) -> Errno {
         FsError::Range => Errno::ERANGE,
         FsError::ReadOnly => Errno::EROFS,
         FsError::NotSupported => Errno::EOPNOTSUPP,
+        FsError::Busy(_) => Errno::EBUSY,
         FsError::Io(_) | FsError::Corrupt(_) | FsError::Incompatible(_) => Errno::EIO,
         _ => Errno::EIO,
     }

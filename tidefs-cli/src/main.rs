@@ -1,7 +1,9 @@
-//! `tidefs`: the command-line tool. mkfs, mount (FUSE), umount, fsck, stats and a demo.
+//! `tidefs`: the command-line tool. mkfs, mount (FUSE), umount, sync, fsck, stats and a demo.
+//! Started as `mount.fuse.tidefs` (a link `tidefs install-helper` makes), it is mount(8)'s
+//! helper for the type `fuse.tidefs`.
 //!
 //! Every failure prints `tidefs: <what>: <why>` on stderr and exits non-zero: 2 for bad usage,
-//! fsck's own codes for `fsck`, 1 otherwise.
+//! fsck's own codes for `fsck` (16 for bad usage), 1 otherwise.
 
 mod bench;
 mod control;
@@ -9,6 +11,8 @@ mod crashtest;
 mod demo;
 mod fsck;
 mod fuse_adapter;
+mod helper;
+mod mkfs;
 mod mount;
 mod sys;
 
@@ -75,6 +79,9 @@ enum Command {
         /// Number of inodes (default: one per 16 KiB).
         #[arg(long)]
         inodes: Option<u64>,
+        /// Overwrite an existing ext2/3/4 file system or journal without asking.
+        #[arg(short = 'F', long)]
+        force: bool,
         /// The image file or block device.
         image: PathBuf,
     },
@@ -84,7 +91,7 @@ enum Command {
         #[arg(short, long)]
         foreground: bool,
         /// Mount options: ro, rw, commit=SECONDS, journal_device=PATH, cache_size=SIZE,
-        /// allow_other.
+        /// data=MODE, allow_other, private, nosuid, nodev, noexec (see the README).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Internal: started by a background mount; report on stdout.
@@ -100,11 +107,22 @@ enum Command {
         /// The mountpoint.
         mountpoint: PathBuf,
     },
+    /// Commit and flush a mounted file system; returns when everything written is durable.
+    Sync {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+    },
     /// Replay the journal and check the file system (exit codes as fsck(8)).
     Fsck {
         /// Never modify the image: replay and check a temporary copy.
         #[arg(short = 'n')]
         no_modify: bool,
+        /// Repair automatically what is safe to repair without questions (e2fsck -p).
+        #[arg(short = 'p', short_alias = 'a')]
+        preen: bool,
+        /// Repair everything, answering yes to every question (e2fsck -y).
+        #[arg(short = 'y')]
+        yes: bool,
         /// External journal device.
         #[arg(long)]
         journal_device: Option<PathBuf>,
@@ -132,6 +150,13 @@ enum Command {
     /// Crash-state harness: record workloads, rebuild the disk at crash points, recover and
     /// check each data mode's promises (exit 1 on any violation).
     Crashtest(crashtest::CrashtestArgs),
+    /// Make `DIR/mount.fuse.tidefs` (default /sbin) a link to this binary, so that
+    /// `mount -t fuse.tidefs` and fstab lines work (needs root for /sbin).
+    InstallHelper {
+        /// Where mount(8) looks for helpers.
+        #[arg(long, default_value = "/sbin")]
+        dir: PathBuf,
+    },
     /// Create an image, mount it, run a short workload, print stats, unmount, check.
     Demo {
         /// The image to use (created if missing).
@@ -192,6 +217,15 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    if helper::started_as_helper() {
+        return match helper::run(std::env::args_os().skip(1)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tidefs: {}: {}", e.what, e.why);
+                ExitCode::from(e.code)
+            }
+        };
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -214,7 +248,9 @@ fn main() -> ExitCode {
                 eprintln!("  {}", line.trim());
             }
             eprintln!("(run `tidefs --help` for usage)");
-            return ExitCode::from(2);
+            // fsck(8) reserves 16 for usage errors.
+            let is_fsck = std::env::args().nth(1).as_deref() == Some("fsck");
+            return ExitCode::from(if is_fsck { fsck::USAGE } else { 2 });
         }
     };
     match run(cli.command) {
@@ -233,6 +269,7 @@ fn run(command: Command) -> Result<u8, CliError> {
             journal_size,
             journal_device,
             inodes,
+            force,
             image,
         } => {
             let opts = tidefs::mkfs::MkfsOptions {
@@ -241,9 +278,9 @@ fn run(command: Command) -> Result<u8, CliError> {
                 journal_device,
                 inode_count: inodes,
                 label: None,
+                force,
             };
-            tidefs::mkfs::mkfs(&image, &opts)
-                .map_err(|e| CliError::new("mkfs", format!("{}: {e}", image.display())))?;
+            mkfs::run(&image, opts)?;
             Ok(0)
         }
         Command::Mount {
@@ -266,11 +303,29 @@ fn run(command: Command) -> Result<u8, CliError> {
             umount(&mountpoint)?;
             Ok(0)
         }
+        Command::Sync { mountpoint } => {
+            sync(&mountpoint)?;
+            Ok(0)
+        }
         Command::Fsck {
             no_modify,
+            preen,
+            yes,
             journal_device,
             image,
-        } => Ok(fsck::run(&image, journal_device.as_deref(), no_modify)),
+        } => {
+            let mode = match (no_modify, preen, yes) {
+                (false, false, false) => fsck::Mode::Check,
+                (true, false, false) => fsck::Mode::ReadOnly,
+                (false, true, false) => fsck::Mode::Preen,
+                (false, false, true) => fsck::Mode::Yes,
+                _ => {
+                    eprintln!("tidefs: fsck: -n, -p and -y exclude each other");
+                    return Ok(fsck::USAGE);
+                }
+            };
+            Ok(fsck::run(&image, journal_device.as_deref(), mode))
+        }
         Command::Stats { json, mountpoint } => {
             stats(&mountpoint, json)?;
             Ok(0)
@@ -316,6 +371,11 @@ fn run(command: Command) -> Result<u8, CliError> {
             Ok(0)
         }
         Command::Crashtest(args) => crashtest::run(args),
+        Command::InstallHelper { dir } => {
+            let link = helper::install(&dir)?;
+            println!("installed {}", link.display());
+            Ok(0)
+        }
         Command::Demo { image, size } => {
             demo::run(&image, size)?;
             Ok(0)
@@ -361,6 +421,20 @@ pub fn umount(mountpoint: &std::path::Path) -> Result<(), CliError> {
     client.request("unmount").map_err(failed)?;
     client.next_reply().map_err(failed)?;
     client.wait_closed();
+    Ok(())
+}
+
+/// `tidefs sync`: the daemon commits the running transaction and flushes; returns once that is
+/// durable. Unlike sync(2), which the kernel passes to a FUSE daemon only where it sends
+/// FUSE_SYNCFS, this always reaches the file system.
+fn sync(mountpoint: &std::path::Path) -> Result<(), CliError> {
+    let what = "sync";
+    let mut client =
+        control::Client::connect(mountpoint).map_err(|_| not_tidefs(what, mountpoint))?;
+    client.request("sync").map_err(|e| match e {
+        control::ClientError::NotTidefs => not_tidefs(what, mountpoint),
+        control::ClientError::Failed(why) => CliError::new(what, why),
+    })?;
     Ok(())
 }
 

@@ -39,10 +39,57 @@ pub struct MountConfig {
     pub journal_device: Option<PathBuf>,
     /// `cache_size=SIZE`.
     pub cache_size_bytes: Option<u64>,
-    /// `allow_other`.
+    /// `allow_other`: every user may use the mount (the default when root mounts).
     pub allow_other: bool,
+    /// `private`: only the user who mounted may use the mount (FUSE's own rule), also when
+    /// root mounts. The last of `allow_other` and `private` wins.
+    pub private: bool,
+    /// `nosuid`: set-user-id and set-group-id bits are ignored on exec (`suid` clears it).
+    pub nosuid: bool,
+    /// `nodev`: device files cannot be opened (`dev` clears it).
+    pub nodev: bool,
+    /// `noexec`: files cannot be executed (`exec` clears it).
+    pub noexec: bool,
     /// `data=lightweight|writeback|ordered|journal`.
     pub data_mode: Option<DataMode>,
+}
+
+/// Options that mount(8) and fstab lines carry for mount(8) itself (or that ask for what
+/// tidefs does anyway): accepted and ignored, so `mount -t fuse.tidefs` and fstab work. tidefs
+/// never updates access times, so the atime family changes nothing.
+const GENERIC_OPTIONS: [&str; 22] = [
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "_netdev",
+    "nofail",
+    "async",
+    "atime",
+    "noatime",
+    "diratime",
+    "nodiratime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nostrictatime",
+    "lazytime",
+    "nolazytime",
+    "silent",
+];
+
+/// Whether `item` is a mount(8) option to accept and ignore: one of [`GENERIC_OPTIONS`],
+/// `loud`, or a userspace comment (`x-*`, `X-*`, `comment=*`).
+fn is_generic_option(item: &str) -> bool {
+    GENERIC_OPTIONS.contains(&item)
+        || item == "loud"
+        || item.starts_with("x-")
+        || item.starts_with("X-")
+        || item.starts_with("comment=")
 }
 
 impl MountConfig {
@@ -56,9 +103,23 @@ impl MountConfig {
             };
             match (key, value) {
                 ("", None) => {}
+                _ if is_generic_option(item) => {}
                 ("ro", None) => config.read_only = true,
                 ("rw", None) => config.read_only = false,
-                ("allow_other", None) => config.allow_other = true,
+                ("allow_other", None) => {
+                    config.allow_other = true;
+                    config.private = false;
+                }
+                ("private", None) => {
+                    config.private = true;
+                    config.allow_other = false;
+                }
+                ("nosuid", None) => config.nosuid = true,
+                ("suid", None) => config.nosuid = false,
+                ("nodev", None) => config.nodev = true,
+                ("dev", None) => config.nodev = false,
+                ("noexec", None) => config.noexec = true,
+                ("exec", None) => config.noexec = false,
                 ("commit", Some(v)) => {
                     let seconds: u64 = v
                         .parse()
@@ -84,7 +145,11 @@ impl MountConfig {
                     }
                     config.cache_size_bytes = Some(size);
                 }
-                ("ro" | "rw" | "allow_other", Some(_)) => {
+                (
+                    "ro" | "rw" | "allow_other" | "private" | "nosuid" | "suid" | "nodev" | "dev"
+                    | "noexec" | "exec",
+                    Some(_),
+                ) => {
                     return Err(format!("option {key} takes no value"));
                 }
                 ("commit" | "journal_device" | "cache_size" | "data", _) => {
@@ -114,10 +179,30 @@ impl MountConfig {
         if self.allow_other {
             items.push("allow_other".into());
         }
+        if self.private {
+            items.push("private".into());
+        }
+        for (set, name) in [
+            (self.nosuid, "nosuid"),
+            (self.nodev, "nodev"),
+            (self.noexec, "noexec"),
+        ] {
+            if set {
+                items.push(name.into());
+            }
+        }
         if let Some(mode) = self.data_mode {
             items.push(format!("data={}", mode.name()));
         }
         Ok(items.join(","))
+    }
+
+    /// Whether every user may use the mount: asked with `allow_other`, or by default when root
+    /// mounts (as for a kernel file system; the kernel's permission checks apply through
+    /// `default_permissions`), unless `private`. Without it FUSE answers EACCES to every uid
+    /// but the mounter's.
+    pub fn shared_with_all_users(&self, mounter_uid: u32) -> bool {
+        !self.private && (self.allow_other || mounter_uid == 0)
     }
 
     /// The library's options.
@@ -414,6 +499,16 @@ impl control::Daemon for DaemonState {
         self.fs.stats()
     }
 
+    fn sync(&self) -> Result<(), String> {
+        if self.read_only {
+            // Nothing can be written, so everything is as durable as it will be.
+            return Ok(());
+        }
+        self.fs
+            .sync()
+            .map_err(|e| format!("sync {}: {e}", self.mountpoint.display()))
+    }
+
     fn unmount(&self, mut stream: UnixStream) {
         // Hold the waiters while unmounting: the session may end at once, and the main thread
         // must find this stream when it sends the final reply.
@@ -462,7 +557,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
     let image = &args.image;
     let mountpoint = control::canonical_mountpoint(&args.mountpoint);
     let fs = Fs::open(image, &config.mount_options())
-        .map_err(|e| CliError::new(what, format!("{}: {e}", image.display())))?;
+        .map_err(|e| CliError::new(what, control::describe_open_error(image, &e)))?;
     let fs = Arc::new(fs);
     let close = Arc::new(CloseOnce::default());
     let fail = |why: String| -> CliError {
@@ -477,6 +572,11 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
     let listener = control::bind(&socket_path)
         .map_err(|e| fail(format!("control socket {}: {e}", socket_path.display())))?;
     let _socket_guard = RemoveOnDrop(socket_path.clone());
+    let image_path = image.canonicalize().unwrap_or_else(|_| image.clone());
+    if let Err(e) = control::write_record(&socket_path, &image_path, &mountpoint) {
+        eprintln!("tidefs: cannot write the daemon record: {e}");
+    }
+    let _record_guard = RemoveOnDrop(control::record_path(&socket_path));
 
     let mut mount_options = vec![
         MountOption::FSName("tidefs".into()),
@@ -486,13 +586,24 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
     if config.read_only {
         mount_options.push(MountOption::RO);
     }
+    for (set, option) in [
+        (config.nosuid, MountOption::NoSuid),
+        (config.nodev, MountOption::NoDev),
+        (config.noexec, MountOption::NoExec),
+    ] {
+        if set {
+            mount_options.push(option);
+        }
+    }
     let mut fuse_config = Config::default();
     fuse_config.mount_options = mount_options;
     fuse_config.n_threads = Some(16);
     fuse_config.clone_fd = true;
-    if config.allow_other {
-        fuse_config.acl = SessionACL::All;
-    }
+    fuse_config.acl = if config.shared_with_all_users(sys::geteuid()) {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
     let adapter = FuseFs::new(fs.clone(), close.clone());
     let session = Session::new(adapter, &mountpoint, &fuse_config).map_err(|e| {
         fail(format!(
@@ -567,6 +678,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         Err(e) => json!({"ok": false, "error": format!("closing the file system: {e}")}),
     };
     drop(_socket_guard);
+    drop(_record_guard);
     let mut waiters = std::mem::take(&mut *state.waiters.lock().unwrap_or_else(|e| e.into_inner()));
     for waiter in &mut waiters {
         let _ = control::send(waiter, &final_reply);
@@ -623,6 +735,7 @@ mod tests {
                 cache_size_bytes: Some(64 << 20),
                 allow_other: true,
                 data_mode: Some(DataMode::Journal),
+                ..MountConfig::default()
             }
         );
         assert!(!parse(&["ro,rw"]).expect("OK to unwrap: valid").read_only);
@@ -640,6 +753,47 @@ mod tests {
     }
 
     #[test]
+    fn root_mounts_are_shared_unless_private() {
+        let default = parse(&[]).expect("OK to unwrap: valid");
+        assert!(default.shared_with_all_users(0));
+        assert!(!default.shared_with_all_users(1000));
+        let asked = parse(&["allow_other"]).expect("OK to unwrap: valid");
+        assert!(asked.shared_with_all_users(1000));
+        let private = parse(&["private"]).expect("OK to unwrap: valid");
+        assert!(!private.shared_with_all_users(0));
+        // The last of allow_other and private wins.
+        let last = parse(&["private,allow_other"]).expect("OK to unwrap: valid");
+        assert!(last.shared_with_all_users(1000));
+        let last = parse(&["allow_other", "private"]).expect("OK to unwrap: valid");
+        assert!(!last.shared_with_all_users(0));
+    }
+
+    #[test]
+    fn mount_8_options_are_accepted() {
+        let c = parse(&[
+            "defaults,noatime,nodiratime,relatime,_netdev,nofail,noauto,user,x-systemd.automount",
+            "comment=x,nosuid,nodev,noexec,async,rw",
+        ])
+        .expect("OK to unwrap: valid");
+        assert_eq!(
+            c,
+            MountConfig {
+                nosuid: true,
+                nodev: true,
+                noexec: true,
+                ..MountConfig::default()
+            }
+        );
+        let c = parse(&["nosuid,suid,nodev,dev,noexec,exec"]).expect("OK to unwrap: valid");
+        assert_eq!(c, MountConfig::default());
+        // The daemon gets them back.
+        let c = parse(&["private,nosuid"]).expect("OK to unwrap: valid");
+        let again = parse(&[&c.to_option_string().expect("OK to unwrap: no paths")])
+            .expect("OK to unwrap: valid");
+        assert_eq!(again, c);
+    }
+
+    #[test]
     fn bad_options_are_refused_with_the_option_named() {
         for (list, needle) in [
             ("bogus", "unknown mount option 'bogus'"),
@@ -651,6 +805,8 @@ mod tests {
             ("ro=1", "takes no value"),
             ("data=fast", "data=fast: expected"),
             ("data", "needs a value"),
+            ("private=1", "takes no value"),
+            ("sync", "unknown mount option 'sync'"),
         ] {
             let err = parse(&[list]).expect_err("must be refused");
             assert!(err.contains(needle), "{list}: {err}");

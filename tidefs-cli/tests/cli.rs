@@ -163,7 +163,7 @@ fn mkfs_images_are_clean_by_e2fsck() {
     );
 
     // Re-format an existing file without --size: it keeps its size.
-    let out = output(tidefs().arg("mkfs").arg(&image));
+    let out = output(tidefs().args(["mkfs", "-F"]).arg(&image));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         std::fs::metadata(&image).expect("OK to unwrap").len(),
@@ -223,4 +223,182 @@ fn unsupported_feature_is_named() {
     assert_failure(&out, 1, &["tidefs: mount: ", "inline_data"]);
     assert!(!is_mounted(&mnt));
     assert!(std::fs::read(&image).expect("OK to unwrap: read") == before);
+}
+
+/// Goal: mkfs never overwrites an existing ext2/3/4 file system (or external journal) without
+/// -F, as mke2fs: without a terminal it refuses naming -F and leaves the image byte for byte as
+/// it was; with -F it formats.
+#[test]
+fn mkfs_refuses_to_overwrite_a_file_system_without_force() {
+    if tool("mke2fs").is_none() || tool("debugfs").is_none() {
+        skip(
+            "mkfs_refuses_to_overwrite_a_file_system_without_force",
+            "e2fsprogs is not installed",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let image = dir.path().join("a.img");
+    mkfs(&image, "64M", &[]);
+    // Populate it: a directory the new format would lose.
+    let out = output(
+        std::process::Command::new(tool("debugfs").expect("OK to unwrap: checked"))
+            .args(["-w", "-R", "mkdir precious"])
+            .arg(&image),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let before = std::fs::read(&image).expect("OK to unwrap: read");
+    for extra in [&[][..], &["--size", "128M"]] {
+        let out = output(tidefs().arg("mkfs").args(extra).arg(&image));
+        assert_failure(
+            &out,
+            1,
+            &["tidefs: mkfs: ", "contains an ext4 file system", "-F"],
+        );
+        assert!(
+            std::fs::read(&image).expect("OK to unwrap: read") == before,
+            "a refused mkfs {extra:?} changed the image"
+        );
+    }
+
+    // An ext2 file system made by mke2fs itself is named as such.
+    let ext2 = dir.path().join("ext2.img");
+    std::fs::File::create(&ext2)
+        .and_then(|f| f.set_len(16 << 20))
+        .expect("OK to unwrap: create");
+    let out = output(
+        std::process::Command::new(tool("mke2fs").expect("OK to unwrap: checked"))
+            .args(["-q", "-F", "-t", "ext2"])
+            .arg(&ext2),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = output(tidefs().arg("mkfs").arg(&ext2));
+    assert_failure(&out, 1, &["contains an ext2 file system"]);
+
+    let out = output(tidefs().args(["mkfs", "-F"]).arg(&image));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = output(tidefs().args(["mkfs", "--force"]).arg(&ext2));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (code, text) = e2fsck(&ext2);
+    assert_eq!(code, 0, "{text}");
+}
+
+/// Goal: at a terminal, mkfs asks before overwriting; "n" (or nothing) keeps the image, "y"
+/// formats it. Method: run it under script(1), which gives it a pseudo-terminal.
+#[test]
+fn mkfs_asks_at_a_terminal() {
+    if tool("mke2fs").is_none() || tool("script").is_none() {
+        skip(
+            "mkfs_asks_at_a_terminal",
+            "e2fsprogs or script(1) is not installed",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let image = dir.path().join("a.img");
+    mkfs(&image, "64M", &[]);
+    let before = std::fs::read(&image).expect("OK to unwrap: read");
+    let at_terminal = |answer: &str| {
+        use std::io::Write as _;
+        let command = format!("{} mkfs {}", env!("CARGO_BIN_EXE_tidefs"), image.display());
+        let mut child = std::process::Command::new(tool("script").expect("OK to unwrap: checked"))
+            .args(["-q", "-e", "-c", &command, "/dev/null"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("OK to unwrap: script runs");
+        child
+            .stdin
+            .take()
+            .expect("OK to unwrap: piped")
+            .write_all(answer.as_bytes())
+            .expect("OK to unwrap: write the answer");
+        let out = child.wait_with_output().expect("OK to unwrap: script ends");
+        (out.status.code(), stdout(&out))
+    };
+    let (code, text) = at_terminal("n\n");
+    assert!(text.contains("contains an ext4 file system"), "{text}");
+    assert!(text.contains("Proceed anyway? (y/N)"), "{text}");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(std::fs::read(&image).expect("OK to unwrap: read") == before);
+    let (code, text) = at_terminal("y\n");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(std::fs::read(&image).expect("OK to unwrap: read") != before);
+}
+
+/// Goal: a format that fails leaves nothing behind: a file mkfs created is removed, and an
+/// existing file keeps its length and bytes.
+#[test]
+fn a_failed_mkfs_leaves_nothing_behind() {
+    if tool("mke2fs").is_none() {
+        skip(
+            "a_failed_mkfs_leaves_nothing_behind",
+            "e2fsprogs is not installed",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let image = dir.path().join("huge.img");
+    let out = output(tidefs().args(["mkfs", "--size", "100T"]).arg(&image));
+    assert_failure(&out, 1, &["tidefs: mkfs: ", "huge.img"]);
+    assert!(
+        !image.exists(),
+        "a failed mkfs left {} behind",
+        image.display()
+    );
+
+    let existing = dir.path().join("existing.img");
+    let bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&existing, &bytes).expect("OK to unwrap: write");
+    let out = output(tidefs().args(["mkfs", "--size", "100T"]).arg(&existing));
+    assert_failure(&out, 1, &["tidefs: mkfs: "]);
+    assert!(
+        std::fs::read(&existing).expect("OK to unwrap: read") == bytes,
+        "a failed mkfs changed an existing file"
+    );
+}
+
+/// Goal: started as `mount.fuse.tidefs` (how mount(8) runs it), the binary takes mount(8)'s
+/// helper arguments: `-f` (fake) checks the options and mounts nothing, a bad option is a usage
+/// error, a stray flag or a missing mountpoint is named. Method: a symbolic link of that name
+/// in a temporary directory; nothing is mounted, so no root is needed.
+#[test]
+fn the_mount_helper_takes_mount_8_arguments() {
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let helper = dir.path().join("mount.fuse.tidefs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tidefs"), &helper)
+        .expect("OK to unwrap: symlink");
+    let image = dir.path().join("x.img");
+    let mnt = dir.path().join("mnt");
+    let run = |args: &[&str]| {
+        output(
+            std::process::Command::new(&helper)
+                .arg(&image)
+                .arg(&mnt)
+                .args(args),
+        )
+    };
+    let out = run(&["-f", "-n", "-s", "-o", "rw,noatime,_netdev,nofail,commit=5"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!mnt.exists());
+    let out = run(&["-f", "-orw,defaults,nodev"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["-f", "-o", "rw,frobnicate"]);
+    assert_failure(
+        &out,
+        2,
+        &["tidefs: mount: ", "unknown mount option 'frobnicate'"],
+    );
+    let out = run(&["-Z"]);
+    assert_failure(&out, 2, &["-Z"]);
+    let out = output(std::process::Command::new(&helper).arg(&image));
+    assert_failure(&out, 2, &["usage: mount.fuse.tidefs IMAGE MOUNTPOINT"]);
+    // Not faked: the usual checks of `tidefs mount` apply.
+    let out = run(&["-o", "rw"]);
+    assert_failure(
+        &out,
+        1,
+        &["tidefs: mount: ", "x.img", "no such file or directory"],
+    );
 }

@@ -48,6 +48,10 @@ pub enum FsError {
     Corrupt(Corrupt),
     /// Valid ext4 or jbd2 that uses a feature tidefs does not implement.
     Incompatible(String),
+    /// The image or journal device is in use: claimed by another tidefs mount, mkfs or fsck,
+    /// or mounted by the kernel (EBUSY). The text starts with the path and names the holder
+    /// where it is known.
+    Busy(String),
 }
 
 /// A description of corrupt on-disk data: what structure, and where.
@@ -99,6 +103,7 @@ impl fmt::Display for FsError {
             FsError::Io(e) => write!(f, "I/O error: {e}"),
             FsError::Corrupt(c) => write!(f, "corrupt file system: {c}"),
             FsError::Incompatible(what) => write!(f, "unsupported feature: {what}"),
+            FsError::Busy(what) => f.write_str(what),
         }
     }
 }

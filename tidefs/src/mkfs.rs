@@ -11,6 +11,11 @@
 //!   base features are empty, so only the features we name end up on disk.
 //! - An existing image is only resized when the caller gave `--size`; a missing one is created
 //!   sparse, so a 1 GiB image costs a few MiB of real disk.
+//! - Nothing is written before every check passed; an image or journal that already holds an
+//!   ext2/3/4 file system is overwritten only with `force`; a failed format leaves no file it
+//!   created behind.
+//! - The targets are claimed ([`crate::dev::lock`]) for the whole format, so mkfs never
+//!   formats an image that a tidefs mount or fsck holds or that the kernel has mounted.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -78,9 +83,17 @@ pub struct MkfsOptions {
     pub inode_count: Option<u64>,
     /// Volume label (`mke2fs -L`).
     pub label: Option<String>,
+    /// Overwrite an image or journal device that already holds an ext2/3/4 file system or an
+    /// external journal. Without it such a target is refused ([`existing_format`]).
+    pub force: bool,
 }
 
 /// Formats `image` as a tidefs (ext4) file system. Creates the image file when it is missing.
+///
+/// Nothing is touched until every check passed: sizes, an existing file system (unless
+/// `force`), and the claim on each target ([`crate::dev::lock`]), which refuses an image that
+/// a tidefs mount, mkfs or fsck holds or the kernel has mounted, and is held until the format
+/// ends. A failed format removes the files it created and gives a grown file its old length.
 pub fn mkfs(image: &Path, opts: &MkfsOptions) -> Result<()> {
     let mke2fs = find_e2fsprogs_tool("mke2fs").ok_or_else(|| {
         FsError::Io(std::io::Error::new(
@@ -95,9 +108,40 @@ pub fn mkfs(image: &Path, opts: &MkfsOptions) -> Result<()> {
             ));
         }
     }
-    prepare_file(image, opts.size, DEFAULT_IMAGE_SIZE, "image")?;
+    let image_plan = Target::plan(image, opts.size, DEFAULT_IMAGE_SIZE, "image")?;
+    let journal_plan = match &opts.journal_device {
+        Some(journal_device) => Some(Target::plan(
+            journal_device,
+            opts.journal_size,
+            DEFAULT_JOURNAL_DEVICE_SIZE,
+            "journal device",
+        )?),
+        None => None,
+    };
+    if !opts.force {
+        for target in std::iter::once(&image_plan).chain(&journal_plan) {
+            if !target.exists {
+                continue;
+            }
+            if let Some(found) = existing_format(&target.path)? {
+                return Err(FsError::Io(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} contains {found}; set force to overwrite it",
+                        target.path.display()
+                    ),
+                )));
+            }
+        }
+    }
 
     let config = PrivateConfig::write()?;
+    let mut rollback = Rollback::default();
+    let _image_claim = image_plan.prepare(&mut rollback)?;
+    let _journal_claim = match &journal_plan {
+        Some(plan) => Some(plan.prepare(&mut rollback)?),
+        None => None,
+    };
 
     let mut journal_arg = match &opts.journal_size {
         Some(journal_size) if opts.journal_device.is_none() => {
@@ -105,36 +149,86 @@ pub fn mkfs(image: &Path, opts: &MkfsOptions) -> Result<()> {
         }
         _ => None,
     };
-    if let Some(journal_device) = &opts.journal_device {
-        prepare_file(
-            journal_device,
-            opts.journal_size,
-            DEFAULT_JOURNAL_DEVICE_SIZE,
-            "journal device",
-        )?;
+    let mut _loop_device = None;
+    if let Some(journal_plan) = &journal_plan {
+        let journal_device = &journal_plan.path;
         let mut command = Command::new(&mke2fs);
         command
             .env("MKE2FS_CONFIG", &config.path)
             .args(["-F", "-q", "-O", "journal_dev", "-b", "4096"])
             .arg(journal_device);
+        if let Some(blocks) = journal_plan.shrink_to_kib() {
+            command.arg(format!("{blocks}k"));
+        }
         run(command, "mke2fs -O journal_dev")?;
         // mke2fs attaches only block devices as external journals; a journal kept in a regular
         // file is attached through a loop device for the time of the format.
-        if std::fs::metadata(journal_device)?.is_file() {
+        if journal_plan.is_file {
             let loop_device = LoopDevice::attach(journal_device)?;
             journal_arg = Some(format!("device={}", loop_device.path.display()));
-            return format_image(&mke2fs, &config, image, opts, journal_arg);
+            _loop_device = Some(loop_device);
+        } else {
+            journal_arg = Some(format!("device={}", journal_device.display()));
         }
-        journal_arg = Some(format!("device={}", journal_device.display()));
     }
-    format_image(&mke2fs, &config, image, opts, journal_arg)
+    format_image(&mke2fs, &config, &image_plan, opts, journal_arg)?;
+    for target in std::iter::once(&image_plan).chain(&journal_plan) {
+        target.finish_shrink()?;
+    }
+    rollback.disarm();
+    Ok(())
+}
+
+/// What an existing file or device holds, judged by the ext2/3/4 superblock at byte 1024:
+/// `Some("an ext4 file system")` (or ext3, ext2, or "an ext4 external journal") when the magic
+/// 0xEF53 is at byte 1080, `None` otherwise (including a file too short to hold one).
+pub fn existing_format(path: &Path) -> Result<Option<&'static str>> {
+    use std::io::Read as _;
+    const SUPERBLOCK_OFFSET: u64 = 1024;
+    const S_MAGIC: usize = 0x38;
+    const S_FEATURE_COMPAT: usize = 0x5c;
+    const S_FEATURE_INCOMPAT: usize = 0x60;
+    const EXT2_MAGIC: u16 = 0xef53;
+    const COMPAT_HAS_JOURNAL: u32 = 0x4;
+    const INCOMPAT_JOURNAL_DEV: u32 = 0x8;
+    // extents, 64bit, flex_bg: what makes an ext3 an ext4.
+    const INCOMPAT_EXT4: u32 = 0x40 | 0x80 | 0x200;
+    let mut file = std::fs::File::open(path)?;
+    let mut superblock = Vec::with_capacity(1024);
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(SUPERBLOCK_OFFSET))?;
+    file.take(1024).read_to_end(&mut superblock)?;
+    if superblock.len() < 1024 {
+        return Ok(None);
+    }
+    let u16_at = |at: usize| u16::from_le_bytes([superblock[at], superblock[at + 1]]);
+    let u32_at = |at: usize| {
+        u32::from_le_bytes([
+            superblock[at],
+            superblock[at + 1],
+            superblock[at + 2],
+            superblock[at + 3],
+        ])
+    };
+    if u16_at(S_MAGIC) != EXT2_MAGIC {
+        return Ok(None);
+    }
+    let incompat = u32_at(S_FEATURE_INCOMPAT);
+    Ok(Some(if incompat & INCOMPAT_JOURNAL_DEV != 0 {
+        "an ext4 external journal"
+    } else if incompat & INCOMPAT_EXT4 != 0 {
+        "an ext4 file system"
+    } else if u32_at(S_FEATURE_COMPAT) & COMPAT_HAS_JOURNAL != 0 {
+        "an ext3 file system"
+    } else {
+        "an ext2 file system"
+    }))
 }
 
 /// Runs the main `mke2fs` that formats `image`.
 fn format_image(
     mke2fs: &Path,
     config: &PrivateConfig,
-    image: &Path,
+    image: &Target,
     opts: &MkfsOptions,
     journal_arg: Option<String>,
 ) -> Result<()> {
@@ -152,43 +246,152 @@ fn format_image(
     if let Some(label) = &opts.label {
         command.arg("-L").arg(label);
     }
-    command.arg(image);
+    command.arg(&image.path);
+    if let Some(kib) = image.shrink_to_kib() {
+        command.arg(format!("{kib}k"));
+    }
     run(command, "mke2fs")
 }
 
-/// Creates `path` as a sparse file of `size` (or `default_size`) bytes when it is missing, and
-/// resizes an existing regular file when `size` is given. Block devices are used as they are.
-fn prepare_file(path: &Path, size: Option<u64>, default_size: u64, what: &str) -> Result<()> {
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_file() => {
-            let target = size.unwrap_or(meta.len());
-            check_size(target, what)?;
-            if target != meta.len() {
-                let file = std::fs::OpenOptions::new().write(true).open(path)?;
-                file.set_len(target)?;
+/// An image or journal device file as planned before anything is touched.
+struct Target {
+    path: PathBuf,
+    /// The file or device exists now.
+    exists: bool,
+    /// A regular file (or one to be created), not a device.
+    is_file: bool,
+    /// The length of an existing regular file.
+    current_len: u64,
+    /// The length the file must have after the format.
+    target_len: u64,
+}
+
+impl Target {
+    /// Checks `path` and the requested size; touches nothing. A missing file is to be created
+    /// with `size` (or `default_size`) bytes; an existing regular file is resized only when
+    /// `size` is given; block devices are used as they are.
+    fn plan(path: &Path, size: Option<u64>, default_size: u64, what: &str) -> Result<Target> {
+        match std::fs::metadata(path) {
+            Ok(meta) if meta.is_file() => {
+                let target_len = size.unwrap_or(meta.len());
+                check_size(target_len, what)?;
+                Ok(Target {
+                    path: path.to_path_buf(),
+                    exists: true,
+                    is_file: true,
+                    current_len: meta.len(),
+                    target_len,
+                })
             }
-            Ok(())
-        }
-        Ok(meta) if meta.is_dir() => Err(FsError::IsDir),
-        Ok(_) => {
-            if size.is_some() {
-                return Err(FsError::Invalid(
-                    "--size applies to image files, not to devices",
-                ));
+            Ok(meta) if meta.is_dir() => Err(FsError::IsDir),
+            Ok(_) => {
+                if size.is_some() {
+                    return Err(FsError::Invalid(
+                        "--size applies to image files, not to devices",
+                    ));
+                }
+                Ok(Target {
+                    path: path.to_path_buf(),
+                    exists: true,
+                    is_file: false,
+                    current_len: 0,
+                    target_len: 0,
+                })
             }
-            Ok(())
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let target_len = size.unwrap_or(default_size);
+                check_size(target_len, what)?;
+                Ok(Target {
+                    path: path.to_path_buf(),
+                    exists: false,
+                    is_file: true,
+                    current_len: 0,
+                    target_len,
+                })
+            }
+            Err(e) => Err(FsError::Io(e)),
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let target = size.unwrap_or(default_size);
-            check_size(target, what)?;
-            let file = std::fs::OpenOptions::new()
+    }
+
+    /// Creates a missing file (sparse, at its length) or grows an existing one, and claims the
+    /// target; each change is recorded in `rollback`. A file that must shrink keeps its length
+    /// until the format succeeded ([`Target::finish_shrink`]): `mke2fs` is told the smaller
+    /// size instead. Returns the claim, held until dropped.
+    fn prepare(&self, rollback: &mut Rollback) -> Result<std::fs::File> {
+        if !self.exists {
+            std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .open(path)?;
-            file.set_len(target)?;
-            Ok(())
+                .open(&self.path)?;
+            rollback.created.push(self.path.clone());
         }
-        Err(e) => Err(FsError::Io(e)),
+        let claim = crate::dev::lock::claim_path(&self.path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::ResourceBusy {
+                FsError::Busy(e.to_string())
+            } else {
+                FsError::Io(e)
+            }
+        })?;
+        if self.is_file && self.target_len > self.current_len {
+            let file = std::fs::OpenOptions::new().write(true).open(&self.path)?;
+            if self.exists {
+                rollback.grown.push((self.path.clone(), self.current_len));
+            }
+            file.set_len(self.target_len).map_err(|e| {
+                FsError::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot make it {} bytes long: {e}", self.target_len),
+                ))
+            })?;
+        }
+        Ok(claim)
+    }
+
+    /// The size in KiB to give `mke2fs` when the file is to shrink, else `None`.
+    fn shrink_to_kib(&self) -> Option<u64> {
+        (self.is_file && self.exists && self.target_len < self.current_len)
+            .then_some(self.target_len / 1024)
+    }
+
+    /// Truncates a file that was to shrink, now that the format succeeded.
+    fn finish_shrink(&self) -> Result<()> {
+        if self.shrink_to_kib().is_some() {
+            let file = std::fs::OpenOptions::new().write(true).open(&self.path)?;
+            file.set_len(self.target_len)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a failed format must undo: files it created are removed, files it grew get their old
+/// length back.
+#[derive(Default)]
+struct Rollback {
+    created: Vec<PathBuf>,
+    grown: Vec<(PathBuf, u64)>,
+    disarmed: bool,
+}
+
+impl Rollback {
+    /// The format succeeded: keep everything.
+    fn disarm(&mut self) {
+        self.disarmed = true;
+    }
+}
+
+impl Drop for Rollback {
+    fn drop(&mut self) {
+        if self.disarmed {
+            return;
+        }
+        for path in &self.created {
+            let _ = std::fs::remove_file(path);
+        }
+        for (path, len) in &self.grown {
+            if let Ok(file) = std::fs::OpenOptions::new().write(true).open(path) {
+                let _ = file.set_len(*len);
+            }
+        }
     }
 }
 
@@ -426,6 +629,59 @@ mod tests {
         };
         let err = mkfs(&image, &opts).expect_err("1.5 MiB is not a whole number of MiB");
         assert!(err.to_string().contains("MiB"), "{err}");
+    }
+
+    /// Goal: the library refuses to format over a file system unless `force`, and a format
+    /// that mke2fs itself fails removes the file mkfs created and gives a grown file back its
+    /// length and bytes. Method: a journal larger than the image makes mke2fs fail.
+    #[test]
+    fn mkfs_needs_force_over_a_file_system_and_leaves_nothing_on_failure() {
+        if find_e2fsprogs_tool("mke2fs").is_none() {
+            eprintln!("skipped: e2fsprogs is not installed");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
+        let image = dir.path().join("fs.img");
+        let opts = MkfsOptions {
+            size: Some(32 << 20),
+            ..MkfsOptions::default()
+        };
+        mkfs(&image, &opts).expect("OK to unwrap: a fresh image");
+        assert_eq!(
+            existing_format(&image).expect("OK to unwrap: readable"),
+            Some("an ext4 file system")
+        );
+        let before = std::fs::read(&image).expect("OK to unwrap: read");
+        let err = mkfs(&image, &opts).expect_err("no force: refused");
+        assert!(
+            err.to_string().contains("contains an ext4 file system"),
+            "{err}"
+        );
+        assert!(std::fs::read(&image).expect("OK to unwrap: read") == before);
+        let forced = MkfsOptions {
+            force: true,
+            ..opts.clone()
+        };
+        mkfs(&image, &forced).expect("OK to unwrap: forced");
+
+        let impossible = MkfsOptions {
+            size: Some(16 << 20),
+            journal_size: Some(64 << 20),
+            force: true,
+            ..MkfsOptions::default()
+        };
+        let fresh = dir.path().join("fresh.img");
+        mkfs(&fresh, &impossible).expect_err("a 64 MiB journal cannot fit in 16 MiB");
+        assert!(!fresh.exists(), "a failed mkfs left the file it created");
+
+        let small = dir.path().join("small.img");
+        let bytes = vec![0x5au8; 12 << 20];
+        std::fs::write(&small, &bytes).expect("OK to unwrap: test setup");
+        mkfs(&small, &impossible).expect_err("a 64 MiB journal cannot fit in 16 MiB");
+        assert!(
+            std::fs::read(&small).expect("OK to unwrap: read") == bytes,
+            "a failed mkfs changed the length or bytes of an existing file"
+        );
     }
 
     #[test]

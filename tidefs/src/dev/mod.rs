@@ -6,7 +6,7 @@
 //! - implementations are shared between threads (`Send + Sync`) and positional, so concurrent
 //!   readers never serialise on a file offset.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +15,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 pub mod fault;
+pub mod lock;
 pub mod record;
 
 /// A byte-addressed storage device with a volatile write cache that `flush` empties.
@@ -54,9 +55,12 @@ pub struct FileDev {
 }
 
 impl FileDev {
-    /// Opens `path` for reading, and for writing unless `read_only`.
+    /// Opens `path` for reading, and for writing unless `read_only`, and claims it
+    /// ([`lock`]): exclusively for writing (a writable block device with `O_EXCL`), shared for
+    /// reading. A claimed, or kernel-mounted, image fails with `ErrorKind::ResourceBusy` and a
+    /// message naming the holder.
     pub fn open(path: &Path, read_only: bool) -> std::io::Result<FileDev> {
-        let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
+        let file = lock::open_claimed(path, !read_only)?;
         let len = device_len(&file)?;
         Ok(FileDev { file, len })
     }

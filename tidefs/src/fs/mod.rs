@@ -272,19 +272,22 @@ fn journal_extents(
 impl Fs {
     /// Opens the image (file or block device) at `image`, replaying its journal first if needed.
     pub fn open(image: &Path, opts: &MountOptions) -> Result<Fs> {
-        let dev = FileDev::open(image, opts.read_only).map_err(|e| {
-            FsError::Io(std::io::Error::new(
-                e.kind(),
-                format!("{}: {e}", image.display()),
-            ))
-        })?;
-        let jdev: Option<Arc<dyn BlockDevice>> = match &opts.journal_device {
-            Some(p) => Some(Arc::new(FileDev::open(p, opts.read_only).map_err(|e| {
+        let open_error = |path: &Path, e: std::io::Error| {
+            if e.kind() == std::io::ErrorKind::ResourceBusy {
+                // The claim's message already starts with the path and names the holder.
+                FsError::Busy(e.to_string())
+            } else {
                 FsError::Io(std::io::Error::new(
                     e.kind(),
-                    format!("{}: {e}", p.display()),
+                    format!("{}: {e}", path.display()),
                 ))
-            })?)),
+            }
+        };
+        let dev = FileDev::open(image, opts.read_only).map_err(|e| open_error(image, e))?;
+        let jdev: Option<Arc<dyn BlockDevice>> = match &opts.journal_device {
+            Some(p) => Some(Arc::new(
+                FileDev::open(p, opts.read_only).map_err(|e| open_error(p, e))?,
+            )),
             None => None,
         };
         Fs::open_devices(Arc::new(dev), jdev, opts)
