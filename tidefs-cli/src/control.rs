@@ -5,7 +5,8 @@
 //! dir is the first usable of `/run/tidefs`, `$XDG_RUNTIME_DIR/tidefs` and `/tmp/tidefs-<uid>`.
 //!
 //! Protocol: the client sends one command line; the daemon answers with JSON lines.
-//! - `status` → `{"ok":true,"pid":..,"image":"..","mountpoint":"..","read_only":..}`
+//! - `status` → `{"ok":true,"pid":..,"image":"..","mountpoint":"..","read_only":..,
+//!   "commit_seconds":..,"cache_size_bytes":..,"data_mode":".."}` (the options in effect)
 //! - `stats` → `{"ok":true,"stats":{"journal_bytes":..,...}}`
 //! - `unmount` → `{"ok":true,"state":"unmounting"}` once the kernel let go of the mount, then
 //!   `{"ok":true,"state":"closed"}` (or `{"ok":false,"error":".."}`) once the file system was

@@ -432,7 +432,8 @@ fn external_journal_needs_journal_device() {
         |e| matches!(e, FsError::Invalid(_)),
         &["journal_device"],
     );
-    // With the journal device it works, and e2fsck (given the same journal) is clean.
+    // With the journal device it works: an fsync survives a crash (recovery replays the
+    // external journal), and e2fsck (given the same journal) is clean.
     let o = MountOptions {
         journal_device: Some(jdev.clone()),
         ..MountOptions::default()
@@ -441,6 +442,18 @@ fn external_journal_needs_journal_device() {
     let f = fs.create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT).unwrap();
     fs.write(f.ino, 0, b"external").unwrap();
     fs.fsync(f.ino, false).unwrap();
+    fs.fsync(ROOT_INO, false).unwrap();
+    fs.crash();
+    drop(fs);
+    let fs = Fs::open(&img, &o).expect("recover with the external journal");
+    assert!(
+        fs.recovery_report().is_some(),
+        "the crashed image did not need recovery"
+    );
+    let f = fs
+        .lookup(ROOT_INO, b"f")
+        .expect("the fsynced file survives");
+    assert_eq!(fs.read(f.ino, 0, 100).unwrap(), b"external");
     fs.unmount().unwrap();
     drop(fs);
     common::run_ok(
