@@ -341,6 +341,7 @@ fn stats_reports_the_counters() {
         "avg_transaction_blocks",
         "fsync_p50_us",
         "fsync_p99_us",
+        "checkpoints",
     ] {
         assert!(value.get(key).is_some(), "{key} missing in {value}");
     }
@@ -357,6 +358,9 @@ fn stats_reports_the_counters() {
 }
 
 /// Goal: with -n, fsck never writes to the image, even when the journal needs replay.
+/// Method: fsck -n a cleanly unmounted image, then one left by a SIGKILLed daemon with fsynced
+/// changes in its journal; the image's bytes must not change, and the second run must say it
+/// replayed (in a copy). A plain fsck then replays for real (exit 1).
 #[test]
 fn fsck_n_never_writes() {
     let Some(mut m) = Mount::new("fsck_n_never_writes", "64M", &[], &[]) else {
@@ -379,6 +383,37 @@ fn fsck_n_never_writes() {
         stdout(&out)
     );
     assert!(std::fs::read(&m.image).expect("OK to unwrap: read") == before);
+
+    // Now with a journal to replay.
+    m.mount(&[]);
+    std::fs::write(m.path("after"), b"in the journal only").expect("OK to unwrap: write");
+    std::fs::File::open(&m.mnt)
+        .and_then(|d| d.sync_all())
+        .expect("OK to unwrap: fsync");
+    m.crash();
+    let before = std::fs::read(&m.image).expect("OK to unwrap: read");
+    let out = output(tidefs().arg("fsck").arg("-n").arg(&m.image));
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("in a temporary copy"), "{text}");
+    assert!(text.contains("e2fsck -fn: clean"), "{text}");
+    assert!(
+        std::fs::read(&m.image).expect("OK to unwrap: read") == before,
+        "fsck -n wrote to an image that needed replay"
+    );
+    let out = output(tidefs().arg("fsck").arg(&m.image));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let fs = open_read_only(&m.image);
+    assert_eq!(
+        lib_read(&fs, "after").as_deref(),
+        Some(&b"in the journal only"[..])
+    );
 }
 
 /// Goal: SIGKILL in the middle of many fsyncs loses nothing that an fsync promised, and

@@ -91,6 +91,10 @@ fn every_mode_round_trips_and_journal_mode_logs_data() {
         "journal mode must log data blocks"
     );
     assert!(
+        journal > writeback + 300_000,
+        "writeback mode must not log data blocks"
+    );
+    assert!(
         light < ordered,
         "lightweight mode must log less metadata than ordered"
     );
