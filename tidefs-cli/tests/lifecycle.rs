@@ -45,7 +45,12 @@ fn assert_clean(m: &Mount) {
 
 #[test]
 fn umount_closes_cleanly_and_data_survives_a_remount() {
-    let Some(mut m) = Mount::new("umount_closes_cleanly", "64M", &[], &[]) else {
+    let Some(mut m) = Mount::new(
+        "umount_closes_cleanly_and_data_survives_a_remount",
+        "64M",
+        &[],
+        &[],
+    ) else {
         return;
     };
     write_tree(&m);
@@ -122,7 +127,12 @@ fn sigterm_closes_cleanly() {
 
 #[test]
 fn a_second_mount_on_the_same_mountpoint_is_refused() {
-    let Some(m) = Mount::new("a_second_mount_is_refused", "64M", &[], &[]) else {
+    let Some(m) = Mount::new(
+        "a_second_mount_on_the_same_mountpoint_is_refused",
+        "64M",
+        &[],
+        &[],
+    ) else {
         return;
     };
     let out = output(tidefs().arg("mount").arg(&m.image).arg(&m.mnt));
@@ -136,7 +146,12 @@ fn a_second_mount_on_the_same_mountpoint_is_refused() {
 
 #[test]
 fn umount_of_a_busy_mount_fails_and_keeps_serving() {
-    let Some(mut m) = Mount::new("umount_of_a_busy_mount", "64M", &[], &[]) else {
+    let Some(mut m) = Mount::new(
+        "umount_of_a_busy_mount_fails_and_keeps_serving",
+        "64M",
+        &[],
+        &[],
+    ) else {
         return;
     };
     let file = std::fs::File::create(m.path("open")).expect("OK to unwrap: create");
@@ -160,7 +175,7 @@ fn umount_of_a_busy_mount_fails_and_keeps_serving() {
 
 #[test]
 fn read_only_mount_refuses_changes() {
-    let Some(mut m) = Mount::new("read_only_mount", "64M", &[], &[]) else {
+    let Some(mut m) = Mount::new("read_only_mount_refuses_changes", "64M", &[], &[]) else {
         return;
     };
     write_tree(&m);
@@ -422,17 +437,25 @@ fn fsck_n_never_writes() {
 /// count the ones that returned; kill the daemon; check that every counted record is there.
 #[test]
 fn sigkill_during_fsyncs_loses_nothing_promised() {
-    sigkill_trial("sigkill_during_fsyncs", &[], true);
+    sigkill_trial("sigkill_during_fsyncs_loses_nothing_promised", &[], true);
 }
 
 #[test]
 fn sigkill_trials_in_every_data_mode() {
-    sigkill_trial("sigkill_journal", &["data=journal"], true);
-    sigkill_trial("sigkill_writeback", &["data=writeback"], true);
+    sigkill_trial("sigkill_trials_in_every_data_mode", &["data=journal"], true);
+    sigkill_trial(
+        "sigkill_trials_in_every_data_mode",
+        &["data=writeback"],
+        true,
+    );
     // Lightweight promises only the allocation structures: inodes and directories go home in
     // place, so a kill inside a commit may leave what `e2fsck -fy` has to repair; every fsync
     // that returned must still hold.
-    sigkill_trial("sigkill_lightweight", &["data=lightweight"], false);
+    sigkill_trial(
+        "sigkill_trials_in_every_data_mode",
+        &["data=lightweight"],
+        false,
+    );
 }
 
 /// Record `r` of writer `t` in [`sigkill_trial`]: 125 bytes.

@@ -673,7 +673,12 @@ fn readdir_while_the_directory_changes() {
 
 #[test]
 fn enospc_on_a_small_image_leaves_it_consistent() {
-    let m = mount!("enospc_on_a_small_image", "16M", &[], &[]);
+    let m = mount!(
+        "enospc_on_a_small_image_leaves_it_consistent",
+        "16M",
+        &[],
+        &[]
+    );
     let chunk = vec![7u8; 1 << 20];
     let mut f = File::create(m.path("fill")).expect("OK to unwrap: create");
     let mut written = 0usize;
@@ -834,7 +839,12 @@ fn sticky_directory_protects_other_users_files() {
         );
         return;
     }
-    let m = mount!("sticky_directory", "64M", &[], &["allow_other"]);
+    let m = mount!(
+        "sticky_directory_protects_other_users_files",
+        "64M",
+        &[],
+        &["allow_other"]
+    );
     let dir = m.path("tmp");
     fs::create_dir(&dir).expect("OK to unwrap: mkdir");
     set_mode(&dir, 0o1777);
@@ -877,7 +887,12 @@ fn setid_bits_are_cleared_on_write_by_non_root() {
         );
         return;
     }
-    let m = mount!("setid_bits_cleared_on_write", "64M", &[], &["allow_other"]);
+    let m = mount!(
+        "setid_bits_are_cleared_on_write_by_non_root",
+        "64M",
+        &[],
+        &["allow_other"]
+    );
     let path = m.path("prog");
     write_file(&path, b"#!/bin/sh\n");
     set_mode(&path, 0o6777);
@@ -914,7 +929,12 @@ fn permissions_are_enforced_for_other_users() {
         );
         return;
     }
-    let m = mount!("permissions_enforced", "64M", &[], &["allow_other"]);
+    let m = mount!(
+        "permissions_are_enforced_for_other_users",
+        "64M",
+        &[],
+        &["allow_other"]
+    );
     let path = m.path("private");
     write_file(&path, b"secret");
     set_mode(&path, 0o600);
