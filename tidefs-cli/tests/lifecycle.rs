@@ -43,6 +43,8 @@ fn assert_clean(m: &Mount) {
     assert_eq!(code, 0, "e2fsck -fn after a clean close:\n{text}");
 }
 
+/// Goal: `tidefs umount` closes cleanly: the daemon exits, e2fsck and fsck are clean, and the tree
+/// is there after a remount. Method: write a tree, unmount, check, remount, read.
 #[test]
 fn umount_closes_cleanly_and_data_survives_a_remount() {
     let Some(mut m) = Mount::new(
@@ -77,6 +79,7 @@ fn umount_closes_cleanly_and_data_survives_a_remount() {
     assert_clean(&m);
 }
 
+/// Goal: `fusermount3 -u` closes as cleanly as `tidefs umount`. Method: as above, with fusermount3.
 #[test]
 fn fusermount_u_closes_cleanly() {
     if tool("fusermount3").is_none() {
@@ -107,6 +110,8 @@ fn fusermount_u_closes_cleanly() {
     check_tree(&m);
 }
 
+/// Goal: SIGTERM to the daemon closes cleanly. Method: write a tree, SIGTERM, wait, e2fsck,
+/// remount, read.
 #[test]
 fn sigterm_closes_cleanly() {
     let Some(mut m) = Mount::new("sigterm_closes_cleanly", "64M", &[], &[]) else {
@@ -125,6 +130,7 @@ fn sigterm_closes_cleanly() {
     check_tree(&m);
 }
 
+/// Goal: a second mount on a live tidefs mountpoint is refused (exit 1) and names the problem.
 #[test]
 fn a_second_mount_on_the_same_mountpoint_is_refused() {
     let Some(m) = Mount::new(
@@ -144,6 +150,8 @@ fn a_second_mount_on_the_same_mountpoint_is_refused() {
     );
 }
 
+/// Goal: umount of a busy mount fails (exit 1) and the mount keeps serving. Method: hold a file
+/// open.
 #[test]
 fn umount_of_a_busy_mount_fails_and_keeps_serving() {
     let Some(mut m) = Mount::new(
@@ -173,6 +181,8 @@ fn umount_of_a_busy_mount_fails_and_keeps_serving() {
     assert_clean(&m);
 }
 
+/// Goal: a read-only mount serves the tree, refuses changes with EROFS and never writes the image.
+/// Method: compare the image's bytes before and after.
 #[test]
 fn read_only_mount_refuses_changes() {
     let Some(mut m) = Mount::new("read_only_mount_refuses_changes", "64M", &[], &[]) else {
@@ -334,6 +344,8 @@ fn mount_option_allow_other_lets_another_user_in() {
     assert_eq!(stdout(&out), "to everyone", "{}", stderr(&out));
 }
 
+/// Goal: `tidefs stats` reports every counter and they move. Method: 10 fdatasynced appends, then
+/// JSON.
 #[test]
 fn stats_reports_the_counters() {
     let Some(m) = Mount::new("stats_reports_the_counters", "64M", &[], &[]) else {
@@ -440,6 +452,8 @@ fn sigkill_during_fsyncs_loses_nothing_promised() {
     sigkill_trial("sigkill_during_fsyncs_loses_nothing_promised", &[], true);
 }
 
+/// Goal: as `sigkill_during_fsyncs_loses_nothing_promised`, in the journal, writeback and
+/// lightweight modes.
 #[test]
 fn sigkill_trials_in_every_data_mode() {
     sigkill_trial("sigkill_trials_in_every_data_mode", &["data=journal"], true);

@@ -59,6 +59,8 @@ fn read_file(path: &Path) -> Vec<u8> {
     fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
+/// Goal: create, write, read back, reopen; writes at offsets, across blocks, appends; O_EXCL,
+/// ENOENT.
 #[test]
 fn create_write_read_and_reopen() {
     let m = mount!("create_write_read_and_reopen");
@@ -114,6 +116,8 @@ fn create_write_read_and_reopen() {
     assert_eq!(errno(File::open(m.path("missing"))), libc::ENOENT);
 }
 
+/// Goal: truncate shrinks and grows (the grown part reads as zeros), O_TRUNC empties, EFBIG past
+/// ext4's limit.
 #[test]
 fn truncate_shrinks_and_grows_with_zeros() {
     let m = mount!("truncate_shrinks_and_grows_with_zeros");
@@ -151,6 +155,8 @@ fn truncate_shrinks_and_grows_with_zeros() {
     assert_eq!(errno(f.write_all_at(b"x", 1 << 44)), libc::EFBIG);
 }
 
+/// Goal: fallocate mode 0 sets the size and allocates zeroed blocks, KEEP_SIZE allocates only,
+/// punch hole is EOPNOTSUPP. Method: check size, block count and content with stat and reads.
 #[test]
 fn fallocate_mode_zero_and_keep_size() {
     let m = mount!("fallocate_mode_zero_and_keep_size");
@@ -187,6 +193,7 @@ fn fallocate_mode_zero_and_keep_size() {
     );
 }
 
+/// Goal: an unlinked file stays readable while open; unlink errors (ENOENT, EISDIR).
 #[test]
 fn unlink_and_open_unlinked_file() {
     let m = mount!("unlink_and_open_unlinked_file");
@@ -207,6 +214,8 @@ fn unlink_and_open_unlinked_file() {
     assert_eq!(errno(fs::remove_file(m.path("d"))), libc::EISDIR);
 }
 
+/// Goal: mkdir/rmdir keep link counts right and fail with ext4's errno (EEXIST, ENOTEMPTY, ENOTDIR,
+/// ENOENT, ENAMETOOLONG); a 255-byte name works.
 #[test]
 fn mkdir_rmdir_and_their_errors() {
     let m = mount!("mkdir_rmdir_and_their_errors");
@@ -239,6 +248,8 @@ fn mkdir_rmdir_and_their_errors() {
     assert_eq!(read_file(&m.path(&max)), b"255 bytes is fine");
 }
 
+/// Goal: rename over a file, across directories, of a directory (link counts, `..`), and its
+/// errors.
 #[test]
 fn rename_over_existing_across_dirs_and_errors() {
     let m = mount!("rename_over_existing_across_dirs_and_errors");
@@ -287,6 +298,8 @@ fn rename_over_existing_across_dirs_and_errors() {
     );
 }
 
+/// Goal: renameat2 RENAME_NOREPLACE and RENAME_EXCHANGE (file/file, file/directory) and their
+/// errors.
 #[test]
 fn rename_noreplace_and_exchange() {
     let m = mount!("rename_noreplace_and_exchange");
@@ -326,6 +339,8 @@ fn rename_noreplace_and_exchange() {
     );
 }
 
+/// Goal: hard links share the inode and its data; link counts follow; EEXIST, EPERM on a directory,
+/// ENOENT.
 #[test]
 fn hard_links_share_the_inode() {
     let m = mount!("hard_links_share_the_inode");
@@ -387,6 +402,7 @@ fn too_many_links_is_emlink() {
     fs::remove_dir_all(m.path("links")).expect("OK to unwrap: cleanup");
 }
 
+/// Goal: symlinks in the inode (short), in a block (long, very long), dangling, and their errors.
 #[test]
 fn symlinks_short_and_long() {
     let m = mount!("symlinks_short_and_long");
@@ -423,6 +439,7 @@ fn symlinks_short_and_long() {
     assert_eq!(errno(fs::read_link(m.path("target"))), libc::EINVAL);
 }
 
+/// Goal: mknod makes fifos and device nodes with the right type, mode and device number; EEXIST.
 #[test]
 fn mknod_fifo_char_block() {
     if !is_root() {
@@ -449,6 +466,7 @@ fn mknod_fifo_char_block() {
     );
 }
 
+/// Goal: chmod sets the mode and moves ctime; chown sets owners and clears set-user-id (root only).
 #[test]
 fn chmod_chown_and_ctime() {
     let m = mount!("chmod_chown_and_ctime");
@@ -474,6 +492,8 @@ fn chmod_chown_and_ctime() {
     }
 }
 
+/// Goal: utimensat keeps nanoseconds, times before 1970, UTIME_NOW and UTIME_OMIT; a write moves
+/// mtime.
 #[test]
 fn utimens_with_nanoseconds() {
     let m = mount!("utimens_with_nanoseconds");
@@ -520,6 +540,8 @@ fn utimens_with_nanoseconds() {
     assert!((after.mtime(), after.mtime_nsec()) > (before.mtime(), before.mtime_nsec()));
 }
 
+/// Goal: statvfs reports the geometry and free counts, and 4 MiB of data uses 1024 blocks and one
+/// inode.
 #[test]
 fn statfs_reports_the_file_system() {
     let m = mount!("statfs_reports_the_file_system");
@@ -547,6 +569,8 @@ fn statfs_reports_the_file_system() {
     assert_eq!(before.f_ffree - after.f_ffree, 1);
 }
 
+/// Goal: xattrs in the user, trusted and security namespaces: create/replace flags, size probes,
+/// ERANGE, ENODATA, empty and large values, listing, removal, xattrs on directories.
 #[test]
 fn xattrs_user_trusted_security() {
     let m = mount!("xattrs_user_trusted_security");
@@ -671,6 +695,8 @@ fn readdir_while_the_directory_changes() {
     assert_eq!(names.len(), 3000);
 }
 
+/// Goal: running out of blocks and of inodes gives ENOSPC, freed space is usable again, and the
+/// image is clean by e2fsck afterwards (checked when the mount is dropped).
 #[test]
 fn enospc_on_a_small_image_leaves_it_consistent() {
     let m = mount!(
@@ -711,6 +737,7 @@ fn enospc_on_a_small_image_leaves_it_consistent() {
     write_file(&m.path("many/again"), b"an inode was freed");
 }
 
+/// Goal: a file with data at 1 TiB stays sparse (few blocks), and its hole reads as zeros.
 #[test]
 fn sparse_file_at_one_tebibyte() {
     let m = mount!("sparse_file_at_one_tebibyte");
@@ -776,6 +803,7 @@ fn directory_of_100_000_entries() {
     assert_eq!(count, 100_000);
 }
 
+/// Goal: a tree 200 directories deep is created, walked to the bottom and removed.
 #[test]
 fn deep_tree_of_depth_200() {
     let m = mount!("deep_tree_of_depth_200");

@@ -75,6 +75,8 @@ fn run_mode(mode: DataMode) -> u64 {
     stats.journal_bytes
 }
 
+/// Goal and method: see the module doc; each mode round-trips, and only journal mode logs data
+/// blocks.
 #[test]
 fn every_mode_round_trips_and_journal_mode_logs_data() {
     if !common::have_e2fsprogs() {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tidefs::fs::{Creds, Fs, MountOptions, ROOT_INO};
 
+/// Goal and method: see the module doc (group commit, then a crash and recovery).
 #[test]
 fn hundred_threads_share_commits() {
     if !common::have_e2fsprogs() {

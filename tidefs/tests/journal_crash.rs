@@ -468,6 +468,7 @@ fn crash_round(dir: &Path, round: usize, kill_after: usize, extra: &[&str]) {
     common::assert_trees_equal("recover_image vs e2fsck -fy", &tree_a, &tree_c);
 }
 
+/// Goal and method: module doc (a); SIGKILLs at several points, and once on 1 KiB blocks.
 #[test]
 fn tidefs_sigkill_then_recover() {
     if !common::have_e2fsprogs() {
@@ -499,6 +500,7 @@ fn debugfs_names(img: &Path, dir: &str) -> Vec<String> {
         .collect()
 }
 
+/// Goal and method: module doc (b); the kernel's journal replayed by tidefs and by e2fsck.
 #[test]
 fn kernel_journal_replayed_by_tidefs() {
     if !common::have_e2fsprogs() || !common::can_loop_mount() {

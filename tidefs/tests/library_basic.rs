@@ -6,6 +6,7 @@ mod common;
 
 use tidefs::fs::{Creds, Fs, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
 
+/// Goal and method: see the module doc.
 #[test]
 fn operations_round_trip_and_fsck_clean() {
     if !common::have_e2fsprogs() {
