@@ -25,7 +25,12 @@ pub(crate) fn skip_verdict(test: &str, why: &str, ci: bool) -> Result<String, St
 /// [`skip`] with the CI flag given explicitly.
 pub(crate) fn skip_with(test: &str, why: &str, ci: bool) {
     match skip_verdict(test, why, ci) {
-        Ok(line) => eprintln!("{line}"),
+        // Straight to stderr, not eprintln!: libtest captures that for passing tests, and a
+        // skip must be seen.
+        Ok(line) => {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "{line}");
+        }
         Err(message) => panic!("{message}"),
     }
 }
