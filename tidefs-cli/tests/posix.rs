@@ -40,6 +40,12 @@ impl std::ops::Deref for Checked {
     }
 }
 
+impl std::ops::DerefMut for Checked {
+    fn deref_mut(&mut self) -> &mut Mount {
+        &mut self.0
+    }
+}
+
 impl Drop for Checked {
     fn drop(&mut self) {
         if std::thread::panicking() || !self.0.mounted {
@@ -1019,7 +1025,7 @@ fn fsync_and_fdatasync_and_directory_fsync() {
         .and_then(|d| d.sync_all())
         .expect("OK to unwrap: fsync root");
 
-    m.0.crash();
+    m.crash();
     let fs = m.recover();
     assert_eq!(
         lib_read(&fs, "durable").as_deref(),
@@ -1065,7 +1071,7 @@ fn concurrent_appends_with_fdatasync() {
     File::open(&m.mnt)
         .and_then(|d| d.sync_all())
         .expect("OK to unwrap: fsync root");
-    m.0.crash();
+    m.crash();
     let fs = m.recover();
     for t in 0..16 {
         let want: Vec<u8> = (0..50).flat_map(|r| record(t, r)).collect();
