@@ -5,7 +5,8 @@
 //! dir is the first usable of `/run/tidefs`, `$XDG_RUNTIME_DIR/tidefs` and `/tmp/tidefs-<uid>`.
 //!
 //! Protocol: the client sends one command line; the daemon answers with JSON lines.
-//! - `status` → `{"ok":true,"pid":..,"image":"..","mountpoint":"..","read_only":..}`
+//! - `status` → `{"ok":true,"pid":..,"image":"..","mountpoint":"..","read_only":..,
+//!   "commit_seconds":..,"cache_size_bytes":..,"data_mode":".."}` (the options in effect)
 //! - `stats` → `{"ok":true,"stats":{"journal_bytes":..,...}}`
 //! - `sync` → `{"ok":true}` once the running transaction is committed and flushed (durable), or
 //!   `{"ok":false,"error":".."}`

@@ -431,6 +431,8 @@ struct DaemonState {
     image: PathBuf,
     mountpoint: PathBuf,
     read_only: bool,
+    /// The options the file system was opened with, reported by `status`. Never changes.
+    options: MountOptions,
     /// Set once the kernel accepted an unmount. [own lock]
     unmount_requested: Mutex<bool>,
     /// Control connections waiting for the final close. [own lock]
@@ -492,6 +494,9 @@ impl control::Daemon for DaemonState {
             "image": self.image.display().to_string(),
             "mountpoint": self.mountpoint.display().to_string(),
             "read_only": self.read_only,
+            "commit_seconds": self.options.commit_interval.as_secs_f64(),
+            "cache_size_bytes": self.options.cache_size_bytes,
+            "data_mode": self.options.data_mode.name(),
         })
     }
 
@@ -556,7 +561,8 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
     let what = "mount";
     let image = &args.image;
     let mountpoint = control::canonical_mountpoint(&args.mountpoint);
-    let fs = Fs::open(image, &config.mount_options())
+    let options = config.mount_options();
+    let fs = Fs::open(image, &options)
         .map_err(|e| CliError::new(what, control::describe_open_error(image, &e)))?;
     let fs = Arc::new(fs);
     let close = Arc::new(CloseOnce::default());
@@ -618,6 +624,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         image: image.clone(),
         mountpoint: mountpoint.clone(),
         read_only: config.read_only,
+        options,
         unmount_requested: Mutex::new(false),
         waiters: Mutex::new(Vec::new()),
     });

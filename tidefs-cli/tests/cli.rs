@@ -16,6 +16,8 @@ fn assert_failure(out: &std::process::Output, code: i32, needles: &[&str]) {
     }
 }
 
+/// Goal: mounting a missing image fails with exit 1 naming the file. Method: run `tidefs mount` on
+/// a path that does not exist.
 #[test]
 fn mount_of_a_missing_image_fails() {
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
@@ -32,6 +34,8 @@ fn mount_of_a_missing_image_fails() {
     );
 }
 
+/// Goal: an unknown or malformed `-o` option is a usage error (exit 2) that names it. Method: two
+/// bad option lists.
 #[test]
 fn unknown_mount_option_is_a_usage_error() {
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
@@ -57,6 +61,8 @@ fn unknown_mount_option_is_a_usage_error() {
     assert_failure(&out, 2, &["commit=soon"]);
 }
 
+/// Goal: a missing or non-directory mountpoint is refused with exit 1 and the reason. Method: both
+/// cases.
 #[test]
 fn mount_on_a_missing_or_non_directory_mountpoint_fails() {
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
@@ -77,6 +83,7 @@ fn mount_on_a_missing_or_non_directory_mountpoint_fails() {
     assert_failure(&out, 1, &["not a directory"]);
 }
 
+/// Goal: `umount` and `stats` on a plain directory say it is not a tidefs mount (exit 1).
 #[test]
 fn umount_and_stats_of_a_plain_directory_say_it_is_not_tidefs() {
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
@@ -90,6 +97,7 @@ fn umount_and_stats_of_a_plain_directory_say_it_is_not_tidefs() {
     }
 }
 
+/// Goal: fsck of a missing image is fsck(8)'s operational error, exit 8.
 #[test]
 fn fsck_of_a_missing_image_is_an_operational_error() {
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
@@ -97,6 +105,8 @@ fn fsck_of_a_missing_image_is_an_operational_error() {
     assert_failure(&out, 8, &["tidefs: fsck: ", "nope.img"]);
 }
 
+/// Goal: a malformed size is a usage error and creates nothing; a missing argument is a usage
+/// error.
 #[test]
 fn bad_sizes_are_usage_errors() {
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
@@ -111,6 +121,7 @@ fn bad_sizes_are_usage_errors() {
     assert_failure(&out, 2, &["tidefs: usage: "]);
 }
 
+/// Goal: mkfs refuses an image below the minimum size, saying so. Method: `mkfs --size 1M`.
 #[test]
 fn mkfs_refuses_a_tiny_image() {
     if tool("mke2fs").is_none() {

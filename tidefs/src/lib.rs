@@ -19,5 +19,7 @@ pub mod format;
 pub mod fs;
 pub mod journal;
 pub mod mkfs;
+#[cfg(test)]
+mod test_support;
 
 pub use error::{Corrupt, FsError, Result};

@@ -568,7 +568,10 @@ mod tests {
             find_e2fsprogs_tool("e2fsck"),
             find_e2fsprogs_tool("dumpe2fs"),
         ) else {
-            eprintln!("skipped: e2fsprogs is not installed");
+            crate::test_support::skip(
+                "mkfs_makes_a_clean_image_with_our_features",
+                "e2fsprogs is not installed",
+            );
             return;
         };
         let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
@@ -611,7 +614,10 @@ mod tests {
     #[test]
     fn mkfs_rejects_tiny_images_and_odd_journal_sizes() {
         if find_e2fsprogs_tool("mke2fs").is_none() {
-            eprintln!("skipped: e2fsprogs is not installed");
+            crate::test_support::skip(
+                "mkfs_rejects_tiny_images_and_odd_journal_sizes",
+                "e2fsprogs is not installed",
+            );
             return;
         }
         let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
@@ -690,12 +696,18 @@ mod tests {
             find_e2fsprogs_tool("mke2fs"),
             find_e2fsprogs_tool("dumpe2fs"),
         ) else {
-            eprintln!("skipped: e2fsprogs is not installed");
+            crate::test_support::skip(
+                "mkfs_with_external_journal_device",
+                "e2fsprogs is not installed",
+            );
             return;
         };
         use std::os::unix::fs::MetadataExt as _;
         if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
-            eprintln!("skipped: an external journal in a file needs root (losetup)");
+            crate::test_support::skip(
+                "mkfs_with_external_journal_device",
+                "an external journal in a file needs root (losetup)",
+            );
             return;
         }
         let dir = tempfile::tempdir().expect("OK to unwrap: test setup");

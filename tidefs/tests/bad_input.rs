@@ -116,6 +116,7 @@ fn fresh(dir: &Path, name: &str) -> PathBuf {
     common::mkimage(dir, name, 32, &[])
 }
 
+/// Goal: a wrong superblock magic is refused as corrupt, naming the magic, image unchanged.
 #[test]
 fn bad_magic() {
     if !common::have_e2fsprogs() {
@@ -130,6 +131,8 @@ fn bad_magic() {
     assert_refused(&img, &[false, true], is_corrupt, &["magic"]);
 }
 
+/// Goal: a bad superblock checksum (or a field changed under it) is refused as corrupt, image
+/// unchanged.
 #[test]
 fn superblock_checksum_corrupted() {
     if !common::have_e2fsprogs() {
@@ -155,6 +158,7 @@ fn superblock_checksum_corrupted() {
     );
 }
 
+/// Goal: a bad group descriptor checksum (or a field changed under it) is refused, image unchanged.
 #[test]
 fn group_descriptor_checksum_corrupted() {
     if !common::have_e2fsprogs() {
@@ -181,6 +185,8 @@ fn group_descriptor_checksum_corrupted() {
     );
 }
 
+/// Goal: an incompat feature tidefs lacks (known or undefined) is refused, naming it, image
+/// unchanged.
 #[test]
 fn unknown_incompat_feature() {
     if !common::have_e2fsprogs() {
@@ -203,6 +209,8 @@ fn unknown_incompat_feature() {
     assert_refused(&img2, &[false, true], is_incompatible, &["0x40000000"]);
 }
 
+/// Goal: an unknown ro_compat feature refuses read-write (naming it) but allows a read-only open
+/// that reads the data, refuses changes and leaves the image unchanged.
 #[test]
 fn unknown_ro_compat_feature_allows_read_only() {
     if !common::have_e2fsprogs() {
@@ -248,6 +256,7 @@ fn unknown_ro_compat_feature_allows_read_only() {
     );
 }
 
+/// Goal: a bad root inode checksum is refused as corrupt, naming inode 2, image unchanged.
 #[test]
 fn root_inode_checksum_corrupted() {
     if !common::have_e2fsprogs() {
@@ -262,6 +271,7 @@ fn root_inode_checksum_corrupted() {
     assert_refused(&img, &[false, true], is_corrupt, &["inode 2", "checksum"]);
 }
 
+/// Goal: a bad journal inode checksum is refused as corrupt, naming inode 8, image unchanged.
 #[test]
 fn journal_inode_checksum_corrupted() {
     if !common::have_e2fsprogs() {
@@ -276,6 +286,7 @@ fn journal_inode_checksum_corrupted() {
     assert_refused(&img, &[false, true], is_corrupt, &["inode 8", "checksum"]);
 }
 
+/// Goal: an image shorter than its superblock says, or too small for one, is refused, unchanged.
 #[test]
 fn truncated_image() {
     if !common::have_e2fsprogs() {
@@ -321,6 +332,8 @@ fn set_journal_incompat(image: &Path, bits: u32) {
     });
 }
 
+/// Goal: an unknown journal incompat feature is refused, naming it, with and without a journal
+/// checksum.
 #[test]
 fn journal_unknown_incompat_feature() {
     if !common::have_e2fsprogs() {
@@ -353,6 +366,7 @@ fn journal_unknown_incompat_feature() {
     );
 }
 
+/// Goal: a journal superblock with a bad magic is refused as corrupt, image unchanged.
 #[test]
 fn journal_superblock_corrupted() {
     if !common::have_e2fsprogs() {
@@ -367,6 +381,7 @@ fn journal_superblock_corrupted() {
     assert_refused(&img, &[false, true], is_corrupt, &["journal"]);
 }
 
+/// Goal: an external journal device opened as a file system is refused, naming journal_dev.
 #[test]
 fn external_journal_device_given_as_image() {
     if !common::have_e2fsprogs() {
@@ -382,6 +397,9 @@ fn external_journal_device_given_as_image() {
     assert_refused(&jdev, &[false, true], is_incompatible, &["journal_dev"]);
 }
 
+/// Goal: an image with an external journal needs `journal_device`; with it an fsync survives a
+/// crash and e2fsck is clean; given to an image with an internal journal it is refused, nothing
+/// written.
 #[test]
 fn external_journal_needs_journal_device() {
     if !common::have_e2fsprogs() {
@@ -432,7 +450,8 @@ fn external_journal_needs_journal_device() {
         |e| matches!(e, FsError::Invalid(_)),
         &["journal_device"],
     );
-    // With the journal device it works, and e2fsck (given the same journal) is clean.
+    // With the journal device it works: an fsync survives a crash (recovery replays the
+    // external journal), and e2fsck (given the same journal) is clean.
     let o = MountOptions {
         journal_device: Some(jdev.clone()),
         ..MountOptions::default()
@@ -441,6 +460,18 @@ fn external_journal_needs_journal_device() {
     let f = fs.create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT).unwrap();
     fs.write(f.ino, 0, b"external").unwrap();
     fs.fsync(f.ino, false).unwrap();
+    fs.fsync(ROOT_INO, false).unwrap();
+    fs.crash();
+    drop(fs);
+    let fs = Fs::open(&img, &o).expect("recover with the external journal");
+    assert!(
+        fs.recovery_report().is_some(),
+        "the crashed image did not need recovery"
+    );
+    let f = fs
+        .lookup(ROOT_INO, b"f")
+        .expect("the fsynced file survives");
+    assert_eq!(fs.read(f.ino, 0, 100).unwrap(), b"external");
     fs.unmount().unwrap();
     drop(fs);
     common::run_ok(
@@ -460,6 +491,7 @@ fn external_journal_needs_journal_device() {
     );
 }
 
+/// Goal: an image without a journal is refused read-write, naming the journal.
 #[test]
 fn no_journal_refused_read_write() {
     if !common::have_e2fsprogs() {
@@ -517,6 +549,8 @@ fn fill(fs: &Fs) -> Vec<Vec<usize>> {
     panic!("never ran out of space");
 }
 
+/// Goal: filling the image with data ends in NoSpace with little space left, freeing makes room,
+/// and every byte written reads back after a remount; e2fsck is clean.
 #[test]
 fn enospc_data() {
     if !common::have_e2fsprogs() {
@@ -604,6 +638,8 @@ fn enospc_space_freed_by_unlink_is_usable_without_sync() {
     common::assert_fsck_clean(&img);
 }
 
+/// Goal: running out of inodes ends in NoSpace with every free inode used, failed creates leave no
+/// entries, a freed inode is reusable, and everything reads back after a remount.
 #[test]
 fn enospc_inodes() {
     if !common::have_e2fsprogs() {

@@ -1,17 +1,73 @@
 //! Helpers shared by the library's integration tests: images made by the real `mkfs.ext4`,
 //! and the real `e2fsck -fn` as the consistency oracle.
+//!
+//! Skip rule: a test that lacks root, loop devices or e2fsprogs goes through [`skip`], which
+//! prints `skipped <test>: <why>` outside CI and fails the test under `TIDEFS_CI=1`.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Whether e2fsprogs is installed; tests that need it print why they skip otherwise.
+/// The environment variable that marks a CI run (`.ci/run` sets `TIDEFS_CI=1`). CI has root,
+/// loop devices, FUSE and e2fsprogs, so there a test that lacks one of them fails instead of
+/// skipping.
+pub const CI_ENV: &str = "TIDEFS_CI";
+
+/// Whether a value of [`CI_ENV`] marks a CI run: set, and neither empty nor `0`.
+pub fn ci_from(value: Option<&str>) -> bool {
+    value.is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Whether this run is CI (see [`CI_ENV`]).
+pub fn in_ci() -> bool {
+    ci_from(std::env::var(CI_ENV).ok().as_deref())
+}
+
+/// What a test that lacks a prerequisite does: `Ok(line)` outside CI (print the line, then
+/// return: the test is skipped), `Err(message)` in CI (panic with it: the test fails).
+pub fn skip_verdict(test: &str, why: &str, ci: bool) -> Result<String, String> {
+    if ci {
+        Err(format!("{test} cannot run in CI: {why}"))
+    } else {
+        Ok(format!("skipped {test}: {why}"))
+    }
+}
+
+/// [`skip`] with the CI flag given: prints `skipped <test>: <why>` and returns, or panics with
+/// `<test> cannot run in CI: <why>` when `ci` is set.
+pub fn skip_with(test: &str, why: &str, ci: bool) {
+    match skip_verdict(test, why, ci) {
+        // Straight to stderr, not eprintln!: libtest captures that for passing tests, and a
+        // skip must be seen.
+        Ok(line) => {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "{line}");
+        }
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// The one place where a test gives up for lack of root, loop devices, FUSE or e2fsprogs:
+/// outside CI it prints why and the caller returns; under `TIDEFS_CI=1` the test fails here.
+pub fn skip(test: &str, why: &str) {
+    skip_with(test, why, in_ci());
+}
+
+/// The name of the running test: libtest names each test's thread after it.
+pub fn current_test() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("this test")
+        .to_string()
+}
+
+/// Whether e2fsprogs is installed; if not, the test skips through [`skip`] (fails in CI).
 pub fn have_e2fsprogs() -> bool {
     let ok = Command::new("mkfs.ext4").arg("-V").output().is_ok()
         && Command::new("e2fsck").arg("-V").output().is_ok();
     if !ok {
-        eprintln!("SKIP: mkfs.ext4/e2fsck not installed");
+        skip(&current_test(), "mkfs.ext4/e2fsck not installed");
     }
     ok
 }
@@ -141,7 +197,8 @@ impl Rng {
     }
 }
 
-/// Whether we are root and can attach loop devices and mount ext4; prints `SKIP: why` if not.
+/// Whether we are root and can attach loop devices and mount ext4; if not, the test (or the
+/// part of it that needs the kernel) skips through [`skip`] (fails in CI).
 pub fn can_loop_mount() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let euid = status
@@ -150,7 +207,10 @@ pub fn can_loop_mount() -> bool {
         .and_then(|l| l.split_whitespace().nth(2))
         .unwrap_or("");
     if euid != "0" {
-        eprintln!("SKIP: not root, cannot loop-mount with the kernel's ext4");
+        skip(
+            &current_test(),
+            "not root, cannot loop-mount with the kernel's ext4",
+        );
         return false;
     }
     let ok = Command::new("losetup")
@@ -158,7 +218,7 @@ pub fn can_loop_mount() -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("SKIP: no free loop device (losetup -f failed)");
+        skip(&current_test(), "no free loop device (losetup -f failed)");
         return false;
     }
     let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
@@ -401,8 +461,9 @@ for d, dirs, files in os.walk(root):
         .ok()
         .filter(|o| o.status.success());
     let Some(out) = out else {
-        eprintln!(
-            "SKIP: python3 not available to read xattrs through the kernel; xattrs not compared"
+        skip(
+            &current_test(),
+            "python3 not available to read xattrs through the kernel; xattrs not compared",
         );
         return None;
     };
@@ -431,7 +492,8 @@ for d, dirs, files in os.walk(root):
 }
 
 /// Sets an extended attribute on a host path through the kernel (python3, as the tests may not
-/// link libc's unsafe calls); returns false when python3 is missing.
+/// link libc's unsafe calls); returns false when python3 is missing (after [`skip`], which fails
+/// the test in CI).
 pub fn host_setxattr(p: &Path, name: &str, value: &[u8]) -> bool {
     let hexv: String = value.iter().map(|b| format!("{b:02x}")).collect();
     let script = "import os,sys; os.setxattr(sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3]), follow_symlinks=False)";
@@ -449,7 +511,13 @@ pub fn host_setxattr(p: &Path, name: &str, value: &[u8]) -> bool {
             p.display(),
             String::from_utf8_lossy(&o.stderr)
         ),
-        Err(_) => false,
+        Err(_) => {
+            skip(
+                &current_test(),
+                "python3 not available to set xattrs through the kernel; no xattrs made",
+            );
+            false
+        }
     }
 }
 

@@ -52,21 +52,25 @@ fn assert_mode_clean(mode: DataMode) {
     assert!(report.violations.is_empty(), "{report}");
 }
 
+/// Goal: lightweight mode keeps its crash promise over the seeded states (see the module doc).
 #[test]
 fn lightweight_keeps_its_promise() {
     assert_mode_clean(DataMode::Lightweight);
 }
 
+/// Goal: writeback mode keeps its crash promise over the seeded states (see the module doc).
 #[test]
 fn writeback_keeps_its_promise() {
     assert_mode_clean(DataMode::Writeback);
 }
 
+/// Goal: ordered mode keeps its crash promise over the seeded states (see the module doc).
 #[test]
 fn ordered_keeps_its_promise() {
     assert_mode_clean(DataMode::Ordered);
 }
 
+/// Goal: journal mode keeps its crash promise over the seeded states (see the module doc).
 #[test]
 fn journal_keeps_its_promise() {
     assert_mode_clean(DataMode::Journal);
@@ -96,6 +100,7 @@ fn canary_caught(canary: Canary) -> Report {
     report
 }
 
+/// Goal: the harness reports violations when the commit block's flush is removed (canary).
 #[test]
 fn canary_commit_without_flush_is_caught() {
     if !common::have_e2fsprogs() {
@@ -104,6 +109,7 @@ fn canary_commit_without_flush_is_caught() {
     canary_caught(Canary::CommitWithoutFlush);
 }
 
+/// Goal: the harness reports violations when ordered data goes home after its commit (canary).
 #[test]
 fn canary_data_after_commit_is_caught() {
     if !common::have_e2fsprogs() {
@@ -160,6 +166,8 @@ fn hand_log(seed: u64) -> (Arc<Vec<u8>>, Vec<LogEntry>, Vec<Vec<u8>>) {
     (base, dev.recording().log, snapshots)
 }
 
+/// Goal: a crash at a flush point rebuilds exactly the disk as it was at that flush. Method:
+/// hand-made logs with snapshots taken at each flush.
 #[test]
 fn flush_states_equal_the_prefix() {
     for seed in 0..20 {
@@ -186,6 +194,8 @@ fn flush_states_equal_the_prefix() {
     }
 }
 
+/// Goal: a sampled crash state is the flush prefix plus only writes in flight in that epoch, each
+/// once, and the same seed gives the same state. Method: hand-made logs.
 #[test]
 fn sampled_states_hold_only_in_flight_writes() {
     for seed in 0..20 {

@@ -75,6 +75,8 @@ fn run_mode(mode: DataMode) -> u64 {
     stats.journal_bytes
 }
 
+/// Goal and method: see the module doc; each mode round-trips, and only journal mode logs data
+/// blocks.
 #[test]
 fn every_mode_round_trips_and_journal_mode_logs_data() {
     if !common::have_e2fsprogs() {
@@ -89,6 +91,10 @@ fn every_mode_round_trips_and_journal_mode_logs_data() {
     assert!(
         journal > ordered + 300_000,
         "journal mode must log data blocks"
+    );
+    assert!(
+        journal > writeback + 300_000,
+        "writeback mode must not log data blocks"
     );
     assert!(
         light < ordered,

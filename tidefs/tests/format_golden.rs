@@ -621,6 +621,8 @@ fn check_config(c: &Config) {
     }
 }
 
+/// Goal: the format layer matches dumpe2fs on a 1 KiB-block metadata_csum image (see the module
+/// doc).
 #[test]
 fn golden_1k_metadata_csum() {
     if common::have_e2fsprogs() {
@@ -628,6 +630,8 @@ fn golden_1k_metadata_csum() {
     }
 }
 
+/// Goal: the format layer matches dumpe2fs on a 4 KiB-block metadata_csum image (see the module
+/// doc).
 #[test]
 fn golden_4k_metadata_csum() {
     if common::have_e2fsprogs() {
@@ -635,6 +639,7 @@ fn golden_4k_metadata_csum() {
     }
 }
 
+/// Goal: the format layer matches dumpe2fs on a 1 KiB-block image without checksums.
 #[test]
 fn golden_1k_no_csum() {
     if common::have_e2fsprogs() {
@@ -642,6 +647,7 @@ fn golden_1k_no_csum() {
     }
 }
 
+/// Goal: the format layer matches dumpe2fs on a 4 KiB-block image without checksums.
 #[test]
 fn golden_4k_no_csum() {
     if common::have_e2fsprogs() {

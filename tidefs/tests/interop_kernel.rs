@@ -5,7 +5,8 @@
 //!     symlinks, device nodes, fifos, sockets, xattrs in the inode and in a block, a sparse file
 //!     with data at 1 TiB, large random files, a big directory, truncates, fallocate, unlinks),
 //!     unmounts, and `e2fsck -fn` must be clean;
-//! (b) when root with loop devices, the kernel's ext4 mounts that image read-only and a walk of
+//! (b) the kernel's ext4 (root and loop devices needed: outside CI this part is skipped without
+//!     them, in CI it fails) mounts that image read-only and a walk of
 //!     it (names, types, sizes, modes, owners, link counts, times to the nanosecond, block
 //!     counts, symlink targets, device numbers, xattrs, content hashes) must equal a walk through
 //!     the tidefs library;
@@ -442,6 +443,8 @@ fn fill_and_compare(s: &Scale, size_mb: u64, extra: &[&str]) {
     common::assert_fsck_clean(&img);
 }
 
+/// Goal: workload (a) on 4 KiB blocks is clean by e2fsck and walks the same through tidefs and the
+/// kernel (module doc (a), (b)).
 #[test]
 fn tidefs_fills_image_and_kernel_reads_it() {
     if common::have_e2fsprogs() {
@@ -564,6 +567,7 @@ fn populate_with_kernel(root: &Path, big_dir: usize) {
         .unwrap();
 }
 
+/// Goal: module doc (c): tidefs reads what the kernel wrote, modifies it, and both still agree.
 #[test]
 fn kernel_fills_image_and_tidefs_reads_and_modifies_it() {
     if !common::have_e2fsprogs() || !common::can_loop_mount() {

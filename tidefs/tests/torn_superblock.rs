@@ -9,6 +9,7 @@ mod common;
 use tidefs::fs::{Creds, Fs, MountOptions, ROOT_INO};
 use tidefs::FsError;
 
+/// Goal and method: see the module doc.
 #[test]
 fn torn_superblock_is_replayed_from_the_journal() {
     if !common::have_e2fsprogs() {

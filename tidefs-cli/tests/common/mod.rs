@@ -2,7 +2,8 @@
 //! always unmounts, and thin libc wrappers for calls std does not offer.
 //!
 //! Tests skip (with a printed reason) only when the machine lacks what they need: e2fsprogs,
-//! /dev/fuse, or root. CI has all of them, so there every test runs.
+//! /dev/fuse, or root, and only through [`skip`]. CI has all of them and sets `TIDEFS_CI=1`
+//! (`.ci/run`): there [`skip`] fails the test instead, so nothing returns early and passes.
 
 #![allow(dead_code, unsafe_code)]
 
@@ -63,9 +64,56 @@ pub fn mount_skip_reason() -> Option<String> {
     None
 }
 
-/// Prints why a test is skipped.
+/// The environment variable that marks a CI run (`.ci/run` exports `TIDEFS_CI=1`).
+pub const CI_ENV: &str = "TIDEFS_CI";
+
+/// Whether a value of [`CI_ENV`] marks a CI run: set, and neither empty nor `0`.
+pub fn ci_from(value: Option<&str>) -> bool {
+    value.is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Whether this run is CI (see [`CI_ENV`]).
+pub fn in_ci() -> bool {
+    ci_from(std::env::var(CI_ENV).ok().as_deref())
+}
+
+/// What a test that lacks a prerequisite does: `Ok(line)` outside CI (print the line, then
+/// return: the test is skipped), `Err(message)` in CI (panic with it: the test fails).
+pub fn skip_verdict(test: &str, why: &str, ci: bool) -> Result<String, String> {
+    if ci {
+        Err(format!("{test} cannot run in CI: {why}"))
+    } else {
+        Ok(format!("skipped {test}: {why}"))
+    }
+}
+
+/// [`skip`] with the CI flag given explicitly.
+pub fn skip_with(test: &str, why: &str, ci: bool) {
+    match skip_verdict(test, why, ci) {
+        // Straight to stderr, not eprintln!: libtest captures that for passing tests, and a
+        // skip must be seen.
+        Ok(line) => {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "{line}");
+        }
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// The one place where a test gives up for lack of root, FUSE or e2fsprogs: outside CI it
+/// prints `skipped <test>: <why>` and the caller returns; under `TIDEFS_CI=1` it panics with
+/// `<test> cannot run in CI: <why>`.
 pub fn skip(test: &str, why: &str) {
-    eprintln!("skipped {test}: {why}");
+    skip_with(test, why, in_ci());
+}
+
+/// Whether the test may go on as root: if not, it skips through [`skip`] (fails in CI).
+pub fn need_root(test: &str, why: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    skip(test, &format!("not root: {why}"));
+    false
 }
 
 /// Runs `e2fsck -fn` on an image; returns (exit code, output).
@@ -110,7 +158,8 @@ pub struct Mount {
 
 impl Mount {
     /// Makes a fresh image of `size` (plus mkfs arguments `mkfs_extra`) and mounts it with
-    /// `options`. Returns `None` (after printing why) when the machine cannot mount.
+    /// `options`. Returns `None` (after [`skip`], which fails in CI) when the machine cannot
+    /// mount.
     pub fn new(test: &str, size: &str, mkfs_extra: &[&str], options: &[&str]) -> Option<Mount> {
         if let Some(why) = mount_skip_reason() {
             skip(test, &why);
@@ -179,16 +228,55 @@ impl Mount {
         self.mnt.join(relative)
     }
 
-    /// The daemon's pid, from `tidefs status`.
-    pub fn daemon_pid(&self) -> u32 {
+    /// The daemon's `tidefs status` reply.
+    pub fn status(&self) -> serde_json::Value {
         let out = output(tidefs().arg("status").arg(&self.mnt));
         assert!(out.status.success(), "status failed: {}", stderr(&out));
-        let value: serde_json::Value =
-            serde_json::from_str(&stdout(&out)).expect("OK to unwrap: status is JSON");
+        serde_json::from_str(&stdout(&out)).expect("OK to unwrap: status is JSON")
+    }
+
+    /// The daemon's pid, from `tidefs status`.
+    pub fn daemon_pid(&self) -> u32 {
+        let value = self.status();
         let pid = value["pid"]
             .as_u64()
             .expect("OK to unwrap: status has a pid");
         u32::try_from(pid).expect("OK to unwrap: pids fit in u32")
+    }
+
+    /// Stops the daemon as a power cut would: SIGKILL (nothing more reaches the image), then
+    /// the dead mount is removed. The image then needs recovery; see [`Mount::recover`].
+    pub fn crash(&mut self) {
+        let pid = self.daemon_pid();
+        kill(pid, libc::SIGKILL).expect("OK to unwrap: kill");
+        assert!(
+            wait_gone(pid, Duration::from_secs(10)),
+            "the daemon survived SIGKILL"
+        );
+        // `tidefs umount` removes the dead mount and says the daemon is gone (exit 1).
+        let _ = self.umount();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        assert!(!is_mounted(&self.mnt), "the dead mount is still there");
+        self.mounted = false;
+    }
+
+    /// After [`Mount::crash`]: replays the journal with `tidefs fsck IMAGE` (exit 0, or 1 when
+    /// it replayed), checks the result with `e2fsck -fn`, and opens the image read-only through
+    /// the library, so what reads back is what is on disk, not what a live mount remembers.
+    pub fn recover(&self) -> tidefs::fs::Fs {
+        let out = output(tidefs().arg("fsck").arg(&self.image));
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "tidefs fsck after the crash: {:?}\n{}{}",
+            out.status.code(),
+            stdout(&out),
+            stderr(&out)
+        );
+        let (code, text) = e2fsck(&self.image);
+        assert_eq!(code, 0, "e2fsck -fn after tidefs fsck:\n{text}");
+        open_read_only(&self.image)
     }
 
     /// Waits until the kernel no longer lists the mount.
@@ -218,6 +306,36 @@ impl Drop for Mount {
             }
         }
     }
+}
+
+/// Opens an image read-only through the library (a journal that still needs replay is
+/// replayed in memory only; the image is not written).
+pub fn open_read_only(image: &Path) -> tidefs::fs::Fs {
+    let options = tidefs::fs::MountOptions {
+        read_only: true,
+        ..tidefs::fs::MountOptions::default()
+    };
+    tidefs::fs::Fs::open(image, &options)
+        .unwrap_or_else(|e| panic!("open {} read-only: {e}", image.display()))
+}
+
+/// The whole content of the file at `path` ('/'-separated, from the root) through the library;
+/// `None` when a component is missing.
+pub fn lib_read(fs: &tidefs::fs::Fs, path: &str) -> Option<Vec<u8>> {
+    let mut ino = tidefs::fs::ROOT_INO;
+    for name in path.split('/') {
+        ino = fs.lookup(ino, name.as_bytes()).ok()?.ino;
+    }
+    let size = fs.getattr(ino).expect("OK to unwrap: getattr").size;
+    let mut data = Vec::new();
+    while (data.len() as u64) < size {
+        let chunk = fs
+            .read(ino, data.len() as u64, 1 << 20)
+            .expect("OK to unwrap: read");
+        assert!(!chunk.is_empty(), "{path}: read stopped short of its size");
+        data.extend(chunk);
+    }
+    Some(data)
 }
 
 /// Whether the kernel lists a mount at `path`.

@@ -638,7 +638,10 @@ mod e2fsprogs_oracle {
         // is replayed by e2fsck exactly as committed. Method: commit on a fresh image, crash,
         // mark needs_recovery as the fs layer would, run logdump and e2fsck -fy, compare.
         let Some((mkfs_bin, e2fsck, debugfs)) = tools() else {
-            eprintln!("skipping: mkfs.ext4/e2fsck/debugfs not installed");
+            crate::test_support::skip(
+                "e2fsck_replays_our_journal_and_logdump_lists_it",
+                "mkfs.ext4/e2fsck/debugfs not installed",
+            );
             return;
         };
         let dir = tempfile::tempdir().unwrap();
@@ -690,7 +693,10 @@ mod e2fsprogs_oracle {
         // Goal: journals written by e2fsprogs (`debugfs jo/jw/jc`, without and with journal
         // checksums) replay through our recover() to the very same image e2fsck produces.
         let Some((mkfs_bin, e2fsck, debugfs)) = tools() else {
-            eprintln!("skipping: mkfs.ext4/e2fsck/debugfs not installed");
+            crate::test_support::skip(
+                "our_recovery_matches_e2fsck_on_debugfs_journals",
+                "mkfs.ext4/e2fsck/debugfs not installed",
+            );
             return;
         };
         for jo in ["jo", "jo -c"] {
