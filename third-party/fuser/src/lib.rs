@@ -71,6 +71,7 @@ pub use crate::reply::ReplyLseek;
 pub use crate::reply::ReplyOpen;
 pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
@@ -1001,6 +1002,56 @@ pub trait Filesystem: Send + Sync + 'static {
             "[Not Implemented] copy_file_range(ino_in: {ino_in:#x?}, fh_in: {fh_in}, \
             offset_in: {offset_in}, ino_out: {ino_out:#x?}, fh_out: {fh_out}, \
             offset_out: {offset_out}, len: {len}, flags: {flags:?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    // ---- tidefs patch: FUSE_SYNCFS, FUSE_TMPFILE, FUSE_STATX ----
+    // The defaults reply ENOSYS, as for an opcode fuser does not know: the kernel then stops
+    // sending the request (statx falls back to getattr, O_TMPFILE fails with EOPNOTSUPP).
+
+    /// Flush the whole file system to stable storage (`syncfs(2)`); `ino` is the root. Reply
+    /// once the data is durable. Linux sends FUSE_SYNCFS only on connections that ask for it
+    /// (virtiofs), not on an ordinary /dev/fuse mount.
+    fn syncfs(&self, _req: &Request, ino: INodeNo, reply: ReplyEmpty) {
+        warn!("[Not Implemented] syncfs(ino: {ino:#x?})");
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// Create and open an unnamed regular file in directory `parent` (`O_TMPFILE`): an inode
+    /// with no links that lives until its last release unless `link` gives it a name. Reply as
+    /// for [`Filesystem::create`]; the attributes should say `nlink` 0.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode:#o}, \
+            umask: {umask:#o}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// Get file attributes as `statx(2)` does, with the birth time. `fh` is set when the
+    /// request came through an open file; `flags` are the `AT_STATX_*` sync flags and `mask`
+    /// the `STATX_*` fields asked for.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+        flags: u32,
+        mask: u32,
+        reply: ReplyStatx,
+    ) {
+        warn!(
+            "[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:?}, flags: {flags:#x}, \
+            mask: {mask:#x})"
         );
         reply.error(Errno::ENOSYS);
     }

@@ -306,6 +306,44 @@ impl ReplyAttr {
 }
 
 ///
+/// Statx reply (tidefs patch)
+///
+#[derive(Debug)]
+pub struct ReplyStatx {
+    reply: ReplyRaw,
+}
+
+impl Reply for ReplyStatx {
+    fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyStatx {
+        ReplyStatx {
+            reply: Reply::new(unique, sender),
+        }
+    }
+}
+
+impl ReplyStatx {
+    /// Reply with the basic attributes of `attr` and the birth time `attr.crtime`.
+    pub fn statx(self, ttl: &Duration, attr: &FileAttr) {
+        self.reply.send_ll(&ll::ResponseStruct::new_statx(
+            ttl,
+            attr,
+            Some(attr.crtime),
+        ));
+    }
+
+    /// Reply with the basic attributes of `attr` only (no birth time).
+    pub fn statx_without_btime(self, ttl: &Duration, attr: &FileAttr) {
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_statx(ttl, attr, None));
+    }
+
+    /// Reply to a request with the given error code
+    pub fn error(self, err: Errno) {
+        self.reply.error(err);
+    }
+}
+
+///
 /// XTimes Reply
 ///
 #[cfg(target_os = "macos")]

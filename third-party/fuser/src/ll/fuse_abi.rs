@@ -161,6 +161,10 @@ pub(crate) enum fuse_opcode {
     FUSE_RENAME2 = 45,
     FUSE_LSEEK = 46,
     FUSE_COPY_FILE_RANGE = 47,
+    // tidefs patch: the three opcodes below (ABI 7.34, 7.37, 7.39).
+    FUSE_SYNCFS = 50,
+    FUSE_TMPFILE = 51,
+    FUSE_STATX = 52,
 
     #[cfg(target_os = "macos")]
     FUSE_SETVOLNAME = 61,
@@ -760,3 +764,93 @@ pub(crate) struct fuse_copy_file_range_in {
     pub(crate) len: u64,
     pub(crate) flags: u64,
 }
+
+// ---- tidefs patch: FUSE_SYNCFS, FUSE_STATX (include/uapi/linux/fuse.h) ----
+
+/// Body of FUSE_SYNCFS (ABI 7.34).
+#[repr(C)]
+#[derive(Debug, FromBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_syncfs_in {
+    pub(crate) padding: u64,
+}
+
+/// Body of FUSE_STATX (ABI 7.39).
+#[repr(C)]
+#[derive(Debug, FromBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx_in {
+    pub(crate) getattr_flags: u32,
+    pub(crate) reserved: u32,
+    pub(crate) fh: u64,
+    pub(crate) sx_flags: u32,
+    pub(crate) sx_mask: u32,
+}
+
+/// A timestamp of `fuse_statx`, laid out like statx(2)'s `struct statx_timestamp`.
+#[repr(C)]
+#[derive(Debug, IntoBytes, Clone, Copy, KnownLayout, Immutable)]
+pub(crate) struct fuse_sx_time {
+    pub(crate) tv_sec: i64,
+    pub(crate) tv_nsec: u32,
+    pub(crate) reserved: i32,
+}
+
+/// The attributes of a FUSE_STATX reply, bit for bit statx(2)'s `struct statx` (256 bytes).
+#[repr(C)]
+#[derive(Debug, IntoBytes, Clone, Copy, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx {
+    pub(crate) mask: u32,
+    pub(crate) blksize: u32,
+    pub(crate) attributes: u64,
+    pub(crate) nlink: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) mode: u16,
+    pub(crate) spare0: [u16; 1],
+    pub(crate) ino: u64,
+    pub(crate) size: u64,
+    pub(crate) blocks: u64,
+    pub(crate) attributes_mask: u64,
+    pub(crate) atime: fuse_sx_time,
+    pub(crate) btime: fuse_sx_time,
+    pub(crate) ctime: fuse_sx_time,
+    pub(crate) mtime: fuse_sx_time,
+    pub(crate) rdev_major: u32,
+    pub(crate) rdev_minor: u32,
+    pub(crate) dev_major: u32,
+    pub(crate) dev_minor: u32,
+    pub(crate) spare2: [u64; 14],
+}
+
+/// Reply to FUSE_STATX (ABI 7.39).
+#[repr(C)]
+#[derive(Debug, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx_out {
+    pub(crate) attr_valid: u64,
+    pub(crate) attr_valid_nsec: u32,
+    pub(crate) flags: u32,
+    pub(crate) spare: [u64; 2],
+    pub(crate) stat: fuse_statx,
+}
+
+// The kernel refuses a reply whose size differs from the structure it expects.
+const _: () = assert!(size_of::<fuse_syncfs_in>() == 8);
+const _: () = assert!(size_of::<fuse_statx_in>() == 24);
+const _: () = assert!(size_of::<fuse_sx_time>() == 16);
+const _: () = assert!(size_of::<fuse_statx>() == 256);
+const _: () = assert!(size_of::<fuse_statx_out>() == 288);
+
+// `fuse_statx` must match statx(2)'s `struct statx` field for field (as the kernel header says).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(fuse_statx, mode) == offset_of!(libc::statx, stx_mode));
+    assert!(offset_of!(fuse_statx, ino) == offset_of!(libc::statx, stx_ino));
+    assert!(offset_of!(fuse_statx, blocks) == offset_of!(libc::statx, stx_blocks));
+    assert!(offset_of!(fuse_statx, atime) == offset_of!(libc::statx, stx_atime));
+    assert!(offset_of!(fuse_statx, btime) == offset_of!(libc::statx, stx_btime));
+    assert!(offset_of!(fuse_statx, ctime) == offset_of!(libc::statx, stx_ctime));
+    assert!(offset_of!(fuse_statx, mtime) == offset_of!(libc::statx, stx_mtime));
+    assert!(offset_of!(fuse_statx, rdev_major) == offset_of!(libc::statx, stx_rdev_major));
+    assert!(offset_of!(fuse_statx, dev_minor) == offset_of!(libc::statx, stx_dev_minor));
+    assert!(size_of::<fuse_statx>() == size_of::<libc::statx>());
+};

@@ -244,6 +244,74 @@ impl ResponseStruct<abi::fuse_getxattr_out> {
     }
 }
 
+// tidefs patch: the FUSE_STATX reply.
+impl ResponseStruct<abi::fuse_statx_out> {
+    /// The basic statx fields from `attr`, plus the birth time `btime` when given.
+    pub(crate) fn new_statx(
+        ttl: &Duration,
+        attr: &crate::FileAttr,
+        btime: Option<std::time::SystemTime>,
+    ) -> Self {
+        /// `STATX_BASIC_STATS` and `STATX_BTIME` of `<linux/stat.h>`.
+        const STATX_BASIC_STATS: u32 = 0x7ff;
+        const STATX_BTIME: u32 = 0x800;
+        let time = |t: &std::time::SystemTime| {
+            let (tv_sec, tv_nsec) = time_from_system_time(t);
+            abi::fuse_sx_time {
+                tv_sec,
+                tv_nsec,
+                reserved: 0,
+            }
+        };
+        // `rdev` is the kernel's `new_encode_dev` form (as in `fuse_attr`); statx carries the
+        // major and minor numbers apart.
+        let rdev = attr.rdev;
+        let (rdev_major, rdev_minor) = ((rdev & 0xfff00) >> 8, (rdev & 0xff) | ((rdev >> 12) & 0xfff00));
+        let mut mask = STATX_BASIC_STATS;
+        if btime.is_some() {
+            mask |= STATX_BTIME;
+        }
+        let (atime, ctime, mtime) = (time(&attr.atime), time(&attr.ctime), time(&attr.mtime));
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat: abi::fuse_statx {
+                mask,
+                blksize: attr.blksize,
+                attributes: 0,
+                nlink: attr.nlink,
+                uid: attr.uid,
+                gid: attr.gid,
+                // The type and permission bits fit in 16 bits, as in statx(2).
+                mode: mode_from_kind_and_perm(attr.kind, attr.perm) as u16,
+                spare0: [0],
+                ino: attr.ino.0,
+                size: attr.size,
+                blocks: attr.blocks,
+                attributes_mask: 0,
+                atime,
+                btime: btime.as_ref().map_or(
+                    abi::fuse_sx_time {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                        reserved: 0,
+                    },
+                    time,
+                ),
+                ctime,
+                mtime,
+                rdev_major,
+                rdev_minor,
+                dev_major: 0,
+                dev_minor: 0,
+                spare2: [0; 14],
+            },
+        })
+    }
+}
+
 impl ResponseStruct<abi::fuse_lseek_out> {
     pub(crate) fn new_lseek(offset: i64) -> Self {
         ResponseStruct(abi::fuse_lseek_out { offset })

@@ -1564,6 +1564,68 @@ mod op {
         }
     }
 
+    // ---- tidefs patch: FUSE_SYNCFS, FUSE_TMPFILE, FUSE_STATX ----
+
+    /// Flush the whole file system (`syncfs(2)`). The kernel sends it only where the connection
+    /// asks for it (virtiofs); `nodeid` is the root.
+    #[derive(Debug)]
+    pub(crate) struct SyncFs<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        #[expect(dead_code)]
+        arg: &'a fuse_syncfs_in,
+    }
+
+    /// Create and open an unnamed regular file in a directory (`O_TMPFILE`). The body is
+    /// `fuse_create_in`, as for [`Create`]; the kernel appends the name of its placeholder
+    /// dentry ("/"), which means nothing and is not parsed.
+    #[derive(Debug)]
+    pub(crate) struct TmpFile<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_create_in,
+    }
+    impl TmpFile<'_> {
+        pub(crate) fn mode(&self) -> u32 {
+            self.arg.mode
+        }
+        /// Flags as passed to the `open()` call
+        pub(crate) fn flags(&self) -> i32 {
+            self.arg.flags
+        }
+        pub(crate) fn umask(&self) -> u32 {
+            self.arg.umask
+        }
+    }
+
+    /// Get file attributes as `statx(2)` reports them, including the birth time.
+    #[derive(Debug)]
+    pub(crate) struct Statx<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_statx_in,
+    }
+    impl Statx<'_> {
+        /// The open file the request was made through (`fstat`), if any.
+        pub(crate) fn file_handle(&self) -> Option<FileHandle> {
+            if GetattrFlags::from_bits_retain(self.arg.getattr_flags)
+                .contains(GetattrFlags::FUSE_GETATTR_FH)
+            {
+                Some(FileHandle(self.arg.fh))
+            } else {
+                None
+            }
+        }
+        /// The `AT_STATX_*` sync flags of the request.
+        pub(crate) fn flags(&self) -> u32 {
+            self.arg.sx_flags
+        }
+        /// The `STATX_*` fields the kernel asks for.
+        pub(crate) fn mask(&self) -> u32 {
+            self.arg.sx_mask
+        }
+    }
+
     /// `MacOS` only: Rename the volume. Set `fuse_init_out.flags` during init to
     /// `FUSE_VOL_RENAME` to enable
     #[cfg(target_os = "macos")]
@@ -1852,6 +1914,19 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            // tidefs patch
+            fuse_opcode::FUSE_SYNCFS => Operation::SyncFs(SyncFs {
+                header,
+                arg: data.fetch()?,
+            }),
+            fuse_opcode::FUSE_TMPFILE => Operation::TmpFile(TmpFile {
+                header,
+                arg: data.fetch()?,
+            }),
+            fuse_opcode::FUSE_STATX => Operation::Statx(Statx {
+                header,
+                arg: data.fetch()?,
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1926,6 +2001,10 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    // tidefs patch
+    SyncFs(#[expect(dead_code)] SyncFs<'a>),
+    TmpFile(TmpFile<'a>),
+    Statx(Statx<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2101,6 +2180,22 @@ impl fmt::Display for Operation<'_> {
                 x.src(),
                 x.dest(),
                 x.len()
+            ),
+            // tidefs patch
+            Operation::SyncFs(_) => write!(f, "SYNCFS"),
+            Operation::TmpFile(x) => write!(
+                f,
+                "TMPFILE mode {:#05o}, umask {:#05o}, flags {:#x}",
+                x.mode(),
+                x.umask(),
+                x.flags()
+            ),
+            Operation::Statx(x) => write!(
+                f,
+                "STATX fh {:?}, flags {:#x}, mask {:#x}",
+                x.file_handle(),
+                x.flags(),
+                x.mask()
             ),
 
             #[cfg(target_os = "macos")]
