@@ -255,7 +255,10 @@ impl ExtentMap {
                     ..e
                 });
             }
-            freed.push((e.physical + (cut_start - start), (cut_end - cut_start) as u32));
+            freed.push((
+                e.physical + (cut_start - start),
+                (cut_end - cut_start) as u32,
+            ));
             if cut_end < end {
                 keep.push(Extent {
                     // Below `end`, itself at most u32::MAX + 1 and only when the tail is empty.
@@ -504,7 +507,11 @@ mod tests {
     #[test]
     fn remove_range_splits_the_extents_at_both_ends() {
         let mut m = ExtentMap::default();
-        m.extents = vec![ext(0, 10, 100, false), ext(10, 5, 200, true), ext(20, 4, 300, false)];
+        m.extents = vec![
+            ext(0, 10, 100, false),
+            ext(10, 5, 200, true),
+            ext(20, 4, 300, false),
+        ];
         let freed = m.remove_range(3, 12);
         assert_eq!(freed, vec![(103, 7), (200, 2)]);
         assert_eq!(
@@ -543,7 +550,10 @@ mod tests {
         big.extents = vec![ext(0, MAX_INIT_LEN, 1000, false)];
         assert_eq!(big.mark_unwritten_range(0, u64::from(MAX_INIT_LEN)), 32768);
         assert_eq!(big.extents.len(), 2);
-        assert!(big.extents.iter().all(|e| e.unwritten && e.len <= MAX_UNWRITTEN_LEN));
+        assert!(big
+            .extents
+            .iter()
+            .all(|e| e.unwritten && e.len <= MAX_UNWRITTEN_LEN));
     }
 
     #[test]

@@ -1116,6 +1116,13 @@ impl Meta {
     pub(crate) fn punch_hole(&mut self, io: &Io, ino: u32, offset: u64, len: u64) -> Result<()> {
         let (mut i, end) = self.range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
+        // A range that reaches the end of file covers the whole last block: the bytes past
+        // the size are not part of the file, so that block can go too.
+        let end = if end >= i.size() {
+            end.max(i.size().div_ceil(bs) * bs)
+        } else {
+            end
+        };
         let end = end.min(self.max_file_blocks() * bs);
         if offset >= end {
             return Ok(());
