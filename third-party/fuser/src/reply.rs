@@ -324,11 +324,8 @@ impl Reply for ReplyStatx {
 impl ReplyStatx {
     /// Reply with the basic attributes of `attr` and the birth time `attr.crtime`.
     pub fn statx(self, ttl: &Duration, attr: &FileAttr) {
-        self.reply.send_ll(&ll::ResponseStruct::new_statx(
-            ttl,
-            attr,
-            Some(attr.crtime),
-        ));
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_statx(ttl, attr, Some(attr.crtime)));
     }
 
     /// Reply with the basic attributes of `attr` only (no birth time).

@@ -266,7 +266,10 @@ impl ResponseStruct<abi::fuse_statx_out> {
         // `rdev` is the kernel's `new_encode_dev` form (as in `fuse_attr`); statx carries the
         // major and minor numbers apart.
         let rdev = attr.rdev;
-        let (rdev_major, rdev_minor) = ((rdev & 0xfff00) >> 8, (rdev & 0xff) | ((rdev >> 12) & 0xfff00));
+        let (rdev_major, rdev_minor) = (
+            (rdev & 0xfff00) >> 8,
+            (rdev & 0xff) | ((rdev >> 12) & 0xfff00),
+        );
         let mut mask = STATX_BASIC_STATS;
         if btime.is_some() {
             mask |= STATX_BTIME;
