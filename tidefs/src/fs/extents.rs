@@ -495,6 +495,13 @@ mod tests {
         assert_eq!(m.extents.len(), 1);
     }
 
+    fn map_of(extents: Vec<Extent>) -> ExtentMap {
+        ExtentMap {
+            extents,
+            tree_blocks: Vec::new(),
+        }
+    }
+
     fn ext(logical: u32, len: u32, physical: u64, unwritten: bool) -> Extent {
         Extent {
             logical,
@@ -506,12 +513,11 @@ mod tests {
 
     #[test]
     fn remove_range_splits_the_extents_at_both_ends() {
-        let mut m = ExtentMap::default();
-        m.extents = vec![
+        let mut m = map_of(vec![
             ext(0, 10, 100, false),
             ext(10, 5, 200, true),
             ext(20, 4, 300, false),
-        ];
+        ]);
         let freed = m.remove_range(3, 12);
         assert_eq!(freed, vec![(103, 7), (200, 2)]);
         assert_eq!(
@@ -536,8 +542,7 @@ mod tests {
 
     #[test]
     fn mark_unwritten_range_converts_and_merges() {
-        let mut m = ExtentMap::default();
-        m.extents = vec![ext(0, 10, 100, false), ext(10, 5, 110, true)];
+        let mut m = map_of(vec![ext(0, 10, 100, false), ext(10, 5, 110, true)]);
         assert_eq!(m.mark_unwritten_range(4, 12), 6);
         // The converted blocks join the unwritten extent that follows them.
         assert_eq!(
@@ -546,8 +551,7 @@ mod tests {
         );
         assert_eq!(m.map(5), Some((105, true)));
         // An initialised extent of the largest length becomes two unwritten ones.
-        let mut big = ExtentMap::default();
-        big.extents = vec![ext(0, MAX_INIT_LEN, 1000, false)];
+        let mut big = map_of(vec![ext(0, MAX_INIT_LEN, 1000, false)]);
         assert_eq!(big.mark_unwritten_range(0, u64::from(MAX_INIT_LEN)), 32768);
         assert_eq!(big.extents.len(), 2);
         assert!(big
