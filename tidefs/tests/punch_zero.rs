@@ -302,3 +302,39 @@ fn punch_and_zero_survive_a_crash_whole_per_block_in_every_mode() -> TestResult 
     }
     Ok(())
 }
+
+/// Writes six blocks, fsyncs, punches the four in the middle, fsyncs, crashes; returns the
+/// revoke records recovery found.
+fn revokes_after_punch(mode: DataMode) -> Result<u64, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let img = common::mkimage(dir.path(), "r.img", 64, &[]);
+    let fs = Fs::open(&img, &options(mode))?;
+    let mut file = Model::create(&fs, b"f", pattern(11, 6 * BS as usize))?;
+    fs.fsync(file.ino, false)?;
+    fs.punch_hole(file.ino, BS, 4 * BS)?;
+    file.zero(BS as usize, 4 * BS as usize);
+    fs.fsync(file.ino, false)?;
+    fs.crash();
+    drop(fs);
+    let fs = Fs::open(&img, &options(mode))?;
+    let revokes = fs.recovery_report().map_or(0, |r| r.revoke_records);
+    assert_eq!(fs.lookup(ROOT_INO, b"f")?.blocks, 2 * SECTORS);
+    file.check(&fs, &format!("{mode:?} after replay"))?;
+    fs.unmount()?;
+    drop(fs);
+    common::assert_fsck_clean(&img);
+    Ok(revokes)
+}
+
+#[test]
+fn punched_blocks_logged_in_journal_mode_are_revoked() -> TestResult {
+    if !common::have_e2fsprogs() {
+        return Ok(());
+    }
+    // Journal mode logged the data blocks, so freeing them must revoke the logged copies
+    // (replay would otherwise write stale data over a later use); ordered mode never logged
+    // them and revokes nothing.
+    assert!(revokes_after_punch(DataMode::Journal)? >= 4);
+    assert_eq!(revokes_after_punch(DataMode::Ordered)?, 0);
+    Ok(())
+}
