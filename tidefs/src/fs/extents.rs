@@ -261,7 +261,7 @@ impl ExtentMap {
             ));
             if cut_end < end {
                 keep.push(Extent {
-                    // Below `end`, itself at most u32::MAX + 1 and only when the tail is empty.
+                    // Below `end`, which is at most 2^32, so it fits in u32.
                     logical: cut_end as u32,
                     len: (end - cut_end) as u32,
                     physical: e.physical + (cut_end - start),
@@ -295,7 +295,8 @@ impl ExtentMap {
                 });
             }
             converted += cut_end - cut_start;
-            // An unwritten extent is one block shorter at most than a written one.
+            // An unwritten extent holds one block fewer than the longest written one, so a
+            // long run becomes several.
             let mut at = cut_start;
             while at < cut_end {
                 let n = (cut_end - at).min(u64::from(MAX_UNWRITTEN_LEN));
