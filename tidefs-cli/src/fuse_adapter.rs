@@ -20,7 +20,7 @@ use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
     ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tidefs::fs::{
     Attr, Creds, FileKind, Fs, Ino, RenameFlags as FsRenameFlags, SetAttr, SetTime, Timestamp,
@@ -34,6 +34,10 @@ const TTL: Duration = Duration::from_secs(1);
 
 /// `fallocate` mode bit: do not change the file size.
 const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
+/// `fallocate` mode bit: deallocate the range (Linux requires KEEP_SIZE with it).
+const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
+/// `fallocate` mode bit: make the range read as zeros, keeping it allocated.
+const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
 /// `setxattr` flag: fail if the attribute exists.
 const XATTR_CREATE: i32 = 0x1;
 /// `setxattr` flag: fail if the attribute is missing.
@@ -76,8 +80,26 @@ impl FuseFs {
 /// its fsync in flight at once, which is what lets them share one commit.
 const SYNC_WORKERS: usize = 256;
 
-/// One fsync to serve: the inode, whether it is a data sync, and the reply to send once durable.
-type SyncJob = (Ino, bool, ReplyEmpty);
+/// What a sync worker makes durable.
+#[derive(Clone, Copy)]
+enum SyncTarget {
+    /// fsync/fdatasync of one inode (`true`: a data sync).
+    File(Ino, bool),
+    /// The whole file system (FUSE_SYNCFS).
+    All,
+}
+
+impl SyncTarget {
+    fn run(self, fs: &Fs) -> tidefs::Result<()> {
+        match self {
+            SyncTarget::File(ino, datasync) => fs.fsync(ino, datasync),
+            SyncTarget::All => fs.sync(),
+        }
+    }
+}
+
+/// One sync to serve and the reply to send once it is durable.
+type SyncJob = (SyncTarget, ReplyEmpty);
 
 /// Serves fsyncs away from the session threads: a session thread hands the request over and
 /// goes back to the kernel for the next one, and the reply leaves when the commit is durable
@@ -97,10 +119,10 @@ impl SyncWorkers {
                 .stack_size(64 << 10)
                 .spawn(move || loop {
                     let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                    let Ok((ino, datasync, reply)) = job else {
+                    let Ok((target, reply)) = job else {
                         return;
                     };
-                    reply_empty(reply, fs.fsync(ino, datasync));
+                    reply_empty(reply, target.run(&fs));
                 });
             if spawned.is_err() {
                 break;
@@ -111,15 +133,15 @@ impl SyncWorkers {
         }
     }
 
-    /// Queues an fsync; serves it on the calling thread if no worker is left.
-    fn submit(&self, fs: &Fs, ino: Ino, datasync: bool, reply: ReplyEmpty) {
+    /// Queues a sync; serves it on the calling thread if no worker is left.
+    fn submit(&self, fs: &Fs, target: SyncTarget, reply: ReplyEmpty) {
         let sent = self
             .queue
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .send((ino, datasync, reply));
-        if let Err(std::sync::mpsc::SendError((ino, datasync, reply))) = sent {
-            reply_empty(reply, fs.fsync(ino, datasync));
+            .send((target, reply));
+        if let Err(std::sync::mpsc::SendError((target, reply))) = sent {
+            reply_empty(reply, target.run(fs));
         }
     }
 }
@@ -323,6 +345,22 @@ impl Filesystem for FuseFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(to_fs(ino)) {
             Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// statx(2) with the birth time: ext4's `i_crtime`.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        match self.fs.getattr(to_fs(ino)) {
+            Ok(attr) => reply.statx(&TTL, &file_attr(&attr)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -551,7 +589,8 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.syncs.submit(&self.fs, to_fs(ino), datasync, reply);
+        self.syncs
+            .submit(&self.fs, SyncTarget::File(to_fs(ino), datasync), reply);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -600,7 +639,16 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.syncs.submit(&self.fs, to_fs(ino), datasync, reply);
+        self.syncs
+            .submit(&self.fs, SyncTarget::File(to_fs(ino), datasync), reply);
+    }
+
+    /// `syncfs(2)`: commit and flush everything, reply once durable. Linux 6.18 sends
+    /// FUSE_SYNCFS only on connections that ask for it (virtiofs); on this /dev/fuse mount
+    /// `sync -f` and `syncfs(2)` never reach the daemon, but a kernel that forwards them gets
+    /// the right answer here.
+    fn syncfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyEmpty) {
+        self.syncs.submit(&self.fs, SyncTarget::All, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -711,6 +759,29 @@ impl Filesystem for FuseFs {
         }
     }
 
+    /// O_TMPFILE: an unnamed file that holds one open handle, released by `release`.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let mode = mode & !(umask & 0o777);
+        match self.fs.tmpfile(to_fs(parent), mode, creds(req)) {
+            Ok(attr) => reply.created(
+                &TTL,
+                &file_attr(&attr),
+                Generation(u64::from(attr.generation)),
+                FileHandle(0),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
@@ -721,18 +792,22 @@ impl Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let keep_size = match mode {
-            0 => false,
-            FALLOC_FL_KEEP_SIZE => true,
-            _ => {
-                reply.error(Errno::EOPNOTSUPP);
-                return;
+        let ino = to_fs(ino);
+        // PUNCH_HOLE without KEEP_SIZE is EOPNOTSUPP, as Linux requires; so are the modes
+        // tidefs does not implement (COLLAPSE_RANGE, INSERT_RANGE, UNSHARE_RANGE...).
+        let result = match mode {
+            0 => self.fs.fallocate(ino, offset, length, false),
+            FALLOC_FL_KEEP_SIZE => self.fs.fallocate(ino, offset, length, true),
+            m if m == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE => {
+                self.fs.punch_hole(ino, offset, length)
             }
+            FALLOC_FL_ZERO_RANGE => self.fs.zero_range(ino, offset, length, false),
+            m if m == FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE => {
+                self.fs.zero_range(ino, offset, length, true)
+            }
+            _ => Err(FsError::NotSupported),
         };
-        reply_empty(
-            reply,
-            self.fs.fallocate(to_fs(ino), offset, length, keep_size),
-        );
+        reply_empty(reply, result);
     }
 }
 

@@ -188,15 +188,166 @@ fn fallocate_mode_zero_and_keep_size() {
     let mut buf = [0u8; 6];
     f.read_exact_at(&mut buf, 4096).expect("OK to unwrap: read");
     assert_eq!(&buf, b"inside");
+    // Linux requires KEEP_SIZE with PUNCH_HOLE; COLLAPSE_RANGE is not implemented.
     assert_eq!(
-        errno(fallocate(
-            &f,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            0,
-            4096
-        )),
+        errno(fallocate(&f, libc::FALLOC_FL_PUNCH_HOLE, 0, 4096)),
         libc::EOPNOTSUPP
     );
+    assert_eq!(
+        errno(fallocate(&f, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096)),
+        libc::EOPNOTSUPP
+    );
+}
+
+/// `stat --format='%s %b'` of `path`, asked of the file system: (size, 512-byte blocks).
+fn size_and_blocks(path: &Path) -> (u64, u64) {
+    let text = coreutils_stat(path, "%s %b");
+    let mut fields = text.split(' ').map(|f| f.parse::<u64>());
+    match (fields.next(), fields.next()) {
+        (Some(Ok(size)), Some(Ok(blocks))) => (size, blocks),
+        _ => panic!("unexpected stat output {text:?}"),
+    }
+}
+
+#[test]
+fn fallocate_punch_hole_and_zero_range_from_util_linux() {
+    let m = mount!("fallocate_punch_hole_and_zero_range_from_util_linux");
+    let path = m.path("f");
+    let data: Vec<u8> = (0..40_960u32).map(|i| (i % 251) as u8 | 1).collect();
+    write_file(&path, &data);
+    let mut want = data.clone();
+    assert_eq!(size_and_blocks(&path), (40_960, 80));
+    // Blocks 2..=5 lie wholly inside [5000, 25000): they are freed.
+    let (ok, err) = util_fallocate(&["-p", "-o", "5000", "-l", "20000"], &path);
+    assert!(ok, "fallocate -p: {err}");
+    want[5000..25_000].fill(0);
+    assert_eq!(size_and_blocks(&path), (40_960, 48));
+    assert!(read_file(&path) == want, "a punched range reads as zeros");
+    // Zeroing past the end grows the file and allocates the range.
+    let (ok, err) = util_fallocate(&["-z", "-o", "30000", "-l", "20000"], &path);
+    assert!(ok, "fallocate -z: {err}");
+    want[30_000..].fill(0);
+    want.resize(50_000, 0);
+    assert_eq!(size_and_blocks(&path), (50_000, 48 + 24));
+    assert!(read_file(&path) == want, "a zeroed range reads as zeros");
+    // With --keep-size the size stays.
+    let (ok, err) = util_fallocate(&["-z", "-n", "-o", "0", "-l", "100000"], &path);
+    assert!(ok, "fallocate -z -n: {err}");
+    assert_eq!(size_and_blocks(&path).0, 50_000);
+    assert!(read_file(&path).iter().all(|&b| b == 0));
+    // Data written into the range afterwards reads back.
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("OK to unwrap: open");
+    f.write_all_at(b"after", 12_345)
+        .expect("OK to unwrap: pwrite");
+    drop(f);
+    let back = read_file(&path);
+    assert_eq!(&back[12_345..12_350], b"after");
+}
+
+#[test]
+fn statx_reports_the_birth_time_kept_in_the_inode() {
+    let mut m = mount!("statx_reports_the_birth_time_kept_in_the_inode");
+    let path = m.path("born");
+    write_file(&path, b"x");
+    let (sec, nsec) = statx_btime(&path)
+        .expect("OK to unwrap: statx")
+        .expect("OK to unwrap: tidefs reports a birth time");
+    assert!(sec > 0, "birth time {sec}");
+    assert_eq!(coreutils_stat(&path, "%W"), sec.to_string());
+    // Changing the other times leaves the birth time alone.
+    utimens(&path, (1_000, 1), (2_000, 2)).expect("OK to unwrap: utimens");
+    assert_eq!(
+        statx_btime(&path).expect("OK to unwrap: statx"),
+        Some((sec, nsec))
+    );
+    fs::create_dir(m.path("dir")).expect("OK to unwrap: mkdir");
+    let dir_btime = statx_btime(&m.path("dir")).expect("OK to unwrap: statx");
+    assert!(dir_btime.is_some_and(|(s, _)| s > 0));
+    // The same instant the library reads from the inode's i_crtime.
+    m.0.umount_ok();
+    let (code, text) = e2fsck(&m.image);
+    assert_eq!(code, 0, "e2fsck -fn:\n{text}");
+    let options = tidefs::fs::MountOptions {
+        read_only: true,
+        ..tidefs::fs::MountOptions::default()
+    };
+    let fs = tidefs::fs::Fs::open(&m.image, &options).expect("OK to unwrap: open the image");
+    let attr = fs
+        .lookup(tidefs::fs::ROOT_INO, b"born")
+        .expect("OK to unwrap: lookup");
+    assert_eq!((attr.crtime.sec, attr.crtime.nsec), (sec, nsec));
+    let dir = fs
+        .lookup(tidefs::fs::ROOT_INO, b"dir")
+        .expect("OK to unwrap: lookup");
+    assert_eq!(Some((dir.crtime.sec, dir.crtime.nsec)), dir_btime);
+}
+
+/// Free inodes of the mount, from statvfs.
+fn free_inodes(m: &Mount) -> u64 {
+    statvfs(&m.mnt).expect("OK to unwrap: statvfs").f_ffree
+}
+
+#[test]
+fn o_tmpfile_linked_appears_and_unlinked_leaves_nothing() {
+    use std::os::fd::AsRawFd as _;
+    let m = mount!("o_tmpfile_linked_appears_and_unlinked_leaves_nothing");
+    fs::create_dir(m.path("d")).expect("OK to unwrap: mkdir");
+    let tmp = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o640)
+        .open(m.path("d"))
+        .expect("OK to unwrap: open O_TMPFILE");
+    tmp.write_all_at(b"from a tmpfile", 0)
+        .expect("OK to unwrap: write");
+    let meta = tmp.metadata().expect("OK to unwrap: fstat");
+    assert_eq!(meta.nlink(), 0);
+    assert!(meta.is_file());
+    assert_eq!(
+        fs::read_dir(m.path("d"))
+            .expect("OK to unwrap: readdir")
+            .count(),
+        0
+    );
+    let proc_link = format!("/proc/self/fd/{}", tmp.as_raw_fd());
+    linkat_follow(Path::new(&proc_link), &m.path("d/named")).expect("OK to unwrap: linkat");
+    drop(tmp);
+    assert_eq!(read_file(&m.path("d/named")), b"from a tmpfile");
+    let meta = fs::metadata(m.path("d/named")).expect("OK to unwrap: stat");
+    assert_eq!(meta.nlink(), 1);
+    assert_eq!(meta.mode() & 0o7777, 0o640);
+
+    // Never linked: closing it frees the inode; the directory gains nothing.
+    let before = free_inodes(&m);
+    let tmp = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o600)
+        .open(m.path("d"))
+        .expect("OK to unwrap: open O_TMPFILE");
+    tmp.write_all_at(&[7u8; 3 * 4096], 0)
+        .expect("OK to unwrap: write");
+    assert_eq!(free_inodes(&m), before - 1);
+    drop(tmp);
+    // The kernel may send the release after close() returns.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while free_inodes(&m) != before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        free_inodes(&m),
+        before,
+        "the unlinked tmpfile is freed at close"
+    );
+    let names: Vec<_> = fs::read_dir(m.path("d"))
+        .expect("OK to unwrap: readdir")
+        .map(|e| e.expect("OK to unwrap: entry").file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("named")]);
 }
 
 /// Goal: an unlinked file stays readable while open; unlink errors (ENOENT, EISDIR).

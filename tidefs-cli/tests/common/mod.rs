@@ -564,3 +564,66 @@ pub fn wait_gone(pid: u32, timeout: Duration) -> bool {
 pub fn makedev(major: u32, minor: u32) -> libc::dev_t {
     libc::makedev(major, minor)
 }
+
+/// linkat(AT_FDCWD, from, AT_FDCWD, to, AT_SYMLINK_FOLLOW): with `from` a `/proc/self/fd/N`
+/// link, this names an O_TMPFILE file.
+pub fn linkat_follow(from: &Path, to: &Path) -> io::Result<()> {
+    let (from, to) = (cstr(from), cstr(to));
+    // SAFETY: both strings are valid NUL-terminated paths that outlive the call.
+    check(unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+}
+
+/// The birth time of `path` from statx(2) with `AT_STATX_FORCE_SYNC` (asked of the file
+/// system, not the kernel's attribute cache), as (seconds, nanoseconds); `None` when the file
+/// system does not report one.
+pub fn statx_btime(path: &Path) -> io::Result<Option<(i64, u32)>> {
+    let path = cstr(path);
+    // SAFETY: an all-zero statx is a valid value for the out-parameter.
+    let mut out: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `out` is a valid out-pointer.
+    check(unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut out,
+        )
+    })?;
+    if out.stx_mask & libc::STATX_BTIME == 0 {
+        return Ok(None);
+    }
+    Ok(Some((out.stx_btime.tv_sec, out.stx_btime.tv_nsec)))
+}
+
+/// `stat --cached=never --format=FORMAT path` (coreutils, which asks statx for the birth time);
+/// its output without the newline.
+pub fn coreutils_stat(path: &Path, format: &str) -> String {
+    let out = Command::new("stat")
+        .arg("--cached=never")
+        .arg(format!("--format={format}"))
+        .arg(path)
+        .output()
+        .expect("OK to unwrap: coreutils stat runs");
+    assert!(out.status.success(), "stat failed: {}", stderr(&out));
+    stdout(&out).trim_end().to_string()
+}
+
+/// Runs util-linux `fallocate` with `args` on `path`; returns whether it succeeded and its
+/// stderr.
+pub fn util_fallocate(args: &[&str], path: &Path) -> (bool, String) {
+    let out = Command::new("fallocate")
+        .args(args)
+        .arg(path)
+        .output()
+        .expect("OK to unwrap: util-linux fallocate runs");
+    (out.status.success(), stderr(&out))
+}

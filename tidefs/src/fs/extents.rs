@@ -233,6 +233,102 @@ impl ExtentMap {
         freed
     }
 
+    /// Removes the mappings of logical blocks `[from, to)`, splitting the extents that straddle
+    /// either end; returns the freed physical runs.
+    pub fn remove_range(&mut self, from: u64, to: u64) -> Vec<(u64, u32)> {
+        let mut freed = Vec::new();
+        if from >= to {
+            return freed;
+        }
+        let mut keep = Vec::with_capacity(self.extents.len() + 1);
+        for e in self.extents.drain(..) {
+            let (start, end) = (u64::from(e.logical), e.logical_end());
+            if end <= from || start >= to {
+                keep.push(e);
+                continue;
+            }
+            let (cut_start, cut_end) = (start.max(from), end.min(to));
+            if start < cut_start {
+                // Shorter than `e`, so it fits in u32.
+                keep.push(Extent {
+                    len: (cut_start - start) as u32,
+                    ..e
+                });
+            }
+            freed.push((
+                e.physical + (cut_start - start),
+                (cut_end - cut_start) as u32,
+            ));
+            if cut_end < end {
+                keep.push(Extent {
+                    // Below `end`, which is at most 2^32, so it fits in u32.
+                    logical: cut_end as u32,
+                    len: (end - cut_end) as u32,
+                    physical: e.physical + (cut_end - start),
+                    unwritten: e.unwritten,
+                });
+            }
+        }
+        self.extents = keep;
+        freed
+    }
+
+    /// Marks the mapped blocks of `[from, to)` unwritten, so they read as zeros and stay
+    /// allocated. Returns how many of them were written before.
+    pub fn mark_unwritten_range(&mut self, from: u64, to: u64) -> u64 {
+        let mut converted = 0u64;
+        if from >= to {
+            return converted;
+        }
+        let mut out = Vec::with_capacity(self.extents.len() + 2);
+        for e in self.extents.drain(..) {
+            let (start, end) = (u64::from(e.logical), e.logical_end());
+            if end <= from || start >= to || e.unwritten {
+                out.push(e);
+                continue;
+            }
+            let (cut_start, cut_end) = (start.max(from), end.min(to));
+            if start < cut_start {
+                out.push(Extent {
+                    len: (cut_start - start) as u32,
+                    ..e
+                });
+            }
+            converted += cut_end - cut_start;
+            // An unwritten extent holds one block fewer than the longest written one, so a
+            // long run becomes several.
+            let mut at = cut_start;
+            while at < cut_end {
+                let n = (cut_end - at).min(u64::from(MAX_UNWRITTEN_LEN));
+                out.push(Extent {
+                    logical: at as u32,
+                    len: n as u32,
+                    physical: e.physical + (at - start),
+                    unwritten: true,
+                });
+                at += n;
+            }
+            if cut_end < end {
+                out.push(Extent {
+                    logical: cut_end as u32,
+                    len: (end - cut_end) as u32,
+                    physical: e.physical + (cut_end - start),
+                    unwritten: false,
+                });
+            }
+        }
+        self.extents = out;
+        let mut i = 0;
+        while i + 1 < self.extents.len() {
+            let before = self.extents.len();
+            self.merge_at(i);
+            if self.extents.len() == before {
+                i += 1;
+            }
+        }
+        converted
+    }
+
     /// Writes the map back into `inode`'s `i_block` and tree blocks, allocating or freeing tree
     /// blocks as needed. Returns the change in tree blocks (for `i_blocks`).
     pub fn store(&mut self, meta: &mut Meta, io: &Io, ino: u32, inode: &mut Inode) -> Result<()> {
@@ -398,6 +494,71 @@ mod tests {
         let freed = m.truncate_from(1);
         assert_eq!(freed, vec![(101, 3)]);
         assert_eq!(m.extents.len(), 1);
+    }
+
+    fn map_of(extents: Vec<Extent>) -> ExtentMap {
+        ExtentMap {
+            extents,
+            tree_blocks: Vec::new(),
+        }
+    }
+
+    fn ext(logical: u32, len: u32, physical: u64, unwritten: bool) -> Extent {
+        Extent {
+            logical,
+            len,
+            physical,
+            unwritten,
+        }
+    }
+
+    #[test]
+    fn remove_range_splits_the_extents_at_both_ends() {
+        let mut m = map_of(vec![
+            ext(0, 10, 100, false),
+            ext(10, 5, 200, true),
+            ext(20, 4, 300, false),
+        ]);
+        let freed = m.remove_range(3, 12);
+        assert_eq!(freed, vec![(103, 7), (200, 2)]);
+        assert_eq!(
+            m.extents,
+            vec![
+                ext(0, 3, 100, false),
+                ext(12, 3, 202, true),
+                ext(20, 4, 300, false)
+            ]
+        );
+        // A range inside one extent makes two of it; a range over nothing frees nothing.
+        assert_eq!(m.remove_range(21, 22), vec![(301, 1)]);
+        assert_eq!(m.extents.len(), 4);
+        assert!(m.remove_range(15, 20).is_empty());
+        // An empty range (a punch inside one block) removes nothing.
+        assert!(m.remove_range(2, 1).is_empty());
+        assert_eq!(m.mark_unwritten_range(2, 1), 0);
+        // Past the last possible block.
+        assert_eq!(m.remove_range(0, 1 << 33).len(), 4);
+        assert!(m.extents.is_empty());
+    }
+
+    #[test]
+    fn mark_unwritten_range_converts_and_merges() {
+        let mut m = map_of(vec![ext(0, 10, 100, false), ext(10, 5, 110, true)]);
+        assert_eq!(m.mark_unwritten_range(4, 12), 6);
+        // The converted blocks join the unwritten extent that follows them.
+        assert_eq!(
+            m.extents,
+            vec![ext(0, 4, 100, false), ext(4, 11, 104, true)]
+        );
+        assert_eq!(m.map(5), Some((105, true)));
+        // An initialised extent of the largest length becomes two unwritten ones.
+        let mut big = map_of(vec![ext(0, MAX_INIT_LEN, 1000, false)]);
+        assert_eq!(big.mark_unwritten_range(0, u64::from(MAX_INIT_LEN)), 32768);
+        assert_eq!(big.extents.len(), 2);
+        assert!(big
+            .extents
+            .iter()
+            .all(|e| e.unwritten && e.len <= MAX_UNWRITTEN_LEN));
     }
 
     #[test]

@@ -605,6 +605,18 @@ impl Fs {
         })
     }
 
+    /// Creates an unnamed regular file in directory `parent` (`O_TMPFILE`), with the permission
+    /// bits of `mode` (its type bits must be 0 or `S_IFREG`). The inode has no links and sits
+    /// on the ext4 orphan list; the caller holds one open handle on it, as after
+    /// [`Fs::open_inode`]. [`Fs::link`] gives it a name; otherwise its last
+    /// [`Fs::release_inode`] frees it, or orphan processing at the next mount after a crash.
+    pub fn tmpfile(&self, parent: Ino, mode: u32, creds: Creds) -> Result<Attr> {
+        self.with_meta(true, |m, io| {
+            let p = m.ino32(parent)?;
+            m.tmpfile(io, p, mode, creds)
+        })
+    }
+
     /// Creates a directory with permission bits `perm`.
     pub fn mkdir(&self, parent: Ino, name: &[u8], perm: u16, creds: Creds) -> Result<Attr> {
         self.with_meta(true, |m, io| {
@@ -621,7 +633,9 @@ impl Fs {
         })
     }
 
-    /// Adds a hard link to `ino` as `new_name` in `new_parent`.
+    /// Adds a hard link to `ino` as `new_name` in `new_parent`. An open inode without links
+    /// (from [`Fs::tmpfile`], or unlinked while open) may be linked: it then leaves the orphan
+    /// list and has one link.
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
         self.with_meta(true, |m, io| {
             let (n, p) = (m.ino32(ino)?, m.ino32(new_parent)?);
@@ -744,6 +758,26 @@ impl Fs {
         let lock = self.data_lock(n);
         let _g = lock.write();
         self.with_meta(true, |m, io| m.fallocate(io, n, offset, len, keep_size))
+    }
+
+    /// Deallocates `[offset, offset+len)` of a regular file (`fallocate` with
+    /// `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the range reads as zeros, whole blocks
+    /// inside it are freed, the size does not change.
+    pub fn punch_hole(&self, ino: Ino, offset: u64, len: u64) -> Result<()> {
+        let n = self.inner.meta.lock().ino32(ino)?;
+        let lock = self.data_lock(n);
+        let _g = lock.write();
+        self.with_meta(true, |m, io| m.punch_hole(io, n, offset, len))
+    }
+
+    /// Makes `[offset, offset+len)` of a regular file read as zeros while keeping (or making)
+    /// it allocated (`fallocate` with `FALLOC_FL_ZERO_RANGE`); grows the size to the end of
+    /// the range unless `keep_size`.
+    pub fn zero_range(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        let n = self.inner.meta.lock().ino32(ino)?;
+        let lock = self.data_lock(n);
+        let _g = lock.write();
+        self.with_meta(true, |m, io| m.zero_range(io, n, offset, len, keep_size))
     }
 
     /// Makes the file durable (only its data and the metadata needed to read it if `datasync`).

@@ -256,6 +256,27 @@ impl Meta {
         Ok(self.attr(ino, &i))
     }
 
+    /// Creates an unnamed regular file in directory `parent` (O_TMPFILE): no links, on the
+    /// orphan list, held by one open handle. Its last release frees it, and so does orphan
+    /// processing at the next mount after a crash, unless [`Meta::link`] names it first.
+    pub(crate) fn tmpfile(&mut self, io: &Io, parent: u32, m: u32, creds: Creds) -> Result<Attr> {
+        let pi = self.dir_inode(io, parent)?;
+        let m = u16::try_from(m & 0o177777).map_err(|_| FsError::Invalid("mode"))?;
+        let m = match m & mode::S_IFMT {
+            0 | mode::S_IFREG => mode::S_IFREG | (m & 0o7777),
+            _ => return Err(FsError::Invalid("O_TMPFILE makes regular files only")),
+        };
+        self.ensure_space(1)?;
+        let (ino, mut i) = self.new_inode(io, parent, &pi, m, creds)?;
+        i.set_links_count(0);
+        i.set_dtime(self.sb.last_orphan());
+        self.sb.set_last_orphan(ino);
+        self.sb_dirty = true;
+        self.write_inode(io, ino, &mut i)?;
+        *self.open.entry(ino).or_insert(0) += 1;
+        Ok(self.attr(ino, &i))
+    }
+
     /// Creates a directory.
     pub(crate) fn mkdir(
         &mut self,
@@ -396,6 +417,12 @@ impl Meta {
         }
         self.ensure_space(2)?;
         self.dir_add(io, new_parent, new_name, ino, ft_of(i.mode()))?;
+        if i.links_count() == 0 {
+            // An O_TMPFILE inode (or an unlinked one still open) gets a name: it leaves the
+            // orphan list, so neither its last release nor orphan processing frees it.
+            self.remove_orphan(io, ino)?;
+            i.set_dtime(0);
+        }
         i.set_links_count(i.links_count() + 1);
         i.set_ctime(now());
         self.write_inode(io, ino, &mut i)?;
@@ -1051,6 +1078,143 @@ impl Meta {
         if !keep_size {
             i.set_mtime(now());
         }
+        self.write_inode(io, ino, &mut i)
+    }
+
+    /// Checks that `ino` is a regular file for a range operation and returns it with the end
+    /// of `[offset, offset+len)`.
+    fn range_target(&mut self, io: &Io, ino: u32, offset: u64, len: u64) -> Result<(Inode, u64)> {
+        let i = self.live_inode(io, ino)?;
+        if i.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        if !i.is_reg() {
+            return Err(FsError::NotSupported);
+        }
+        if len == 0 {
+            return Err(FsError::Invalid("fallocate length 0"));
+        }
+        let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
+        Ok((i, end))
+    }
+
+    /// Zeroes the bytes of `[offset, end)` that fall in the partial blocks at its two edges,
+    /// where those blocks hold written data, through the file's data path (journal mode thus
+    /// journals the zeros like any write). Holes and unwritten blocks read as zeros already.
+    fn zero_partial_edges(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        map: &ExtentMap,
+        offset: u64,
+        end: u64,
+    ) -> Result<()> {
+        let bs = u64::from(self.geo.block_size);
+        let mut edges = Vec::with_capacity(2);
+        if offset % bs != 0 {
+            edges.push((offset / bs, offset % bs, (end - offset / bs * bs).min(bs)));
+        }
+        if end % bs != 0 && (offset % bs == 0 || end / bs != offset / bs) {
+            edges.push((end / bs, 0, end % bs));
+        }
+        for (lblk, from, to) in edges {
+            // Blocks past the 32-bit logical space cannot be mapped.
+            let Ok(lblk) = u32::try_from(lblk) else {
+                continue;
+            };
+            if let Some((p, false)) = map.map(lblk) {
+                let zeros = vec![0u8; (to - from) as usize];
+                self.put_data(io, ino, p, from as usize, &zeros, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deallocates `[offset, offset+len)` (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE): whole
+    /// blocks inside the range leave the extent tree and are freed (quarantined until the
+    /// transaction commits, revoked where they may be in the journal), the partial blocks at
+    /// its edges get zeros; the size stays. Preallocated blocks past the end of file inside the
+    /// range are freed too.
+    pub(crate) fn punch_hole(&mut self, io: &Io, ino: u32, offset: u64, len: u64) -> Result<()> {
+        let (mut i, end) = self.range_target(io, ino, offset, len)?;
+        let bs = u64::from(self.geo.block_size);
+        // A range that reaches the end of file covers the whole last block: the bytes past
+        // the size are not part of the file, so that block can go too.
+        let end = if end >= i.size() {
+            end.max(i.size().div_ceil(bs) * bs)
+        } else {
+            end
+        };
+        let end = end.min(self.max_file_blocks() * bs);
+        if offset >= end {
+            return Ok(());
+        }
+        // Splitting an extent may need a new tree block; find it before changing anything.
+        self.ensure_space(4)?;
+        let mut map = self.extent_map(io, ino, &i)?.clone();
+        self.zero_partial_edges(io, ino, &map, offset, end)?;
+        let freed = map.remove_range(offset.div_ceil(bs), end / bs);
+        let mut n = 0u64;
+        for (start, run) in freed {
+            for b in start..start + u64::from(run) {
+                self.free_block(io, b, false)?;
+                n += 1;
+            }
+        }
+        map.store(self, io, ino, &mut i)?;
+        self.maps.insert(ino, map);
+        i.set_blocks_512(
+            i.blocks_512(self.geo.block_size)
+                .saturating_sub(n * (bs / 512)),
+        );
+        let t = now();
+        i.set_mtime(t);
+        i.set_ctime(t);
+        self.write_inode(io, ino, &mut i)
+    }
+
+    /// Makes `[offset, offset+len)` read as zeros and keeps it allocated
+    /// (FALLOC_FL_ZERO_RANGE), as ext4 does: written blocks wholly inside become unwritten,
+    /// the partial blocks at the edges get zeros through the data path, and holes in the range
+    /// are allocated unwritten. The size grows to the end of the range unless `keep_size`.
+    pub(crate) fn zero_range(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> Result<()> {
+        let (mut i, end) = self.range_target(io, ino, offset, len)?;
+        let bs = u64::from(self.geo.block_size);
+        if end.div_ceil(bs) > self.max_file_blocks() {
+            return Err(FsError::FileTooBig);
+        }
+        let mut map = self.extent_map(io, ino, &i)?.clone();
+        // The bound above keeps both within u32.
+        let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
+        let missing = (first..last).filter(|l| map.map(*l).is_none()).count() as u64;
+        self.ensure_space(missing + 4)?;
+        self.zero_partial_edges(io, ino, &map, offset, end)?;
+        map.mark_unwritten_range(offset.div_ceil(bs), end / bs);
+        let mut goal = inode_goal(&map, self, ino);
+        for l in first..last {
+            if map.map(l).is_some() {
+                continue;
+            }
+            let p = self.alloc_block(io, goal)?;
+            goal = p + 1;
+            map.insert(l, p, true);
+        }
+        map.store(self, io, ino, &mut i)?;
+        self.maps.insert(ino, map);
+        i.set_blocks_512(i.blocks_512(self.geo.block_size) + missing * (bs / 512));
+        if !keep_size && end > i.size() {
+            i.set_size(end);
+        }
+        let t = now();
+        i.set_mtime(t);
+        i.set_ctime(t);
         self.write_inode(io, ino, &mut i)
     }
 
