@@ -307,7 +307,10 @@ pub fn is_tidefs_mounted(path: &Path) -> bool {
         let Some((left, right)) = line.split_once(" - ") else {
             return false;
         };
-        let mount_point = left.split(' ').nth(4).map(unescape_mountinfo);
+        let mount_point = left
+            .split(' ')
+            .nth(4)
+            .map(tidefs::dev::lock::unescape_mountinfo);
         let mut right = right.split(' ');
         let (fs_type, source) = (right.next(), right.next());
         // A direct mount shows type "fuse" and our FSName as the source; one made through
@@ -318,30 +321,10 @@ pub fn is_tidefs_mounted(path: &Path) -> bool {
     })
 }
 
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape_mountinfo(field: &str) -> PathBuf {
-    use std::os::unix::ffi::OsStringExt as _;
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
-            if let Ok(value) = u8::from_str_radix(digits, 8) {
-                out.push(value);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    PathBuf::from(std::ffi::OsString::from_vec(out))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tidefs::dev::lock::unescape_mountinfo;
 
     #[test]
     fn path_key_is_stable_and_short() {

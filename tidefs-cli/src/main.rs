@@ -217,6 +217,12 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    // The library reports what it finds (errors that put the file system read-only, a replayed
+    // journal error, a repaired superblock) through `log`; they go to stderr, which is the
+    // daemon's log file. `RUST_LOG` overrides the level.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_target(false)
+        .init();
     if helper::started_as_helper() {
         return match helper::run(std::env::args_os().skip(1)) {
             Ok(()) => ExitCode::SUCCESS,

@@ -355,6 +355,21 @@ fn operations() -> Vec<(&'static str, Op)> {
             fs.setxattr(g, b"user.big", &[1u8; 3000], XattrSetMode::Any)
                 .map(|()| 0)
         }),
+        ("punch hole", |fs| {
+            let f = ino_of(fs, &[b"a", b"f"])?;
+            fs.punch_hole(f, 1000, 8000).map(|()| 0)
+        }),
+        ("zero range", |fs| {
+            let f = ino_of(fs, &[b"a", b"f"])?;
+            fs.zero_range(f, 1000, 8000, false).map(|()| 0)
+        }),
+        ("tmpfile linked", |fs| {
+            let a = ino_of(fs, &[b"a"])?;
+            let t = fs.tmpfile(a, 0o100600, Creds::ROOT)?;
+            fs.write(t.ino, 0, b"tmp")?;
+            fs.link(t.ino, a, b"was-tmp")?;
+            fs.release_inode(t.ino).map(|()| 0)
+        }),
         ("fallocate", |fs| {
             let g = ino_of(fs, &[b"b", b"g"])?;
             fs.fallocate(g, 0, 64 << 10, false).map(|()| 0)

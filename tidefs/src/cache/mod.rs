@@ -23,6 +23,8 @@ pub struct BlockCache {
     /// While an operation runs: each block it touched, with what the cache held before (its
     /// bytes and whether it was dirty), or `None` if it was not cached.
     undo: Option<HashMap<u64, Option<PreImage>>>,
+    /// The open operation changed or removed a block (loading clean blocks does not count).
+    undo_changed: bool,
 }
 
 /// A cached block as it was before an operation changed it: its bytes and whether it was dirty.
@@ -36,6 +38,7 @@ impl BlockCache {
             dirty: BTreeSet::new(),
             max_blocks: max_blocks.max(64),
             undo: None,
+            undo_changed: false,
         }
     }
 
@@ -43,6 +46,12 @@ impl BlockCache {
     pub fn begin_undo(&mut self) {
         debug_assert!(self.undo.is_none(), "undo records do not nest");
         self.undo = Some(HashMap::new());
+        self.undo_changed = false;
+    }
+
+    /// Whether the open operation changed or removed any cached block so far.
+    pub fn undo_has_changes(&self) -> bool {
+        self.undo_changed
     }
 
     /// Ends the operation, keeping its changes.
@@ -127,6 +136,7 @@ impl BlockCache {
             return None;
         }
         self.note(nr);
+        self.undo_changed |= self.undo.is_some();
         let b = self.blocks.get_mut(&nr)?;
         self.dirty.insert(nr);
         Some(&mut b[..])
@@ -135,6 +145,7 @@ impl BlockCache {
     /// Forgets a block (freed and about to be reused for something else).
     pub fn forget(&mut self, nr: u64) {
         self.note(nr);
+        self.undo_changed |= self.undo.is_some() && self.blocks.contains_key(&nr);
         self.blocks.remove(&nr);
         self.dirty.remove(&nr);
     }

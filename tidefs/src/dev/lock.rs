@@ -274,7 +274,7 @@ fn parse_device(text: &str) -> Option<(u32, u32)> {
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape_mountinfo(field: &str) -> PathBuf {
+pub fn unescape_mountinfo(field: &str) -> PathBuf {
     use std::os::unix::ffi::OsStringExt as _;
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());

@@ -285,6 +285,21 @@ impl Meta {
         let Some(u) = self.op_undo.take() else {
             return;
         };
+        let changed = self.cache.undo_has_changes()
+            || self.sb != u.sb
+            || self.sb_dirty != u.sb_dirty
+            || !u.groups.is_empty()
+            || !u.revoked.is_empty()
+            || !u.quarantined.is_empty()
+            || self.freed_running.len() != u.freed_running_len
+            || self.deferred_data.len() != u.deferred_data_len
+            || self.late_frees.len() != u.late_frees_len;
+        if !changed {
+            // A failure before any change (a lookup that finds nothing, a refused argument):
+            // nothing to take back, and the derived caches stay valid.
+            self.cache.end_undo();
+            return;
+        }
         self.cache.rollback();
         self.sb = u.sb;
         self.sb_dirty = u.sb_dirty;

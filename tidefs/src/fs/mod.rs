@@ -360,7 +360,22 @@ impl Fs {
             (torn, _) => (sb, torn),
         };
         let recovery = if journal.needs_recovery() {
-            Some(journal.recover()?)
+            let report = journal.recover()?;
+            log::info!(
+                "the file system was not unmounted cleanly: replayed {} transaction(s), {} block(s)",
+                report.transactions,
+                report.blocks_replayed
+            );
+            if opts.data_mode == DataMode::Lightweight {
+                // Lightweight mode orders its writes so that a crash can only leak (blocks or
+                // inodes marked in use that nothing uses), never mark a used one free.
+                log::warn!(
+                    "after an unclean shutdown in lightweight mode, blocks and inodes that were \
+                     being allocated or freed may have leaked (none is in use and marked free); \
+                     `tidefs fsck -p IMAGE` reclaims them"
+                );
+            }
+            Some(report)
         } else {
             None
         };

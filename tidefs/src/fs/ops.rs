@@ -1057,17 +1057,7 @@ impl Meta {
         }
         let mut map = self.extent_map(io, ino, &i)?.clone();
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
-        let missing = (first..last).filter(|l| map.map(*l).is_none()).count() as u64;
-        self.ensure_space(missing + 8)?;
-        let mut goal = inode_goal(&map, self, ino);
-        for l in first..last {
-            if map.map(l).is_some() {
-                continue;
-            }
-            let p = self.alloc_block(io, goal)?;
-            goal = p + 1;
-            map.insert(l, p, true);
-        }
+        let missing = self.allocate_unwritten(io, ino, &mut map, first, last, 8)?;
         map.store(self, io, ino, &mut i)?;
         self.maps.insert(ino, map);
         i.set_blocks_512(i.blocks_512(self.geo.block_size) + missing * (bs / 512));
@@ -1117,14 +1107,34 @@ impl Meta {
         if end % bs != 0 && (offset % bs == 0 || end / bs != offset / bs) {
             edges.push((end / bs, 0, end % bs));
         }
-        for (lblk, from, to) in edges {
-            // Blocks past the 32-bit logical space cannot be mapped.
-            let Ok(lblk) = u32::try_from(lblk) else {
-                continue;
-            };
-            if let Some((p, false)) = map.map(lblk) {
-                let zeros = vec![0u8; (to - from) as usize];
-                self.put_data(io, ino, p, from as usize, &zeros, false)?;
+        // Written blocks at the edges (blocks past the 32-bit logical space cannot be mapped).
+        let targets: Vec<(u64, usize, usize)> = edges
+            .into_iter()
+            .filter_map(
+                |(lblk, from, to)| match map.map(u32::try_from(lblk).ok()?) {
+                    Some((p, false)) => Some((p, from as usize, to as usize)),
+                    _ => None,
+                },
+            )
+            .collect();
+        // In the modes that write data in place, keep what the edges held: if the second edge
+        // cannot be written, the first is put back, so a failed call changes no byte.
+        let in_place = self.data_mode(ino) != DataMode::Journal;
+        let mut before = Vec::with_capacity(targets.len());
+        if in_place {
+            for &(p, from, to) in &targets {
+                let mut old = vec![0u8; to - from];
+                io.dev.read_at(p * bs + from as u64, &mut old)?;
+                before.push(old);
+            }
+        }
+        for (k, &(p, from, to)) in targets.iter().enumerate() {
+            let zeros = vec![0u8; to - from];
+            if let Err(e) = self.put_data(io, ino, p, from, &zeros, false) {
+                for (&(p, from, _), old) in targets[..k].iter().zip(&before) {
+                    io.dev.write_at(p * bs + from as u64, old)?;
+                }
+                return Err(e);
             }
         }
         Ok(())
@@ -1152,7 +1162,7 @@ impl Meta {
         // Splitting an extent may need a new tree block; find it before changing anything.
         self.ensure_space(4)?;
         let mut map = self.extent_map(io, ino, &i)?.clone();
-        self.zero_partial_edges(io, ino, &map, offset, end)?;
+        let edges = map.clone();
         let freed = map.remove_range(offset.div_ceil(bs), end / bs);
         let mut n = 0u64;
         for (start, run) in freed {
@@ -1170,7 +1180,9 @@ impl Meta {
         let t = now();
         i.set_mtime(t);
         i.set_ctime(t);
-        self.write_inode(io, ino, &mut i)
+        self.write_inode(io, ino, &mut i)?;
+        // Last: in the modes that write data in place, the edges' zeros cannot be rolled back.
+        self.zero_partial_edges(io, ino, &edges, offset, end)
     }
 
     /// Makes `[offset, offset+len)` read as zeros and keeps it allocated
@@ -1193,19 +1205,9 @@ impl Meta {
         let mut map = self.extent_map(io, ino, &i)?.clone();
         // The bound above keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
-        let missing = (first..last).filter(|l| map.map(*l).is_none()).count() as u64;
-        self.ensure_space(missing + 4)?;
-        self.zero_partial_edges(io, ino, &map, offset, end)?;
+        let edges = map.clone();
         map.mark_unwritten_range(offset.div_ceil(bs), end / bs);
-        let mut goal = inode_goal(&map, self, ino);
-        for l in first..last {
-            if map.map(l).is_some() {
-                continue;
-            }
-            let p = self.alloc_block(io, goal)?;
-            goal = p + 1;
-            map.insert(l, p, true);
-        }
+        let missing = self.allocate_unwritten(io, ino, &mut map, first, last, 4)?;
         map.store(self, io, ino, &mut i)?;
         self.maps.insert(ino, map);
         i.set_blocks_512(i.blocks_512(self.geo.block_size) + missing * (bs / 512));
@@ -1215,7 +1217,35 @@ impl Meta {
         let t = now();
         i.set_mtime(t);
         i.set_ctime(t);
-        self.write_inode(io, ino, &mut i)
+        self.write_inode(io, ino, &mut i)?;
+        // Last: in the modes that write data in place, the edges' zeros cannot be rolled back.
+        self.zero_partial_edges(io, ino, &edges, offset, end)
+    }
+
+    /// Maps every hole among logical blocks `[first, last)` of `map` to a new unwritten block,
+    /// after checking that they and `spare` more (tree blocks) are available; returns how many
+    /// were allocated.
+    fn allocate_unwritten(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        map: &mut ExtentMap,
+        first: u32,
+        last: u32,
+        spare: u64,
+    ) -> Result<u64> {
+        let missing = (first..last).filter(|l| map.map(*l).is_none()).count() as u64;
+        self.ensure_space(missing + spare)?;
+        let mut goal = inode_goal(map, self, ino);
+        for l in first..last {
+            if map.map(l).is_some() {
+                continue;
+            }
+            let p = self.alloc_block(io, goal)?;
+            goal = p + 1;
+            map.insert(l, p, true);
+        }
+        Ok(missing)
     }
 
     // ----- extended attributes -----
