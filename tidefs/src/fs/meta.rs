@@ -664,6 +664,16 @@ impl Meta {
                 found
             };
             let Some(i) = found else { continue };
+            // A bitmap that passes its checksum can still be wrong: never hand out a block of
+            // fixed metadata (the kernel's "allocating blocks which overlap fs metadata").
+            let b = first + i as u64;
+            if let Err(why) = self.layout.check_run(b, 1) {
+                self.groups[g as usize].bad = true;
+                return Err(FsError::corrupt(format!(
+                    "group {g}: the block bitmap marks block {b} free, but {why}; the group is \
+                     no longer used for allocation"
+                )));
+            }
             let len = self.block_bitmap_len();
             let seed = self.geo.csum_seed;
             let bm = self.block_mut(io, bb)?;
@@ -673,7 +683,6 @@ impl Meta {
             self.store_group(io, g, c, None)?;
             let free = self.sb.free_blocks_count().saturating_sub(1);
             self.sb.set_free_blocks_count(free);
-            let b = first + i as u64;
             self.block_cursor = b + 1;
             // Whatever the block held before is gone: no cached copy may shadow its new use.
             self.cache.forget(b);
