@@ -393,3 +393,23 @@ fn link_counts_at_the_limit() {
         fs.unmount().unwrap();
     }
 }
+
+#[test]
+fn directory_size_ending_inside_its_blocks_is_corrupt() {
+    // Found by fuzz_images: appending a block at the size would have reused a mapped block.
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "short.img", 32, &[]);
+    let fs = open(&img);
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, Creds::ROOT).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let d = u32::try_from(d.ino).unwrap();
+    damage::edit(&img, |b| damage::edit_inode(b, d, |i| i.set_size(0)));
+    let fs = open(&img);
+    let r = fs.create(u64::from(d), b"y", 0o100644, 0, Creds::ROOT);
+    assert!(damage::is_corrupt(&r), "{r:?}");
+    fs.unmount().unwrap();
+}

@@ -256,6 +256,16 @@ impl Meta {
                 // Append a block.
                 let lblk = self.dir_blocks(io, dir, &inode)?;
                 let map = self.extent_map(io, dir, &inode)?.clone();
+                if map.map(lblk).is_some() {
+                    // The size ends inside the mapped blocks: appending would reuse one.
+                    return Err(FsError::corrupt_inode(
+                        dir,
+                        format!(
+                            "directory i_size {} ends before its mapped block {lblk}",
+                            inode.size()
+                        ),
+                    ));
+                }
                 let goal = inode_goal(&map, self, dir);
                 let pblk = self.alloc_block(io, goal)?;
                 let b = self.new_block_mut(pblk);

@@ -4,7 +4,11 @@
 //!
 //! Invariants:
 //! - `extents` is sorted by logical block, non-overlapping, each extent within the format's
-//!   length limits;
+//!   length limits (length > 0) and ending below 2^32 - 1;
+//! - every extent and every tree block lies in the data area, on no fixed metadata (checked
+//!   by [`walk_tree`] when the map is loaded; blocks added later come from the allocator,
+//!   which hands out only such blocks), so `store` and `write_node` never see a structure
+//!   that trips their assertions and no data write lands on metadata;
 //! - `tree_blocks` lists the blocks the on-disk tree uses (leaves first, then index levels),
 //!   each counted in the inode's `i_blocks`.
 

@@ -8,7 +8,13 @@
 //! - a block freed by a transaction that has not committed is never handed out again (it sits
 //!   in `quarantine`), so ordered-mode data never overwrites a block that the last committed
 //!   metadata still points to;
-//! - `groups[g]` always equals group descriptor `g` as stored in its cached GDT block.
+//! - `groups[g]` always equals group descriptor `g` as stored in its cached GDT block;
+//! - descriptors were checked at load: counts fit the group, bitmaps and inode tables lie
+//!   inside the file system and overlap neither each other, the superblock copies nor the
+//!   journal (`layout` records them all);
+//! - a bitmap is used only after it matched its descriptor checksum (`GroupInfo::verified`);
+//!   a group whose bitmap failed is `bad` and never allocated from again;
+//! - no inode read through `read_inode` has a size past the format's limits.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

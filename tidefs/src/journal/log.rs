@@ -191,13 +191,19 @@ impl JournalGeometry {
                 sb.len_blocks
             )));
         }
+        let len = sb.len_blocks.checked_sub(sb_block).ok_or_else(|| {
+            FsError::corrupt(format!(
+                "external journal: s_maxlen {} ends before its superblock (block {sb_block})",
+                sb.len_blocks
+            ))
+        })?;
         Ok(JournalGeometry {
             dev,
             block_size: fs_block_size,
             extents: vec![JournalExtent {
                 logical_start: sb_block,
                 device_block: u64::from(sb_block),
-                len: sb.len_blocks - sb_block,
+                len,
             }],
         })
     }
