@@ -301,7 +301,7 @@ impl Meta {
         }) else {
             return Err(FsError::corrupt_inode(
                 dir,
-                format!("directory free space index is stale"),
+                "directory free space index is stale",
             ));
         };
         let b = self.block_mut(io, pblk)?;

@@ -362,26 +362,17 @@ impl Meta {
         let size = usize::try_from(i.size()).map_err(|_| FsError::corrupt("symlink size"))?;
         if i.flags() & flags::EXTENTS == 0 {
             if size >= inode::I_BLOCK_LEN {
-                return Err(FsError::corrupt_inode(
-                    ino,
-                    format!("inline symlink too long"),
-                ));
+                return Err(FsError::corrupt_inode(ino, "inline symlink too long"));
             }
             return Ok(i.i_block()[..size].to_vec());
         }
         let bs = self.geo.bs();
         if size > bs {
-            return Err(FsError::corrupt_inode(
-                ino,
-                format!("symlink longer than a block"),
-            ));
+            return Err(FsError::corrupt_inode(ino, "symlink longer than a block"));
         }
         let map = self.extent_map(io, ino, &i)?;
         let Some((pblk, _)) = map.map(0) else {
-            return Err(FsError::corrupt_inode(
-                ino,
-                format!("symlink without a block"),
-            ));
+            return Err(FsError::corrupt_inode(ino, "symlink without a block"));
         };
         let mut buf = vec![0u8; size];
         io.dev.read_at(pblk * bs as u64, &mut buf)?;
