@@ -116,6 +116,17 @@ fn extent_pointing_at_the_journal_or_an_inode_table_is_refused() {
     }
 }
 
+/// Clears bits of group 0's block (or inode) bitmap, leaving its checksum stale.
+fn clear_bitmap_bits(img: &Path, inode: bool, bits: &[u64]) {
+    damage::edit(img, |b| {
+        let (bb, ib, _) = damage::group_blocks(b, 0);
+        let at = if inode { ib } else { bb } as usize * BS;
+        for bit in bits {
+            b[at + *bit as usize / 8] &= !(1 << (bit % 8));
+        }
+    });
+}
+
 #[test]
 fn bitmap_with_cleared_bits_and_bad_checksum_is_not_trusted() {
     if !common::have_e2fsprogs() {
@@ -123,17 +134,14 @@ fn bitmap_with_cleared_bits_and_bad_checksum_is_not_trusted() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (img, ino) = image_with_file(dir.path(), "bitmap.img", 8);
-    damage::edit(&img, |b| {
-        let (bb, _, _) = damage::group_blocks(b, 0);
-        let (_, runs) = damage::tree_blocks(b, ino);
-        assert!(!runs.is_empty());
-        for (start, len) in runs {
-            for blk in start..start + u64::from(len) {
-                // Group 0 starts at block 0 with 4 KiB blocks; the checksum is left stale.
-                b[bb as usize * BS + blk as usize / 8] &= !(1 << (blk % 8));
-            }
-        }
-    });
+    let (_, runs) = damage::tree_blocks(&std::fs::read(&img).unwrap(), ino);
+    assert!(!runs.is_empty());
+    let bits: Vec<u64> = runs
+        .iter()
+        .flat_map(|(start, len)| *start..start + u64::from(*len))
+        .collect();
+    // Group 0 starts at block 0 with 4 KiB blocks.
+    clear_bitmap_bits(&img, false, &bits);
     let fs = open(&img);
     let g = fs.create(ROOT_INO, b"g", 0o100644, 0, Creds::ROOT).unwrap();
     let e = fs.write(g.ino, 0, &vec![0xCD; 8 * BS]).unwrap_err();
@@ -411,5 +419,24 @@ fn directory_size_ending_inside_its_blocks_is_corrupt() {
     let fs = open(&img);
     let r = fs.create(u64::from(d), b"y", 0o100644, 0, Creds::ROOT);
     assert!(damage::is_corrupt(&r), "{r:?}");
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn inode_bitmap_with_a_cleared_bit_and_bad_checksum_is_not_trusted() {
+    // Trusting it would hand out the inode of /f again, overwriting it.
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (img, ino) = image_with_file(dir.path(), "ibitmap.img", 1);
+    clear_bitmap_bits(&img, true, &[u64::from(ino - 1)]);
+    let fs = open(&img);
+    let e = fs
+        .create(ROOT_INO, b"g", 0o100644, 0, Creds::ROOT)
+        .unwrap_err();
+    assert!(e.to_string().contains("inode bitmap"), "{e}");
+    let data = fs.read(u64::from(ino), 0, BS as u32).unwrap();
+    assert!(data.iter().all(|b| *b == 0xAB));
     fs.unmount().unwrap();
 }

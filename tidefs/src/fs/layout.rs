@@ -45,16 +45,6 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// A layout that knows only the bounds of the file system (before the group descriptors
-    /// are read).
-    pub fn bounds(start: u64, end: u64) -> Layout {
-        Layout {
-            start,
-            end,
-            runs: Vec::new(),
-        }
-    }
-
     /// Builds the layout from fixed metadata runs; fails when one lies outside the file system
     /// or two overlap.
     pub fn build(start: u64, end: u64, mut runs: Vec<FixedRun>) -> Result<Layout> {

@@ -129,6 +129,34 @@ impl Geometry {
             .div_ceil(u64::from(self.block_size))
     }
 
+    /// Blocks at the start of group `g` that hold a superblock copy, the group-descriptor table
+    /// and its reserved blocks (0 in a group without a copy).
+    pub fn sb_copy_blocks(&self, sb: &Superblock, g: u32) -> u64 {
+        if sb.group_has_super(u64::from(g)) {
+            1 + sb.gdt_blocks() + u64::from(sb.reserved_gdt_blocks())
+        } else {
+            0
+        }
+    }
+
+    /// The superblock and group-descriptor copies of every group, as fixed runs (group 0's
+    /// also covers the boot block before the superblock). They depend on the superblock only,
+    /// so they can be checked before the descriptors are read.
+    pub fn sb_copy_runs(&self, sb: &Superblock) -> Vec<FixedRun> {
+        (0..self.groups)
+            .filter(|g| self.sb_copy_blocks(sb, *g) > 0)
+            .map(|g| {
+                let first = self.group_first_block(g);
+                FixedRun {
+                    start: if g == 0 { 0 } else { first },
+                    end: (first + self.sb_copy_blocks(sb, g)).min(self.blocks_count),
+                    what: "superblock and group descriptor copy",
+                    group: Some(g),
+                }
+            })
+            .collect()
+    }
+
     /// The bits of a bitmap checksum a descriptor stores: the low half only in 32-byte
     /// descriptors.
     pub fn bitmap_csum_mask(&self) -> u32 {
@@ -407,26 +435,9 @@ impl Meta {
                     group: Some(g),
                 });
             }
-            if self.sb.group_has_super(u64::from(g)) {
-                // Group 0's copy also covers the boot block before the superblock.
-                let first = if g == 0 {
-                    0
-                } else {
-                    self.geo.group_first_block(g)
-                };
-                let end = self.geo.group_first_block(g)
-                    + 1
-                    + self.sb.gdt_blocks()
-                    + u64::from(self.sb.reserved_gdt_blocks());
-                runs.push(FixedRun {
-                    start: first,
-                    end: end.min(self.geo.blocks_count),
-                    what: "superblock and group descriptor copy",
-                    group: Some(g),
-                });
-            }
             groups.push(info);
         }
+        runs.extend(self.geo.sb_copy_runs(&self.sb));
         if io.internal_journal {
             for (start, len) in io.journal.device_runs() {
                 runs.push(FixedRun {
@@ -503,11 +514,8 @@ impl Meta {
                 bm[i / 8] |= 1 << (i % 8);
             }
         };
-        if self.sb.group_has_super(u64::from(g)) {
-            let meta = 1 + self.sb.gdt_blocks() + u64::from(self.sb.reserved_gdt_blocks());
-            for b in first..first + meta {
-                mark(b);
-            }
+        for b in first..first + self.geo.sb_copy_blocks(&self.sb, g) {
+            mark(b);
         }
         let itable_blocks = self.geo.itable_blocks();
         for h in &self.groups {

@@ -224,15 +224,19 @@ fn read_inode_direct(
 }
 
 /// The journal's extents, from inode 8's extent tree read straight from the device and
-/// validated like any file's ([`extents::walk_tree`]): inside the file system, in order.
+/// validated like any file's ([`extents::walk_tree`]): inside the file system, in order, on no
+/// superblock or descriptor copy. (The group descriptors are read only after recovery, which
+/// may replay them; `Meta::load_groups` then checks the journal against bitmaps and inode
+/// tables before anything else is written.)
 fn journal_extents(
     dev: &dyn BlockDevice,
+    sb: &Superblock,
     geo: &Geometry,
-    ino: u32,
     inode: &Inode,
 ) -> Result<Vec<JournalExtent>> {
+    let ino = sb.journal_inum();
     let bs = u64::from(geo.block_size);
-    let layout = Layout::bounds(geo.first_data_block, geo.blocks_count);
+    let layout = Layout::build(geo.first_data_block, geo.blocks_count, geo.sb_copy_runs(sb))?;
     let mut read = |nr: u64| -> Result<Vec<u8>> {
         let mut b = vec![0u8; geo.bs()];
         // The walk checked `nr` against the layout: below blocks_count, so the offset fits.
@@ -322,7 +326,7 @@ impl Fs {
             JournalGeometry::internal(
                 dev.clone(),
                 geo.block_size,
-                journal_extents(dev.as_ref(), &geo, sb.journal_inum(), &ji)?,
+                journal_extents(dev.as_ref(), &sb, &geo, &ji)?,
             )
         } else if sb.has_compat(compat::HAS_JOURNAL) {
             let Some(jdev) = journal_dev else {
