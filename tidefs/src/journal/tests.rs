@@ -292,19 +292,30 @@ fn corrupt_data_block_is_skipped_and_later_transactions_replay() {
     assert_eq!(&rig.home(32)[..], &block(3, 0)[..]);
 }
 
+/// T1 and T2 committed, then T2's descriptor damaged and, with `erase_commit`, T2's commit
+/// block gone too (descriptor, one data block, commit).
+fn log_with_damaged_descriptor(erase_commit: bool) -> Rig {
+    let rig = Rig::new(64, 0, 0);
+    let j = rig.open(V3_64).unwrap();
+    j.commit(req(&[(30, block(1, 0))], &[])).unwrap();
+    let head = u64::from(j.log.lock().head);
+    j.commit(req(&[(31, block(2, 0))], &[])).unwrap();
+    drop(j);
+    let bs = u64::from(BS);
+    rig.dev.write_at((100 + head) * bs + 40, &[0x55]).unwrap();
+    if erase_commit {
+        rig.dev
+            .write_at((100 + head + 2) * bs, &vec![0; BS as usize])
+            .unwrap();
+    }
+    rig
+}
+
 #[test]
 fn corrupt_descriptor_with_its_commit_present_is_an_error() {
     // A descriptor that fails its checksum while its commit block is there: the log (or the
     // UUID seeding the checksums) is corrupt; recovery must say so, not report a clean log.
-    let rig = Rig::new(64, 0, 0);
-    let j = rig.open(V3_64).unwrap();
-    j.commit(req(&[(30, block(1, 0))], &[])).unwrap();
-    let head = j.log.lock().head;
-    j.commit(req(&[(31, block(2, 0))], &[])).unwrap();
-    drop(j);
-    rig.dev
-        .write_at((100 + u64::from(head)) * u64::from(BS) + 40, &[0x55])
-        .unwrap();
+    let rig = log_with_damaged_descriptor(false);
     let j = rig.open(V3_64).unwrap();
     match j.recover() {
         Err(FsError::Corrupt(c)) => assert!(c.what.contains("descriptor"), "{c}"),
@@ -316,20 +327,7 @@ fn corrupt_descriptor_with_its_commit_present_is_an_error() {
 fn torn_descriptor_without_commit_ends_the_log_quietly() {
     // The last transaction's descriptor is damaged and its commit block never made it (a
     // crash mid-commit): the log ends before it, as after any crash.
-    let rig = Rig::new(64, 0, 0);
-    let j = rig.open(V3_64).unwrap();
-    j.commit(req(&[(30, block(1, 0))], &[])).unwrap();
-    let head = j.log.lock().head;
-    j.commit(req(&[(31, block(2, 0))], &[])).unwrap();
-    drop(j);
-    let bs = u64::from(BS);
-    rig.dev
-        .write_at((100 + u64::from(head)) * bs + 40, &[0x55])
-        .unwrap();
-    // Erase T2's commit block (descriptor, one data block, commit).
-    rig.dev
-        .write_at((100 + u64::from(head) + 2) * bs, &vec![0; BS as usize])
-        .unwrap();
+    let rig = log_with_damaged_descriptor(true);
     let j = rig.open(V3_64).unwrap();
     let report = j.recover().unwrap();
     assert_eq!(report.transactions, 1);
