@@ -132,8 +132,19 @@ fn fsck(image: &Path, journal_device: Option<&Path>, mode: Mode) -> Result<u8, S
         if !no_modify {
             code |= 1;
         }
-    } else {
+    } else if report.failed_commit.is_none() {
         println!("  journal: clean, nothing to replay");
+    }
+    if report.corrupt_blocks > 0 {
+        println!(
+            "  journal: {} logged block(s) failed their checksum and were not replayed",
+            report.corrupt_blocks
+        );
+        code |= 4;
+    }
+    if let Some(tid) = report.failed_commit {
+        println!("  journal: transaction {tid} was corrupt (commit block checksum); replay stopped there");
+        code |= 4;
     }
 
     match tidefs::mkfs::find_e2fsprogs_tool("e2fsck") {

@@ -147,7 +147,14 @@ impl SyncWorkers {
 }
 
 /// The errno for a file-system error. The only place where errno values are chosen.
+///
+/// Corruption answers EUCLEAN ("structure needs cleaning"), as the kernel's ext4 answers
+/// EFSCORRUPTED, and is logged on stderr (the daemon's log) with the inode and block numbers
+/// the library found, since the caller only sees the errno.
 pub fn errno(error: &FsError) -> Errno {
+    if let FsError::Corrupt(c) = error {
+        log_corrupt(c);
+    }
     match error {
         FsError::NotFound => Errno::ENOENT,
         FsError::Exists => Errno::EEXIST,
@@ -166,8 +173,17 @@ pub fn errno(error: &FsError) -> Errno {
         FsError::ReadOnly => Errno::EROFS,
         FsError::NotSupported => Errno::EOPNOTSUPP,
         FsError::Busy(_) => Errno::EBUSY,
-        FsError::Io(_) | FsError::Corrupt(_) | FsError::Incompatible(_) => Errno::EIO,
+        FsError::Corrupt(_) => Errno::from_i32(libc::EUCLEAN),
+        FsError::Io(_) | FsError::Incompatible(_) => Errno::EIO,
         _ => Errno::EIO,
+    }
+}
+
+/// One log line per corruption reported to a caller: `tidefs: ino N: corrupt: <what>`.
+fn log_corrupt(c: &tidefs::error::Corrupt) {
+    match c.ino {
+        Some(ino) => eprintln!("tidefs: ino {ino}: corrupt: {}", c.what),
+        None => eprintln!("tidefs: corrupt: {}", c.what),
     }
 }
 
@@ -872,7 +888,7 @@ mod tests {
             (FsError::Range, Errno::ERANGE),
             (FsError::ReadOnly, Errno::EROFS),
             (FsError::NotSupported, Errno::EOPNOTSUPP),
-            (FsError::corrupt("bad"), Errno::EIO),
+            (FsError::corrupt("bad"), Errno::from_i32(libc::EUCLEAN)),
             (FsError::Io(std::io::Error::other("disk")), Errno::EIO),
         ];
         for (error, expected) in cases {

@@ -57,14 +57,26 @@ pub enum FsError {
 /// A description of corrupt on-disk data: what structure, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Corrupt {
-    /// What is wrong, in words a user can act on.
+    /// What is wrong, in words a user can act on (block numbers included where known).
     pub what: String,
+    /// The inode whose structure is corrupt, when the damage belongs to one inode (its
+    /// extent tree, directory blocks, size...). Shown before `what`.
+    pub ino: Option<u32>,
 }
 
 impl Corrupt {
     /// Builds a corruption error from a description.
     pub fn new(what: impl Into<String>) -> Self {
-        Corrupt { what: what.into() }
+        Corrupt {
+            what: what.into(),
+            ino: None,
+        }
+    }
+
+    /// The same error, attributed to inode `ino` (the first attribution wins).
+    pub fn in_inode(mut self, ino: u32) -> Self {
+        self.ino.get_or_insert(ino);
+        self
     }
 }
 
@@ -73,11 +85,19 @@ impl FsError {
     pub fn corrupt(what: impl Into<String>) -> Self {
         FsError::Corrupt(Corrupt::new(what))
     }
+
+    /// Shorthand for a corruption of inode `ino`'s own structures.
+    pub fn corrupt_inode(ino: u32, what: impl Into<String>) -> Self {
+        FsError::Corrupt(Corrupt::new(what).in_inode(ino))
+    }
 }
 
 impl fmt::Display for Corrupt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.what)
+        match self.ino {
+            Some(ino) => write!(f, "inode {ino}: {}", self.what),
+            None => f.write_str(&self.what),
+        }
     }
 }
 

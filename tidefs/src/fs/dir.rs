@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use crate::format::ext4::dirent::{
     self, init_empty_block, is_index_block, parse_block, rec_size, records_end, set_tail_checksum,
-    verify_tail_checksum, write_record, DirRecord,
+    verify_dx_checksum, verify_tail_checksum, write_record, DirRecord,
 };
 use crate::format::ext4::inode::{flags, Inode};
 use crate::format::ext4::inode_csum_seed;
@@ -89,24 +89,26 @@ impl Meta {
         let seed = self.dir_csum_seed(dir, generation);
         let b = self.block(io, pblk)?;
         let index_block = indexed && is_index_block(b, u64::from(lblk));
+        // With metadata_csum every block carries a checksum, as the kernel requires: a dx_tail
+        // in index blocks, a dirent tail in record blocks.
+        if let Some(s) = seed {
+            let checked = if index_block {
+                verify_dx_checksum(b, s)
+            } else {
+                verify_tail_checksum(b, s)
+            };
+            checked.map_err(|c| {
+                FsError::corrupt_inode(dir, format!("directory block {lblk} (block {pblk}): {c}"))
+            })?;
+        }
         let end = if index_block || seed.is_none() {
             bs
         } else {
             records_end(bs, true)
         };
-        if let (Some(s), false) = (seed, index_block) {
-            if dirent::has_tail(b) {
-                verify_tail_checksum(b, s)
-                    .map_err(|c| FsError::corrupt(format!("directory {dir} block {lblk}: {c}")))?;
-            }
-        }
-        let end = if seed.is_some() && !index_block && !dirent::has_tail(b) {
-            bs
-        } else {
-            end
-        };
-        let mut recs = parse_block(b, end)
-            .map_err(|c| FsError::corrupt(format!("directory {dir} block {lblk}: {c}")))?;
+        let mut recs = parse_block(b, end).map_err(|c| {
+            FsError::corrupt_inode(dir, format!("directory block {lblk} (block {pblk}): {c}"))
+        })?;
         if index_block && lblk != 0 {
             recs.clear();
         }
@@ -118,12 +120,32 @@ impl Meta {
         let map = self.extent_map(io, dir, inode)?;
         map.map(lblk)
             .map(|(p, _)| p)
-            .ok_or_else(|| FsError::corrupt(format!("directory {dir}: block {lblk} unmapped")))
+            .ok_or_else(|| FsError::corrupt_inode(dir, format!("directory block {lblk} unmapped")))
     }
 
-    /// Number of blocks in a directory (from its size).
-    fn dir_blocks(&self, inode: &Inode) -> u32 {
-        (inode.size() / u64::from(self.geo.block_size)) as u32
+    /// Number of blocks in a directory: its size in blocks (bounded by `read_inode`), but
+    /// never past the end of what its extent tree maps, so a corrupt `i_size` cannot make a
+    /// scan walk unmapped blocks.
+    fn dir_blocks(&mut self, io: &Io, dir: u32, inode: &Inode) -> Result<u32> {
+        let by_size = inode.size() / u64::from(self.geo.block_size);
+        let map = self.extent_map(io, dir, inode)?;
+        let mapped = map.extents.last().map_or(0, |e| e.logical_end());
+        // Both bounds are below 2^32: mapped extents end below 2^32 - 1 (walk_tree).
+        Ok(by_size.min(mapped) as u32)
+    }
+
+    /// The mapped blocks of directory `dir` from `lblk` on, below `nblocks`: the next one as
+    /// (logical, physical). Scans jump over holes instead of visiting them one by one.
+    fn dir_next_block(
+        &mut self,
+        io: &Io,
+        dir: u32,
+        inode: &Inode,
+        lblk: u32,
+        nblocks: u32,
+    ) -> Result<Option<(u32, u64)>> {
+        let map = self.extent_map(io, dir, inode)?;
+        Ok(map.next_mapped(lblk).filter(|(l, _)| *l < nblocks))
     }
 
     /// The name index of directory `dir`, built on first use.
@@ -135,19 +157,17 @@ impl Meta {
             }
             let indexed = inode.flags() & flags::INDEX != 0;
             let generation = inode.generation();
-            let nblocks = self.dir_blocks(&inode);
+            let nblocks = self.dir_blocks(io, dir, &inode)?;
             let mut idx = DirIndex {
                 indexed,
+                space: vec![0; nblocks as usize],
                 ..DirIndex::default()
             };
-            for lblk in 0..nblocks {
-                let map = self.extent_map(io, dir, &inode)?;
-                let Some((pblk, _)) = map.map(lblk) else {
-                    idx.space.push(0);
-                    continue;
-                };
+            let mut next = 0;
+            while let Some((lblk, pblk)) = self.dir_next_block(io, dir, &inode, next, nblocks)? {
+                next = lblk + 1;
                 let recs = self.dir_block_records(io, dir, lblk, pblk, indexed, generation)?;
-                idx.space.push(if indexed { 0 } else { block_space(&recs) });
+                idx.space[lblk as usize] = if indexed { 0 } else { block_space(&recs) };
                 for r in recs {
                     if r.inode != 0 {
                         idx.names.insert(
@@ -181,13 +201,11 @@ impl Meta {
         let mut inode = self.read_inode(io, dir)?;
         let csum = self.geo.csum_seed.is_some();
         let seed = self.dir_csum_seed(dir, inode.generation());
-        let nblocks = self.dir_blocks(&inode);
+        let nblocks = self.dir_blocks(io, dir, &inode)?;
         let parent = self.dir_lookup(io, dir, b"..")?.map_or(dir, |s| s.ino);
-        for lblk in 0..nblocks {
-            let map = self.extent_map(io, dir, &inode)?;
-            let Some((pblk, _)) = map.map(lblk) else {
-                continue;
-            };
+        let mut next = 0;
+        while let Some((lblk, pblk)) = self.dir_next_block(io, dir, &inode, next, nblocks)? {
+            next = lblk + 1;
             let b = self.block(io, pblk)?;
             if !is_index_block(b, u64::from(lblk)) {
                 continue;
@@ -236,8 +254,18 @@ impl Meta {
             Some(l) => l as u32,
             None => {
                 // Append a block.
-                let lblk = self.dir_blocks(&inode);
+                let lblk = self.dir_blocks(io, dir, &inode)?;
                 let map = self.extent_map(io, dir, &inode)?.clone();
+                if map.map(lblk).is_some() {
+                    // The size ends inside the mapped blocks: appending would reuse one.
+                    return Err(FsError::corrupt_inode(
+                        dir,
+                        format!(
+                            "directory i_size {} ends before its mapped block {lblk}",
+                            inode.size()
+                        ),
+                    ));
+                }
                 let goal = inode_goal(&map, self, dir);
                 let pblk = self.alloc_block(io, goal)?;
                 let b = self.new_block_mut(pblk);
@@ -255,7 +283,9 @@ impl Meta {
                 );
                 self.write_inode(io, dir, &mut inode)?;
                 let space = records_end(bs, csum);
-                self.dir_index(io, dir)?.space.push(space);
+                let spaces = &mut self.dir_index(io, dir)?.space;
+                spaces.resize(lblk as usize + 1, 0);
+                spaces[lblk as usize] = space;
                 lblk
             }
         };
@@ -269,9 +299,10 @@ impl Meta {
                 r.rec_len - rec_size(r.name.len()) >= need
             }
         }) else {
-            return Err(FsError::corrupt(format!(
-                "directory {dir}: free space index is stale"
-            )));
+            return Err(FsError::corrupt_inode(
+                dir,
+                "directory free space index is stale",
+            ));
         };
         let b = self.block_mut(io, pblk)?;
         let offset = if r.inode == 0 {
@@ -313,9 +344,7 @@ impl Meta {
         let pos = recs
             .iter()
             .position(|r| r.offset == slot.offset as usize)
-            .ok_or_else(|| {
-                FsError::corrupt(format!("directory {dir}: index points between records"))
-            })?;
+            .ok_or_else(|| FsError::corrupt_inode(dir, "directory index points between records"))?;
         let b = self.block_mut(io, pblk)?;
         let r = &recs[pos];
         if pos == 0 {
@@ -398,25 +427,30 @@ impl Meta {
         }
         let indexed = inode.flags() & flags::INDEX != 0;
         let bs = u64::from(self.geo.block_size);
-        let nblocks = self.dir_blocks(&inode);
+        let nblocks = self.dir_blocks(io, dir, &inode)?;
         let mut out = Vec::new();
-        let mut lblk = (offset / bs) as u32;
-        let mut pos = (offset % bs) as usize;
-        while lblk < nblocks && out.len() < max {
-            let map = self.extent_map(io, dir, &inode)?;
-            if let Some((pblk, _)) = map.map(lblk) {
-                let recs =
-                    self.dir_block_records(io, dir, lblk, pblk, indexed, inode.generation())?;
-                for r in recs {
-                    if r.offset < pos || r.inode == 0 {
-                        continue;
-                    }
-                    let next = u64::from(lblk) * bs + (r.offset + r.rec_len) as u64;
-                    out.push((r, next));
+        let Ok(first) = u32::try_from(offset / bs) else {
+            return Ok(out);
+        };
+        let mut next = first;
+        while out.len() < max {
+            let Some((lblk, pblk)) = self.dir_next_block(io, dir, &inode, next, nblocks)? else {
+                break;
+            };
+            next = lblk + 1;
+            let pos = if lblk == first {
+                (offset % bs) as usize
+            } else {
+                0
+            };
+            let recs = self.dir_block_records(io, dir, lblk, pblk, indexed, inode.generation())?;
+            for r in recs {
+                if r.offset < pos || r.inode == 0 {
+                    continue;
                 }
+                let next = u64::from(lblk) * bs + (r.offset + r.rec_len) as u64;
+                out.push((r, next));
             }
-            lblk += 1;
-            pos = 0;
         }
         Ok(out)
     }

@@ -4,7 +4,11 @@
 //!
 //! Invariants:
 //! - `extents` is sorted by logical block, non-overlapping, each extent within the format's
-//!   length limits;
+//!   length limits (length > 0) and ending below 2^32 - 1;
+//! - every extent and every tree block lies in the data area, on no fixed metadata (checked
+//!   by [`walk_tree`] when the map is loaded; blocks added later come from the allocator,
+//!   which hands out only such blocks), so `store` and `write_node` never see a structure
+//!   that trips their assertions and no data write lands on metadata;
 //! - `tree_blocks` lists the blocks the on-disk tree uses (leaves first, then index levels),
 //!   each counted in the inode's `i_blocks`.
 
@@ -16,7 +20,10 @@ use crate::format::ext4::inode::{flags, Inode, I_BLOCK_LEN};
 use crate::format::ext4::inode_csum_seed;
 use crate::{FsError, Result};
 
+use super::layout::Layout;
 use super::meta::{Io, Meta};
+
+use std::collections::HashSet;
 
 /// The block map of one inode.
 #[derive(Clone, Debug, Default)]
@@ -25,10 +32,145 @@ pub(crate) struct ExtentMap {
     pub tree_blocks: Vec<u64>,
 }
 
+/// How [`walk_tree`] reads and checks the blocks an extent tree points to.
+pub(crate) struct TreeSource<'a> {
+    /// Seed of the tree blocks' checksum tails (`None` without metadata_csum).
+    pub seed: Option<u32>,
+    /// Where file data and tree blocks may live.
+    pub layout: &'a Layout,
+    /// Most tree blocks to visit (a bound on the work a corrupt tree can cause).
+    pub max_nodes: u64,
+    /// Reads one tree block.
+    pub read: &'a mut dyn FnMut(u64) -> Result<Vec<u8>>,
+}
+
+/// One node still to visit: its bytes, the depth its parent expects (`None` for the root) and
+/// the logical range `[lo, hi)` its parent gives it.
+struct Pending {
+    node: ExtentNode,
+    depth: Option<u16>,
+    lo: u64,
+    hi: u64,
+}
+
+/// Reads and validates the whole extent tree whose root is `root` (an inode's `i_block`),
+/// returning its extents in logical order and its tree blocks (in visiting order).
+///
+/// Checked, as the kernel's `ext4_ext_check` and `ext4_valid_extent_entries` do: every node's
+/// header (magic, `eh_entries <= eh_max <= capacity`, depth <= 5) and tail checksum; a
+/// child's depth is its parent's minus one; an index node has entries; index entries and
+/// extents are in strictly increasing logical order, inside the range their parent gives
+/// them, without overlap; an extent has a length > 0 and ends below 2^32 - 1; extents and
+/// tree blocks lie in the data area and on no fixed metadata ([`Layout::check_run`]); no tree
+/// block is visited twice; at most `max_nodes` tree blocks are read.
+pub(crate) fn walk_tree(
+    ino: u32,
+    root: &[u8],
+    source: &mut TreeSource<'_>,
+) -> Result<(Vec<Extent>, Vec<u64>)> {
+    let bad = |what: String| FsError::corrupt_inode(ino, what);
+    let root = parse_node(root).map_err(|c| bad(c.what))?;
+    let mut stack = vec![Pending {
+        node: root,
+        depth: None,
+        lo: 0,
+        hi: (1u64 << 32) - 1,
+    }];
+    let mut extents: Vec<Extent> = Vec::new();
+    let mut tree_blocks: Vec<u64> = Vec::new();
+    let mut seen = HashSet::new();
+    while let Some(p) = stack.pop() {
+        let depth = match &p.node {
+            ExtentNode::Leaf(_) => 0,
+            ExtentNode::Index { depth, .. } => *depth,
+        };
+        if p.depth.is_some_and(|want| want != depth) {
+            return Err(bad(format!(
+                "extent node of depth {depth} where depth {} was expected",
+                p.depth.unwrap_or(0)
+            )));
+        }
+        match p.node {
+            ExtentNode::Leaf(exts) => {
+                for e in exts {
+                    let prev_end = extents.last().map_or(p.lo, |x| x.logical_end().max(p.lo));
+                    if e.len == 0 {
+                        return Err(bad(format!(
+                            "extent at logical block {} has length 0",
+                            e.logical
+                        )));
+                    }
+                    if u64::from(e.logical) < prev_end || e.logical_end() > p.hi {
+                        return Err(bad(format!(
+                            "extent {}+{} is out of order or outside its node's range {}..{}",
+                            e.logical, e.len, prev_end, p.hi
+                        )));
+                    }
+                    source
+                        .layout
+                        .check_run(e.physical, u64::from(e.len))
+                        .map_err(|why| {
+                            bad(format!("extent at logical block {}: {why}", e.logical))
+                        })?;
+                    extents.push(e);
+                }
+            }
+            ExtentNode::Index { entries, .. } => {
+                if entries.is_empty() {
+                    return Err(bad(format!("extent index node of depth {depth} is empty")));
+                }
+                let mut children = Vec::with_capacity(entries.len());
+                for (k, e) in entries.iter().enumerate() {
+                    let lo = u64::from(e.logical);
+                    let hi = entries
+                        .get(k + 1)
+                        .map_or(p.hi, |next| u64::from(next.logical));
+                    if lo < p.lo || lo >= hi || hi > p.hi {
+                        return Err(bad(format!(
+                            "extent index entry {lo} is out of order or outside its node's \
+                             range {}..{}",
+                            p.lo, p.hi
+                        )));
+                    }
+                    source
+                        .layout
+                        .check_run(e.child, 1)
+                        .map_err(|why| bad(format!("extent tree block: {why}")))?;
+                    if !seen.insert(e.child) {
+                        return Err(bad(format!(
+                            "extent tree block {} is referenced twice",
+                            e.child
+                        )));
+                    }
+                    if seen.len() as u64 > source.max_nodes {
+                        return Err(bad("extent tree too large".into()));
+                    }
+                    let blk = (source.read)(e.child)?;
+                    if let Some(s) = source.seed {
+                        verify_tail_checksum(&blk, s)
+                            .map_err(|c| bad(format!("block {}: {}", e.child, c.what)))?;
+                    }
+                    let child = parse_node(&blk)
+                        .map_err(|c| bad(format!("block {}: {}", e.child, c.what)))?;
+                    tree_blocks.push(e.child);
+                    children.push(Pending {
+                        node: child,
+                        depth: Some(depth - 1),
+                        lo,
+                        hi,
+                    });
+                }
+                // Visit children in logical order: the last pushed is popped first.
+                stack.extend(children.into_iter().rev());
+            }
+        }
+    }
+    Ok((extents, tree_blocks))
+}
+
 impl ExtentMap {
-    /// Loads the map of `inode` (number `ino`).
+    /// Loads the map of `inode` (number `ino`), validating the whole tree ([`walk_tree`]).
     pub fn load(meta: &mut Meta, io: &Io, ino: u32, inode: &Inode) -> Result<ExtentMap> {
-        let mut map = ExtentMap::default();
         if inode.flags() & flags::EXTENTS == 0 {
             if inode.flags() & flags::INLINE_DATA != 0 {
                 return Err(FsError::Incompatible(format!(
@@ -37,7 +179,7 @@ impl ExtentMap {
             }
             // Block-mapped files are not supported; an all-zero i_block is an empty file.
             if inode.i_block().iter().all(|b| *b == 0) {
-                return Ok(map);
+                return Ok(ExtentMap::default());
             }
             return Err(FsError::Incompatible(format!(
                 "inode {ino} uses indirect block maps (ext2/ext3 style)"
@@ -47,49 +189,31 @@ impl ExtentMap {
             .geo
             .csum_seed
             .map(|s| inode_csum_seed(s, ino, inode.generation()));
-        let root = parse_node(inode.i_block())
-            .map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
-        let mut stack = vec![(root, None::<u16>)];
-        let mut budget = 1_000_000u32;
-        while let Some((node, _)) = stack.pop() {
-            budget = budget
-                .checked_sub(1)
-                .ok_or_else(|| FsError::corrupt(format!("inode {ino}: extent tree too large")))?;
-            match node {
-                ExtentNode::Leaf(exts) => map.extents.extend(exts),
-                ExtentNode::Index { depth, entries } => {
-                    for e in entries.iter().rev() {
-                        let blk = meta.block(io, e.child)?.to_vec();
-                        if let Some(s) = seed {
-                            verify_tail_checksum(&blk, s)
-                                .map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
-                        }
-                        let child = parse_node(&blk)
-                            .map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
-                        let child_depth = match &child {
-                            ExtentNode::Leaf(_) => 0,
-                            ExtentNode::Index { depth, .. } => *depth,
-                        };
-                        if child_depth + 1 != depth {
-                            return Err(FsError::corrupt(format!(
-                                "inode {ino}: extent tree depth mismatch"
-                            )));
-                        }
-                        map.tree_blocks.push(e.child);
-                        stack.push((child, Some(depth)));
-                    }
-                }
-            }
-        }
-        map.extents.sort_by_key(|e| e.logical);
-        for w in map.extents.windows(2) {
-            if w[0].logical_end() > u64::from(w[1].logical) {
-                return Err(FsError::corrupt(format!(
-                    "inode {ino}: overlapping extents"
-                )));
-            }
-        }
-        Ok(map)
+        let layout = meta.layout.clone();
+        let max_nodes = meta.geo.blocks_count.min(1_000_000);
+        let mut read = |nr: u64| -> Result<Vec<u8>> { Ok(meta.block(io, nr)?.to_vec()) };
+        let mut source = TreeSource {
+            seed,
+            layout: &layout,
+            max_nodes,
+            read: &mut read,
+        };
+        let (extents, tree_blocks) = walk_tree(ino, inode.i_block(), &mut source)?;
+        Ok(ExtentMap {
+            extents,
+            tree_blocks,
+        })
+    }
+
+    /// The first mapped block at or after `lblk`: (logical, physical).
+    pub fn next_mapped(&self, lblk: u32) -> Option<(u32, u64)> {
+        let i = self
+            .extents
+            .partition_point(|e| e.logical_end() <= u64::from(lblk));
+        self.extents.get(i).map(|e| {
+            let l = lblk.max(e.logical);
+            (l, e.physical + u64::from(l - e.logical))
+        })
     }
 
     /// The extent containing logical block `lblk`.

@@ -8,7 +8,13 @@
 //! - a block freed by a transaction that has not committed is never handed out again (it sits
 //!   in `quarantine`), so ordered-mode data never overwrites a block that the last committed
 //!   metadata still points to;
-//! - `groups[g]` always equals group descriptor `g` as stored in its cached GDT block.
+//! - `groups[g]` always equals group descriptor `g` as stored in its cached GDT block;
+//! - descriptors were checked at load: counts fit the group, bitmaps and inode tables lie
+//!   inside the file system and overlap neither each other, the superblock copies nor the
+//!   journal (`layout` records them all);
+//! - a bitmap is used only after it matched its descriptor checksum (`GroupInfo::verified`);
+//!   a group whose bitmap failed is `bad` and never allocated from again;
+//! - no inode read through `read_inode` has a size past the format's limits.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -23,6 +29,7 @@ use crate::format::ext4::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_
 use crate::journal::Journal;
 
 use super::api::{Canary, DataMode};
+use super::layout::{FixedRun, Layout};
 use crate::{FsError, Result};
 
 /// Devices and journal, shared outside the lock.
@@ -104,7 +111,71 @@ impl Geometry {
     pub fn valid_ino(&self, ino: u64) -> bool {
         ino >= 1 && ino <= u64::from(self.inodes_per_group) * u64::from(self.groups)
     }
+
+    /// Most logical blocks a file may have: logical block numbers are 32 bits and ext4 keeps
+    /// the last one unused (`ext4_max_size` with extents).
+    pub fn max_file_blocks(&self) -> u64 {
+        (1u64 << 32) - 1
+    }
+
+    /// Largest valid `i_size` of a regular file: 16 TiB - 4 KiB with 4 KiB blocks.
+    pub fn max_file_bytes(&self) -> u64 {
+        self.max_file_blocks() * u64::from(self.block_size)
+    }
+
+    /// Blocks of one group's inode table.
+    pub fn itable_blocks(&self) -> u64 {
+        (u64::from(self.inodes_per_group) * u64::from(self.inode_size))
+            .div_ceil(u64::from(self.block_size))
+    }
+
+    /// Blocks at the start of group `g` that hold a superblock copy, the group-descriptor table
+    /// and its reserved blocks (0 in a group without a copy).
+    pub fn sb_copy_blocks(&self, sb: &Superblock, g: u32) -> u64 {
+        if sb.group_has_super(u64::from(g)) {
+            1 + sb.gdt_blocks() + u64::from(sb.reserved_gdt_blocks())
+        } else {
+            0
+        }
+    }
+
+    /// The superblock and group-descriptor copies of every group, as fixed runs (group 0's
+    /// also covers the boot block before the superblock). They depend on the superblock only,
+    /// so they can be checked before the descriptors are read.
+    pub fn sb_copy_runs(&self, sb: &Superblock) -> Vec<FixedRun> {
+        (0..self.groups)
+            .filter(|g| self.sb_copy_blocks(sb, *g) > 0)
+            .map(|g| {
+                let first = self.group_first_block(g);
+                FixedRun {
+                    start: if g == 0 { 0 } else { first },
+                    end: (first + self.sb_copy_blocks(sb, g)).min(self.blocks_count),
+                    what: "superblock and group descriptor copy",
+                    group: Some(g),
+                }
+            })
+            .collect()
+    }
+
+    /// The bits of a bitmap checksum a descriptor stores: the low half only in 32-byte
+    /// descriptors.
+    pub fn bitmap_csum_mask(&self) -> u32 {
+        if self.desc_size >= 64 {
+            u32::MAX
+        } else {
+            0xFFFF
+        }
+    }
 }
+
+/// Largest directory tidefs accepts: ext4 without the largedir feature reads a directory's
+/// size from `i_size_lo` only and e2fsck refuses directories of 2 GiB and more.
+pub(crate) const MAX_DIR_BYTES: u64 = (1 << 31) - 1;
+
+/// `GroupInfo::verified` bit: the block bitmap matched its descriptor checksum.
+const VERIFIED_BLOCK_BITMAP: u8 = 1;
+/// `GroupInfo::verified` bit: the inode bitmap matched its descriptor checksum.
+const VERIFIED_INODE_BITMAP: u8 = 2;
 
 /// In-memory summary of one group descriptor.
 #[derive(Clone, Copy, Debug)]
@@ -117,6 +188,15 @@ pub(crate) struct GroupInfo {
     pub used_dirs: u32,
     pub flags: u16,
     pub itable_unused: u32,
+    /// Bitmap checksums as the descriptor stores them (masked by `bitmap_csum_mask`).
+    pub block_bitmap_csum: u32,
+    pub inode_bitmap_csum: u32,
+    /// `VERIFIED_*` bits: the bitmap in the cache is known to match its checksum (read and
+    /// verified, or written by tidefs). Set once per mount.
+    pub verified: u8,
+    /// A bitmap of this group failed its checksum: the group is no longer used for
+    /// allocation, and frees in it fail with `Corrupt`.
+    pub bad: bool,
 }
 
 /// A free that lightweight mode holds back: the bitmaps learn of it only once the in-place
@@ -192,6 +272,8 @@ pub(crate) struct Meta {
     /// Block and inode bitmap blocks: with the GDT and the superblock, what lightweight mode
     /// journals.
     pub bitmap_blocks: HashSet<u64>,
+    /// The blocks file data may use; set from the group descriptors by `load_groups`.
+    pub layout: Arc<Layout>,
 }
 
 impl Meta {
@@ -306,7 +388,10 @@ impl Meta {
         self.block_cursor = u.block_cursor;
         self.next_generation = u.next_generation;
         for (g, info) in u.groups.into_iter().rev() {
+            // A group found bad stays bad: the failure that is being rolled back found it.
+            let bad = self.groups[g as usize].bad;
             self.groups[g as usize] = info;
+            self.groups[g as usize].bad |= bad;
         }
         for (nr, was) in u.revoked.into_iter().rev() {
             if was {
@@ -430,8 +515,15 @@ impl Meta {
 
     // ----- group descriptors -----
 
+    /// Reads every group descriptor (checksum verified), checks that its counts fit the group
+    /// and that the fixed metadata (superblock copies, GDT, bitmaps, inode tables, internal
+    /// journal) lies inside the file system without overlaps, and builds the data layout.
     pub fn load_groups(&mut self, io: &Io) -> Result<()> {
         let mut groups = Vec::with_capacity(self.geo.groups as usize);
+        let mut runs = Vec::new();
+        let mask = self.geo.bitmap_csum_mask();
+        let itable_blocks = self.geo.itable_blocks();
+        let ipg = self.geo.inodes_per_group;
         for g in 0..self.geo.groups {
             let (nr, off) = self.geo.desc_location(g);
             let ds = self.geo.desc_size as usize;
@@ -454,21 +546,65 @@ impl Meta {
                 used_dirs: d.used_dirs(),
                 flags: d.flags(),
                 itable_unused: d.itable_unused(),
+                block_bitmap_csum: d.block_bitmap_csum() & mask,
+                inode_bitmap_csum: d.inode_bitmap_csum() & mask,
+                verified: 0,
+                bad: false,
             };
-            let limit = self.geo.blocks_count;
-            for (what, b) in [
-                ("block bitmap", info.block_bitmap),
-                ("inode bitmap", info.inode_bitmap),
-                ("inode table", info.inode_table),
+            let blocks = self.geo.blocks_in_group(g);
+            for (what, count, limit) in [
+                ("free blocks", info.free_blocks, blocks),
+                ("free inodes", info.free_inodes, ipg),
+                ("directories", info.used_dirs, ipg),
+                ("unused inodes", info.itable_unused, ipg),
             ] {
-                if b == 0 || b >= limit {
+                if count > limit {
                     return Err(FsError::corrupt(format!(
-                        "group {g}: {what} at block {b} is outside the file system"
+                        "group {g}: {count} {what}, but the group has only {limit}"
                     )));
                 }
             }
+            let end_of_table = info.inode_table.checked_add(itable_blocks).ok_or_else(|| {
+                FsError::corrupt(format!(
+                    "group {g}: inode table at block {} overflows",
+                    info.inode_table
+                ))
+            })?;
+            for (what, start, end) in [
+                (
+                    "block bitmap",
+                    info.block_bitmap,
+                    info.block_bitmap.saturating_add(1),
+                ),
+                (
+                    "inode bitmap",
+                    info.inode_bitmap,
+                    info.inode_bitmap.saturating_add(1),
+                ),
+                ("inode table", info.inode_table, end_of_table),
+            ] {
+                runs.push(FixedRun {
+                    start,
+                    end,
+                    what,
+                    group: Some(g),
+                });
+            }
             groups.push(info);
         }
+        runs.extend(self.geo.sb_copy_runs(&self.sb));
+        if io.internal_journal {
+            for (start, len) in io.journal.device_runs() {
+                runs.push(FixedRun {
+                    start,
+                    end: start.saturating_add(len),
+                    what: "journal",
+                    group: None,
+                });
+            }
+        }
+        let layout = Layout::build(self.geo.first_data_block, self.geo.blocks_count, runs)?;
+        self.layout = Arc::new(layout);
         self.bitmap_blocks = groups
             .iter()
             .flat_map(|g| [g.block_bitmap, g.inode_bitmap])
@@ -522,6 +658,16 @@ impl Meta {
         if let Some(seed) = seed {
             d.update_checksum(seed, g);
         }
+        let mask = self.geo.bitmap_csum_mask();
+        let gi = self.group_mut(g);
+        if let Some(c) = bb_csum {
+            gi.block_bitmap_csum = c & mask;
+            gi.verified |= VERIFIED_BLOCK_BITMAP;
+        }
+        if let Some(c) = ib_csum {
+            gi.inode_bitmap_csum = c & mask;
+            gi.verified |= VERIFIED_INODE_BITMAP;
+        }
         self.sb_dirty = true;
         Ok(())
     }
@@ -540,14 +686,10 @@ impl Meta {
                 bm[i / 8] |= 1 << (i % 8);
             }
         };
-        if self.sb.group_has_super(u64::from(g)) {
-            let meta = 1 + self.sb.gdt_blocks() + u64::from(self.sb.reserved_gdt_blocks());
-            for b in first..first + meta {
-                mark(b);
-            }
+        for b in first..first + self.geo.sb_copy_blocks(&self.sb, g) {
+            mark(b);
         }
-        let itable_blocks = (u64::from(self.geo.inodes_per_group) * u64::from(self.geo.inode_size))
-            .div_ceil(u64::from(self.geo.block_size));
+        let itable_blocks = self.geo.itable_blocks();
         for h in &self.groups {
             mark(h.block_bitmap);
             mark(h.inode_bitmap);
@@ -569,19 +711,71 @@ impl Meta {
         (self.geo.inodes_per_group / 8) as usize
     }
 
-    /// Makes sure group `g`'s block bitmap is initialised in the cache.
+    /// Verifies group `g`'s block bitmap (`inode == false`) or inode bitmap against the
+    /// checksum in its descriptor, once per mount, as the kernel does before trusting a bitmap
+    /// (`ext4_block_bitmap_csum_verify`). An uninitialised bitmap is computed, not read, and
+    /// needs no check. A mismatch marks the group bad: it is skipped by the allocators from
+    /// then on, and this call fails with a message naming the group and block.
+    fn verify_bitmap(&mut self, io: &Io, g: u32, inode: bool) -> Result<()> {
+        let info = self.groups[g as usize];
+        let (bit, uninit, nr, stored, len, what) = if inode {
+            (
+                VERIFIED_INODE_BITMAP,
+                BG_INODE_UNINIT,
+                info.inode_bitmap,
+                info.inode_bitmap_csum,
+                self.inode_bitmap_len(),
+                "inode",
+            )
+        } else {
+            (
+                VERIFIED_BLOCK_BITMAP,
+                BG_BLOCK_UNINIT,
+                info.block_bitmap,
+                info.block_bitmap_csum,
+                self.block_bitmap_len(),
+                "block",
+            )
+        };
+        if info.bad {
+            return Err(FsError::corrupt(format!(
+                "group {g}: a bitmap failed its checksum earlier; the group is not used"
+            )));
+        }
+        if info.verified & bit != 0 || info.flags & uninit != 0 {
+            return Ok(());
+        }
+        if let Some(seed) = self.geo.csum_seed {
+            let mask = self.geo.bitmap_csum_mask();
+            let computed = bitmap_checksum(seed, self.block(io, nr)?, len) & mask;
+            if computed != stored {
+                self.groups[g as usize].bad = true;
+                return Err(FsError::corrupt(format!(
+                    "group {g}: {what} bitmap at block {nr} fails its checksum (stored \
+                     {stored:#x}, computed {computed:#x}); the group is no longer used for \
+                     allocation"
+                )));
+            }
+        }
+        self.groups[g as usize].verified |= bit;
+        Ok(())
+    }
+
+    /// Makes sure group `g`'s block bitmap is initialised in the cache and verified.
     fn prepare_block_bitmap(&mut self, io: &Io, g: u32) -> Result<()> {
         let info = self.groups[g as usize];
-        if info.flags & BG_BLOCK_UNINIT != 0 {
-            let bm = self.init_block_bitmap(g);
-            self.new_block_mut(info.block_bitmap).copy_from_slice(&bm);
-            self.group_mut(g).flags &= !BG_BLOCK_UNINIT;
-            let c = self
-                .geo
-                .csum_seed
-                .map(|s| bitmap_checksum(s, &bm, self.block_bitmap_len()));
-            self.store_group(io, g, c, None)?;
+        if info.flags & BG_BLOCK_UNINIT == 0 {
+            return self.verify_bitmap(io, g, false);
         }
+        let bm = self.init_block_bitmap(g);
+        self.new_block_mut(info.block_bitmap).copy_from_slice(&bm);
+        self.group_mut(g).flags &= !BG_BLOCK_UNINIT;
+        let c = self
+            .geo
+            .csum_seed
+            .map(|s| bitmap_checksum(s, &bm, self.block_bitmap_len()));
+        self.store_group(io, g, c, None)?;
+        self.group_mut(g).verified |= VERIFIED_BLOCK_BITMAP;
         Ok(())
     }
 
@@ -611,7 +805,7 @@ impl Meta {
         let groups = self.geo.groups;
         for step in 0..=groups {
             let g = (start_group + step) % groups;
-            if self.groups[g as usize].free_blocks == 0 {
+            if self.groups[g as usize].free_blocks == 0 || self.groups[g as usize].bad {
                 continue;
             }
             let first = self.geo.group_first_block(g);
@@ -656,6 +850,16 @@ impl Meta {
                 found
             };
             let Some(i) = found else { continue };
+            // A bitmap that passes its checksum can still be wrong: never hand out a block of
+            // fixed metadata (the kernel's "allocating blocks which overlap fs metadata").
+            let b = first + i as u64;
+            if let Err(why) = self.layout.check_run(b, 1) {
+                self.groups[g as usize].bad = true;
+                return Err(FsError::corrupt(format!(
+                    "group {g}: the block bitmap marks block {b} free, but {why}; the group is \
+                     no longer used for allocation"
+                )));
+            }
             let len = self.block_bitmap_len();
             let seed = self.geo.csum_seed;
             let bm = self.block_mut(io, bb)?;
@@ -665,7 +869,6 @@ impl Meta {
             self.store_group(io, g, c, None)?;
             let free = self.sb.free_blocks_count().saturating_sub(1);
             self.sb.set_free_blocks_count(free);
-            let b = first + i as u64;
             self.block_cursor = b + 1;
             // Whatever the block held before is gone: no cached copy may shadow its new use.
             self.cache.forget(b);
@@ -705,9 +908,10 @@ impl Meta {
         }
         bm[i / 8] &= !(1 << (i % 8));
         let c = seed.map(|s| bitmap_checksum(s, bm, len));
-        self.group_mut(g).free_blocks += 1;
+        let gi = self.group_mut(g);
+        gi.free_blocks = gi.free_blocks.saturating_add(1);
         self.store_group(io, g, c, None)?;
-        let free = self.sb.free_blocks_count() + 1;
+        let free = self.sb.free_blocks_count().saturating_add(1);
         self.sb.set_free_blocks_count(free);
         // A block that may sit in the journal gets a revoke record, so replay cannot write its
         // old content over its next use; the revoke takes effect at commit, so until then the
@@ -755,9 +959,10 @@ impl Meta {
         let ipg = self.geo.inodes_per_group;
         for step in 0..groups {
             let g = (start + step) % groups;
-            if self.groups[g as usize].free_inodes == 0 {
+            if self.groups[g as usize].free_inodes == 0 || self.groups[g as usize].bad {
                 continue;
             }
+            self.verify_bitmap(io, g, true)?;
             let info = self.groups[g as usize];
             let len = self.inode_bitmap_len();
             let seed = self.geo.csum_seed;
@@ -789,9 +994,9 @@ impl Meta {
             let gi = self.group_mut(g);
             gi.free_inodes -= 1;
             if is_dir {
-                gi.used_dirs += 1;
+                gi.used_dirs = gi.used_dirs.saturating_add(1);
             }
-            let used_end = ipg - gi.itable_unused;
+            let used_end = ipg.saturating_sub(gi.itable_unused);
             if i as u32 >= used_end {
                 gi.itable_unused = ipg - i as u32 - 1;
             }
@@ -817,6 +1022,7 @@ impl Meta {
         let ipg = self.geo.inodes_per_group;
         let g = (ino - 1) / ipg;
         let i = ((ino - 1) % ipg) as usize;
+        self.verify_bitmap(io, g, true)?;
         let info = self.groups[g as usize];
         let len = self.inode_bitmap_len();
         let seed = self.geo.csum_seed;
@@ -827,12 +1033,12 @@ impl Meta {
         bm[i / 8] &= !(1 << (i % 8));
         let c = seed.map(|s| bitmap_checksum(s, bm, len));
         let gi = self.group_mut(g);
-        gi.free_inodes += 1;
+        gi.free_inodes = gi.free_inodes.saturating_add(1);
         if is_dir {
             gi.used_dirs = gi.used_dirs.saturating_sub(1);
         }
         self.store_group(io, g, None, c)?;
-        let free = self.sb.free_inodes_count() + 1;
+        let free = self.sb.free_inodes_count().saturating_add(1);
         self.sb.set_free_inodes_count(free);
         Ok(())
     }
@@ -862,7 +1068,35 @@ impl Meta {
         let b = self.block(io, nr)?;
         let inode = Inode::from_bytes(&b[off..off + isz]);
         inode.verify(seed, ino)?;
+        self.check_inode_size(ino, &inode)?;
         Ok(inode)
+    }
+
+    /// Refuses sizes no valid inode has: a regular file past the format's maximum (the kernel's
+    /// `ext4_max_size`), a directory that is not a whole number of blocks or larger than
+    /// [`MAX_DIR_BYTES`]. Every loop over a file's blocks relies on this bound.
+    fn check_inode_size(&self, ino: u32, inode: &Inode) -> Result<()> {
+        let size = inode.size();
+        if inode.is_reg() && size > self.geo.max_file_bytes() {
+            return Err(FsError::corrupt_inode(
+                ino,
+                format!(
+                    "bad i_size {size}: larger than the largest file the format allows ({})",
+                    self.geo.max_file_bytes()
+                ),
+            ));
+        }
+        if inode.is_dir() && (size % u64::from(self.geo.block_size) != 0 || size > MAX_DIR_BYTES) {
+            return Err(FsError::corrupt_inode(
+                ino,
+                format!(
+                    "bad directory i_size {size}: not a multiple of the block size {} or \
+                     above {MAX_DIR_BYTES}",
+                    self.geo.block_size
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Stores inode `ino` with a fresh checksum.

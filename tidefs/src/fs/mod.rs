@@ -11,6 +11,7 @@
 mod api;
 mod dir;
 mod extents;
+mod layout;
 mod meta;
 mod ops;
 
@@ -27,7 +28,6 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::cache::BlockCache;
 use crate::dev::{BlockDevice, FileDev};
-use crate::format::ext4::extent::{parse_node, ExtentNode};
 use crate::format::ext4::group_desc::GroupDescRef;
 use crate::format::ext4::inode::Inode;
 use crate::format::ext4::superblock::{
@@ -39,6 +39,7 @@ use crate::journal::{
 };
 use crate::{FsError, Result};
 
+use layout::Layout;
 use meta::{Geometry, Io, Meta};
 
 /// Live counters kept by the fs layer (the journal keeps its own).
@@ -175,7 +176,15 @@ fn read_superblock(dev: &dyn BlockDevice, read_only: bool, verify: bool) -> Resu
             ));
         }
     }
-    let need = sb.blocks_count() * u64::from(sb.block_size());
+    let need = sb
+        .blocks_count()
+        .checked_mul(u64::from(sb.block_size()))
+        .ok_or_else(|| {
+            FsError::corrupt(format!(
+                "block count {} overflows a byte offset",
+                sb.blocks_count()
+            ))
+        })?;
     if dev.len_bytes() < need {
         return Err(FsError::corrupt(format!(
             "image is truncated: {} bytes, but the superblock describes {need}",
@@ -221,7 +230,14 @@ fn read_inode_direct(
     dev.read_at(nr * bs + off as u64, &mut desc)?;
     let d = GroupDescRef::new(&desc);
     let idx = u64::from((ino - 1) % geo.inodes_per_group);
-    let pos = d.inode_table() * bs + idx * u64::from(geo.inode_size);
+    let table = d.inode_table();
+    if table < geo.first_data_block || table >= geo.blocks_count {
+        return Err(FsError::corrupt(format!(
+            "group {g}: inode table at block {table} is outside the file system"
+        )));
+    }
+    // table < blocks_count, and blocks_count * block size fits (read_superblock checked it).
+    let pos = table * bs + idx * u64::from(geo.inode_size);
     let mut raw = vec![0u8; geo.inode_size as usize];
     dev.read_at(pos, &mut raw)?;
     let inode = Inode::from_bytes(&raw);
@@ -229,44 +245,49 @@ fn read_inode_direct(
     Ok(inode)
 }
 
-/// The journal's extents, from inode 8's extent tree read straight from the device.
+/// The journal's extents, from inode 8's extent tree read straight from the device and
+/// validated like any file's ([`extents::walk_tree`]): inside the file system, in order, on no
+/// superblock or descriptor copy. (The group descriptors are read only after recovery, which
+/// may replay them; `Meta::load_groups` then checks the journal against bitmaps and inode
+/// tables before anything else is written.)
 fn journal_extents(
     dev: &dyn BlockDevice,
+    sb: &Superblock,
     geo: &Geometry,
     inode: &Inode,
 ) -> Result<Vec<JournalExtent>> {
-    let mut out = Vec::new();
-    let mut stack = vec![parse_node(inode.i_block())?];
-    let mut budget = 10_000;
-    while let Some(node) = stack.pop() {
-        budget -= 1;
-        if budget == 0 {
-            return Err(FsError::corrupt("journal inode extent tree too large"));
-        }
-        match node {
-            ExtentNode::Leaf(exts) => {
-                for e in exts {
-                    out.push(JournalExtent {
-                        logical_start: e.logical,
-                        device_block: e.physical,
-                        len: e.len,
-                    });
-                }
-            }
-            ExtentNode::Index { entries, .. } => {
-                for x in entries {
-                    let mut b = vec![0u8; geo.bs()];
-                    dev.read_at(x.child * u64::from(geo.block_size), &mut b)?;
-                    stack.push(parse_node(&b)?);
-                }
-            }
-        }
+    let ino = sb.journal_inum();
+    let bs = u64::from(geo.block_size);
+    let layout = Layout::build(geo.first_data_block, geo.blocks_count, geo.sb_copy_runs(sb))?;
+    let mut read = |nr: u64| -> Result<Vec<u8>> {
+        let mut b = vec![0u8; geo.bs()];
+        // The walk checked `nr` against the layout: below blocks_count, so the offset fits.
+        dev.read_at(nr * bs, &mut b)?;
+        Ok(b)
+    };
+    let mut source = extents::TreeSource {
+        seed: geo
+            .csum_seed
+            .map(|s| crate::format::ext4::inode_csum_seed(s, ino, inode.generation())),
+        layout: &layout,
+        max_nodes: 10_000,
+        read: &mut read,
+    };
+    let (exts, _) = extents::walk_tree(ino, inode.i_block(), &mut source)?;
+    if exts.is_empty() {
+        return Err(FsError::corrupt_inode(
+            ino,
+            "the journal inode has no blocks",
+        ));
     }
-    out.sort_by_key(|e| e.logical_start);
-    if out.is_empty() {
-        return Err(FsError::corrupt("journal inode has no blocks"));
-    }
-    Ok(out)
+    Ok(exts
+        .iter()
+        .map(|e| JournalExtent {
+            logical_start: e.logical,
+            device_block: e.physical,
+            len: e.len,
+        })
+        .collect())
 }
 
 impl Fs {
@@ -330,7 +351,7 @@ impl Fs {
             JournalGeometry::internal(
                 dev.clone(),
                 geo.block_size,
-                journal_extents(dev.as_ref(), &geo, &ji)?,
+                journal_extents(dev.as_ref(), &sb, &geo, &ji)?,
             )
         } else if sb.has_compat(compat::HAS_JOURNAL) {
             let Some(jdev) = journal_dev else {
@@ -338,7 +359,7 @@ impl Fs {
                     "the image uses an external journal: pass journal_device=PATH",
                 ));
             };
-            JournalGeometry::external(jdev, geo.block_size, sb.uuid())?
+            JournalGeometry::external(jdev, geo.block_size, sb.uuid(), sb.journal_uuid())?
         } else {
             return Err(FsError::Incompatible(
                 "no journal (has_journal is off)".into(),
@@ -431,6 +452,7 @@ impl Fs {
             bitmap_blocks: HashSet::new(),
             op_undo: None,
             late_frees: Vec::new(),
+            layout: Arc::default(),
         };
         meta.load_groups(&io)?;
         meta.sum_free_counts();

@@ -69,6 +69,17 @@ pub(crate) fn kind_of_ft(t: u8) -> Option<FileKind> {
     })
 }
 
+/// A directory's link count after gaining a subdirectory. With `dir_nlink`, as in ext4's
+/// `ext4_inc_count`, a count that would reach [`LINK_MAX`] becomes 1 ("too many to count"),
+/// and 1 stays 1. Never overflows, whatever count is on disk.
+fn dir_nlink_inc(links: u16) -> u16 {
+    if links == 1 || links >= LINK_MAX - 1 {
+        1
+    } else {
+        links + 1
+    }
+}
+
 fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
         return Err(FsError::Invalid("bad file name"));
@@ -316,10 +327,7 @@ impl Meta {
         self.dir_add(io, parent, name, ino, ft::DIR)?;
         // Re-read: dir_add may have grown the parent.
         pi = self.read_inode(io, parent)?;
-        let links = pi.links_count();
-        if links != 1 {
-            pi.set_links_count(if links + 1 >= LINK_MAX { 1 } else { links + 1 });
-        }
+        pi.set_links_count(dir_nlink_inc(pi.links_count()));
         let t = now();
         pi.set_mtime(t);
         pi.set_ctime(t);
@@ -375,23 +383,17 @@ impl Meta {
         let size = usize::try_from(i.size()).map_err(|_| FsError::corrupt("symlink size"))?;
         if i.flags() & flags::EXTENTS == 0 {
             if size >= inode::I_BLOCK_LEN {
-                return Err(FsError::corrupt(format!(
-                    "inode {ino}: inline symlink too long"
-                )));
+                return Err(FsError::corrupt_inode(ino, "inline symlink too long"));
             }
             return Ok(i.i_block()[..size].to_vec());
         }
         let bs = self.geo.bs();
         if size > bs {
-            return Err(FsError::corrupt(format!(
-                "inode {ino}: symlink longer than a block"
-            )));
+            return Err(FsError::corrupt_inode(ino, "symlink longer than a block"));
         }
         let map = self.extent_map(io, ino, &i)?;
         let Some((pblk, _)) = map.map(0) else {
-            return Err(FsError::corrupt(format!(
-                "inode {ino}: symlink without a block"
-            )));
+            return Err(FsError::corrupt_inode(ino, "symlink without a block"));
         };
         let mut buf = vec![0u8; size];
         io.dev.read_at(pblk * bs as u64, &mut buf)?;
@@ -468,8 +470,7 @@ impl Meta {
                 self.free_block(io, b, true)?;
             }
         }
-        let acl = i.file_acl();
-        if acl != 0 {
+        if let Some(acl) = self.xattr_block(ino, &i)? {
             self.release_xattr_block(io, acl)?;
         }
         self.maps.remove(&ino);
@@ -611,11 +612,7 @@ impl Meta {
         let mut i = self.read_inode(io, ino)?;
         let l = i.links_count();
         let nl = if delta > 0 {
-            if l == 1 || l + 1 >= LINK_MAX {
-                1
-            } else {
-                l + 1
-            }
+            dir_nlink_inc(l)
         } else if l > 2 {
             l - 1
         } else {
@@ -834,11 +831,6 @@ impl Meta {
         Ok(())
     }
 
-    fn max_file_blocks(&self) -> u64 {
-        // Logical block numbers are 32 bits; keep the last one unused like ext4 does.
-        (1u64 << 32) - 1
-    }
-
     /// Plans a read: segments of device bytes or zeros, clipped to the file size.
     pub(crate) fn read_plan(
         &mut self,
@@ -915,7 +907,7 @@ impl Meta {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or(FsError::FileTooBig)?;
-        if end.div_ceil(bs) > self.max_file_blocks() {
+        if end.div_ceil(bs) > self.geo.max_file_blocks() {
             return Err(FsError::FileTooBig);
         }
         let mut map = self.extent_map(io, ino, &i)?.clone();
@@ -995,7 +987,7 @@ impl Meta {
     /// last partial block, so a later extension reads zeros.
     pub(crate) fn truncate(&mut self, io: &Io, ino: u32, i: &mut Inode, size: u64) -> Result<()> {
         let bs = u64::from(self.geo.block_size);
-        if size.div_ceil(bs) > self.max_file_blocks() {
+        if size.div_ceil(bs) > self.geo.max_file_blocks() {
             return Err(FsError::FileTooBig);
         }
         let old = i.size();
@@ -1052,7 +1044,7 @@ impl Meta {
         }
         let bs = u64::from(self.geo.block_size);
         let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
-        if end.div_ceil(bs) > self.max_file_blocks() {
+        if end.div_ceil(bs) > self.geo.max_file_blocks() {
             return Err(FsError::FileTooBig);
         }
         let mut map = self.extent_map(io, ino, &i)?.clone();
@@ -1155,7 +1147,7 @@ impl Meta {
         } else {
             end
         };
-        let end = end.min(self.max_file_blocks() * bs);
+        let end = end.min(self.geo.max_file_blocks() * bs);
         if offset >= end {
             return Ok(());
         }
@@ -1199,7 +1191,7 @@ impl Meta {
     ) -> Result<()> {
         let (mut i, end) = self.range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
-        if end.div_ceil(bs) > self.max_file_blocks() {
+        if end.div_ceil(bs) > self.geo.max_file_blocks() {
             return Err(FsError::FileTooBig);
         }
         let mut map = self.extent_map(io, ino, &i)?.clone();
@@ -1250,19 +1242,26 @@ impl Meta {
 
     // ----- extended attributes -----
 
+    /// The xattr block of inode `ino`, if it has one, checked to lie in the data area and on
+    /// no fixed metadata (it is rewritten and freed like any block the inode owns).
+    fn xattr_block(&self, ino: u32, i: &Inode) -> Result<Option<u64>> {
+        let blk = i.file_acl();
+        if blk == 0 {
+            return Ok(None);
+        }
+        self.layout
+            .check_run(blk, 1)
+            .map_err(|why| FsError::corrupt_inode(ino, format!("xattr block: {why}")))?;
+        Ok(Some(blk))
+    }
+
     fn load_xattrs(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<Vec<Xattr>> {
         let mut all = xattr::parse_inode_area(i.xattr_area())
-            .map_err(|c| FsError::corrupt(format!("inode {ino}: {c}")))?;
-        let blk = i.file_acl();
-        if blk != 0 {
-            if blk >= self.geo.blocks_count {
-                return Err(FsError::corrupt(format!(
-                    "inode {ino}: xattr block {blk} out of range"
-                )));
-            }
+            .map_err(|c| FsError::Corrupt(c.in_inode(ino)))?;
+        if let Some(blk) = self.xattr_block(ino, i)? {
             let seed = self.geo.csum_seed;
             let b = self.block(io, blk)?;
-            all.extend(xattr::parse_block(b, seed, blk)?);
+            all.extend(xattr::parse_block(b, seed, blk).map_err(|c| c.in_inode(ino))?);
         }
         Ok(all)
     }

@@ -112,12 +112,16 @@ impl JournalGeometry {
     /// External journal device made by `mke2fs -O journal_dev`: an ext4 superblock with the
     /// journal_dev feature at byte 1024, the jbd2 superblock in block
     /// `ext2fs_journal_sb_start(block_size)` (2 for 1 KiB blocks, else 1), and journal block
-    /// numbers equal to device block numbers. Checks that `fs_uuid` is among the journal's users
-    /// and that the block sizes match.
+    /// numbers equal to device block numbers. Checks that `fs_uuid` is among the journal's users,
+    /// that the device is the one the file system names (`fs_journal_uuid`, the fs
+    /// superblock's `s_journal_uuid`, when set) and that the jbd2 superblock's UUID is its
+    /// device's (a corrupt UUID would seed every checksum wrongly), and that the block sizes
+    /// match.
     pub fn external(
         dev: Arc<dyn BlockDevice>,
         fs_block_size: u32,
         fs_uuid: [u8; 16],
+        fs_journal_uuid: [u8; 16],
     ) -> Result<Self> {
         let mut ext4 = vec![0u8; 1024];
         dev.read_at(EXT4_SB_OFFSET, &mut ext4)?;
@@ -156,9 +160,23 @@ impl JournalGeometry {
                 sb.block_size
             )));
         }
+        let mut dev_uuid = [0u8; 16];
+        dev_uuid.copy_from_slice(&ext4[EXT4_S_UUID..EXT4_S_UUID + 16]);
+        if fs_journal_uuid != [0; 16] && fs_journal_uuid != dev_uuid {
+            return Err(FsError::corrupt(format!(
+                "external journal {} is not the journal the file system names ({})",
+                uuid_string(&dev_uuid),
+                uuid_string(&fs_journal_uuid)
+            )));
+        }
+        if sb.uuid != dev_uuid {
+            return Err(FsError::corrupt(format!(
+                "external journal superblock UUID {} differs from its device's UUID {}",
+                uuid_string(&sb.uuid),
+                uuid_string(&dev_uuid)
+            )));
+        }
         if !sb.user_uuids().contains(&fs_uuid) {
-            let mut dev_uuid = [0u8; 16];
-            dev_uuid.copy_from_slice(&ext4[EXT4_S_UUID..EXT4_S_UUID + 16]);
             return Err(FsError::Incompatible(format!(
                 "external journal {} does not list file system {} among its {} user(s)",
                 uuid_string(&dev_uuid),
@@ -173,13 +191,19 @@ impl JournalGeometry {
                 sb.len_blocks
             )));
         }
+        let len = sb.len_blocks.checked_sub(sb_block).ok_or_else(|| {
+            FsError::corrupt(format!(
+                "external journal: s_maxlen {} ends before its superblock (block {sb_block})",
+                sb.len_blocks
+            ))
+        })?;
         Ok(JournalGeometry {
             dev,
             block_size: fs_block_size,
             extents: vec![JournalExtent {
                 logical_start: sb_block,
                 device_block: u64::from(sb_block),
-                len: sb.len_blocks - sb_block,
+                len,
             }],
         })
     }
@@ -523,6 +547,16 @@ impl Journal {
                 assert!(last.tid.wrapping_sub(p.tid) < self.capacity());
             }
         }
+    }
+
+    /// The device blocks the journal occupies, as (first block, blocks) runs: for an internal
+    /// journal, the blocks of inode 8 that file data must never use.
+    pub fn device_runs(&self) -> Vec<(u64, u64)> {
+        self.geom
+            .extents
+            .iter()
+            .map(|e| (e.device_block, u64::from(e.len)))
+            .collect()
     }
 
     /// Log capacity in blocks.

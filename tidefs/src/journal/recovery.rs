@@ -1,16 +1,26 @@
 //! Recovery: scan the log for committed transactions, collect revokes, replay the newest
 //! committed copy of each block home, then mark the journal empty.
 //!
-//! Follows the kernel's fs/jbd2/recovery.c (three passes over the log), with one stricter
-//! rule the tidefs design asks for: a transaction whose descriptor tail, revoke tail, data
-//! block or commit block checksum fails is not replayed and ends the log (the kernel skips
-//! just the bad data block in its replay pass).
+//! Follows the kernel's fs/jbd2/recovery.c (scan, revoke and replay passes over the log) in
+//! what a failed checksum means:
+//! - a data block whose tag checksum fails is not replayed and is counted
+//!   (`RecoveryReport::corrupt_blocks`); the rest of its transaction and every later
+//!   committed transaction are still replayed (the kernel's PASS_REPLAY `block_error`);
+//! - a commit block whose checksum fails ends the log: its transaction and everything after it
+//!   are dropped, and the report names it (`failed_commit`, the kernel's `j_failed_commit`;
+//!   e2fsck's "journal transaction N was corrupt, replay was aborted");
+//! - a descriptor or revoke block whose checksum fails ends the log when no commit block of
+//!   its transaction follows (a write torn by a crash); when that transaction's commit block is
+//!   there, the log itself is corrupt (or the journal superblock's UUID, which seeds every
+//!   checksum) and recovery fails with `Corrupt` rather than silently dropping committed
+//!   transactions (the kernel fails with EFSBADCRC).
 //!
 //! Invariants:
 //! - the scan stops at the first block that is not a descriptor, revoke or commit block of the
 //!   expected transaction, and visits at most `s_maxlen - s_first` blocks, so a corrupt log can
 //!   neither loop nor read outside the log;
-//! - replay writes only transactions that the scan found fully committed and valid;
+//! - replay writes only transactions that the scan found committed (commit block present
+//!   and verified), minus their data blocks whose checksum failed;
 //! - a block is skipped if revoked by a transaction whose tid is >= its own (kernel
 //!   `jbd2_journal_test_revoke`);
 //! - recovery only writes home blocks and, last, the superblock: running it again after an
@@ -45,6 +55,12 @@ pub struct RecoveryReport {
     pub replay: Duration,
     /// Tid of the last committed transaction found, if any.
     pub last_tid: Option<Tid>,
+    /// Logged data blocks whose tag checksum failed: not replayed (their home blocks keep
+    /// their old content).
+    pub corrupt_blocks: u64,
+    /// The transaction whose commit block failed its checksum, ending the log early: it and
+    /// any later transaction were not replayed.
+    pub failed_commit: Option<Tid>,
 }
 
 /// A logged block copy found by the scan.
@@ -87,7 +103,7 @@ impl Journal {
             return Err(FsError::ReadOnly);
         }
         let t0 = Instant::now();
-        let txns = self.scan(&state)?;
+        let txns = self.scan(&state, &mut report)?;
         report.scan = t0.elapsed();
         report.transactions = u32::try_from(txns.len()).unwrap_or(u32::MAX);
         report.last_tid = txns.last().map(|t| t.tid);
@@ -168,9 +184,9 @@ impl Journal {
         Ok(report)
     }
 
-    /// Walks the log from `s_start`, returning the transactions that are fully committed and
-    /// pass every checksum, in log order.
-    fn scan(&self, state: &LogState) -> Result<Vec<ScannedTxn>> {
+    /// Walks the log from `s_start`, returning the transactions that are fully committed, in
+    /// log order, without the data blocks whose checksum failed (counted in `report`).
+    fn scan(&self, state: &LogState, report: &mut RecoveryReport) -> Result<Vec<ScannedTxn>> {
         let layout = layout_for(&state.sb);
         let format = layout.format;
         let seed = layout.seed;
@@ -183,13 +199,15 @@ impl Journal {
             tid,
             ..ScannedTxn::default()
         };
-        let mut cur_ok = true;
+        // The first descriptor or revoke block of `cur` whose checksum failed, if any.
+        let mut cur_bad: Option<String> = None;
         let mut v1_sum = !0u32;
         let mut visited: u32 = 0;
         let budget = self.capacity();
         let mut buf = vec![0u8; bs];
         let mut data = vec![0u8; bs];
         while visited < budget {
+            let position = block;
             self.geom.read_block(block, &mut buf)?;
             block = self.advance(block, 1);
             visited += 1;
@@ -201,14 +219,16 @@ impl Journal {
             }
             match header.block_type {
                 BlockType::Descriptor => {
-                    if format.csum.has_tail()
-                        && block_tail_verify(seed, &buf, "descriptor").is_err()
-                    {
-                        break;
-                    }
+                    let tail_ok = !format.csum.has_tail()
+                        || block_tail_verify(seed, &buf, "descriptor").is_ok();
                     let Ok(desc) = DescriptorBlock::parse(&buf, format) else {
                         break;
                     };
+                    if !tail_ok {
+                        cur_bad.get_or_insert(format!(
+                            "descriptor block {position} fails its checksum"
+                        ));
+                    }
                     if v1 {
                         v1_sum = crc32_be(v1_sum, &buf);
                     }
@@ -220,6 +240,11 @@ impl Journal {
                         let position = block;
                         block = self.advance(block, 1);
                         visited += 1;
+                        if cur_bad.is_some() {
+                            // The tags of a failed transaction are not trusted; only its
+                            // commit block matters now.
+                            continue;
+                        }
                         if format.csum.has_tail() || v1 {
                             self.geom.read_block(position, &mut data)?;
                         }
@@ -233,7 +258,10 @@ impl Journal {
                             }
                             CsumVersion::V3 => data_block_csum(seed, tid, &data) == tag.checksum,
                         };
-                        cur_ok &= ok;
+                        if !ok {
+                            report.corrupt_blocks += 1;
+                            continue;
+                        }
                         cur.copies.push(LoggedCopy {
                             home: tag.home_block,
                             position,
@@ -242,25 +270,31 @@ impl Journal {
                     }
                 }
                 BlockType::Revoke => {
-                    if format.csum.has_tail() && block_tail_verify(seed, &buf, "revoke").is_err() {
-                        cur_ok = false;
-                    }
+                    let tail_ok =
+                        !format.csum.has_tail() || block_tail_verify(seed, &buf, "revoke").is_ok();
                     match RevokeBlock::parse(&buf, format) {
-                        Ok(r) => cur.revokes.extend(r.blocks),
-                        Err(_) => cur_ok = false,
+                        Ok(r) if tail_ok => cur.revokes.extend(r.blocks),
+                        _ => {
+                            cur_bad.get_or_insert(format!(
+                                "revoke block {position} fails its checksum or does not parse"
+                            ));
+                        }
                     }
                 }
                 BlockType::Commit => {
                     let Ok(c) = CommitBlock::parse(&buf) else {
                         break;
                     };
-                    if format.csum.has_tail() && !commit::verify_csum_v2v3(seed, &buf) {
-                        break;
+                    if let Some(why) = cur_bad.take() {
+                        return Err(FsError::corrupt(format!(
+                            "journal transaction {tid}: {why}, yet its commit block {position} \
+                             is present: the log or the journal superblock's UUID (the \
+                             checksum seed) is corrupt"
+                        )));
                     }
-                    if v1 && !v1_commit_ok(&c, v1_sum) {
-                        break;
-                    }
-                    if !cur_ok {
+                    let commit_ok = !format.csum.has_tail() || commit::verify_csum_v2v3(seed, &buf);
+                    if !commit_ok || (v1 && !v1_commit_ok(&c, v1_sum)) {
+                        report.failed_commit = Some(tid);
                         break;
                     }
                     txns.push(std::mem::take(&mut cur));

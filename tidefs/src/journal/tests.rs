@@ -265,26 +265,74 @@ fn log_full_checkpoints_before_commit() {
 }
 
 #[test]
-fn corrupt_data_block_ends_the_log() {
-    // T1, T2, T3 commit; one logged data block of T2 is damaged. Only T1 may be replayed.
+fn corrupt_data_block_is_skipped_and_later_transactions_replay() {
+    // T1, T2, T3 commit; one logged data block of T2 is damaged. As jbd2 replays, that block
+    // alone is skipped (and counted); T2's other blocks and T3 are replayed.
     let rig = Rig::new(64, 0, 0);
     let j = rig.open(V3_64).unwrap();
     j.commit(req(&[(30, block(1, 0))], &[])).unwrap();
     let head = j.log.lock().head;
-    j.commit(req(&[(31, block(2, 0))], &[])).unwrap();
+    j.commit(req(&[(31, block(2, 0)), (33, block(4, 0))], &[]))
+        .unwrap();
     j.commit(req(&[(32, block(3, 0))], &[])).unwrap();
     drop(j);
-    // T2 = descriptor at `head`, its data block right after (journal blocks < 32 live at 100..).
+    // T2 = descriptor at `head`, its data blocks right after (journal blocks < 32 live at 100..).
     let data_pos = u64::from(head + 1);
     assert!(data_pos < 32);
     let off = (100 + data_pos) * u64::from(BS) + 500;
     rig.dev.write_at(off, &[0xFF]).unwrap();
     let j = rig.open(V3_64).unwrap();
     let report = j.recover().unwrap();
+    assert_eq!(report.transactions, 3);
+    assert_eq!(report.corrupt_blocks, 1);
+    assert_eq!(report.failed_commit, None);
+    assert_eq!(&rig.home(30)[..], &block(1, 0)[..]);
+    assert_eq!(rig.home(31), vec![0; BS as usize]);
+    assert_eq!(&rig.home(33)[..], &block(4, 0)[..]);
+    assert_eq!(&rig.home(32)[..], &block(3, 0)[..]);
+}
+
+/// T1 and T2 committed, then T2's descriptor damaged and, with `erase_commit`, T2's commit
+/// block gone too (descriptor, one data block, commit).
+fn log_with_damaged_descriptor(erase_commit: bool) -> Rig {
+    let rig = Rig::new(64, 0, 0);
+    let j = rig.open(V3_64).unwrap();
+    j.commit(req(&[(30, block(1, 0))], &[])).unwrap();
+    let head = u64::from(j.log.lock().head);
+    j.commit(req(&[(31, block(2, 0))], &[])).unwrap();
+    drop(j);
+    let bs = u64::from(BS);
+    rig.dev.write_at((100 + head) * bs + 40, &[0x55]).unwrap();
+    if erase_commit {
+        rig.dev
+            .write_at((100 + head + 2) * bs, &vec![0; BS as usize])
+            .unwrap();
+    }
+    rig
+}
+
+#[test]
+fn corrupt_descriptor_with_its_commit_present_is_an_error() {
+    // A descriptor that fails its checksum while its commit block is there: the log (or the
+    // UUID seeding the checksums) is corrupt; recovery must say so, not report a clean log.
+    let rig = log_with_damaged_descriptor(false);
+    let j = rig.open(V3_64).unwrap();
+    match j.recover() {
+        Err(FsError::Corrupt(c)) => assert!(c.what.contains("descriptor"), "{c}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn torn_descriptor_without_commit_ends_the_log_quietly() {
+    // The last transaction's descriptor is damaged and its commit block never made it (a
+    // crash mid-commit): the log ends before it, as after any crash.
+    let rig = log_with_damaged_descriptor(true);
+    let j = rig.open(V3_64).unwrap();
+    let report = j.recover().unwrap();
     assert_eq!(report.transactions, 1);
     assert_eq!(&rig.home(30)[..], &block(1, 0)[..]);
     assert_eq!(rig.home(31), vec![0; BS as usize]);
-    assert_eq!(rig.home(32), vec![0; BS as usize]);
 }
 
 #[test]
@@ -299,7 +347,9 @@ fn corrupt_commit_block_ends_the_log() {
         .write_at((100 + commit_pos) * u64::from(BS) + 100, &[1])
         .unwrap();
     let j = rig.open(V3_64).unwrap();
-    assert_eq!(j.recover().unwrap().transactions, 0);
+    let report = j.recover().unwrap();
+    assert_eq!(report.transactions, 0);
+    assert!(report.failed_commit.is_some());
     assert_eq!(rig.home(30), vec![0; BS as usize]);
 }
 

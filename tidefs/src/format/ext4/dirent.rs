@@ -13,6 +13,11 @@
 //! htree root (block 0): "." (rec_len 12), ".." (rec_len = block size - 12), then at 0x18
 //! dx_root_info {reserved u32, hash_version u8, info_length u8 (8), indirect_levels u8, flags u8}.
 //! htree node: one record with inode 0 and rec_len = block size, then dx entries.
+//! dx entries start with a count/limit header: at 0x20 in the root (after dx_root_info), at 0x8
+//! in a node: limit u16 | count u16 | block u32, then (hash u32, block u32) pairs. With
+//! `metadata_csum` a dx_tail follows the `limit` entries: dt_reserved u32 | dt_checksum u32 =
+//! crc32c(inode seed, block bytes up to the end of the `count` entries, dt_reserved, 4 zero
+//! bytes) (kernel `ext4_dx_csum`).
 
 use crate::error::Corrupt;
 use crate::format::{crc32c_raw, le16, le32, put_le16, put_le32};
@@ -184,6 +189,53 @@ pub fn verify_tail_checksum(block: &[u8], inode_seed: u32) -> Result<(), Corrupt
     if stored != computed {
         return Err(Corrupt::new(format!(
             "directory block checksum mismatch (stored {stored:#x}, computed {computed:#x})"
+        )));
+    }
+    Ok(())
+}
+
+/// Offset of the count/limit header of an htree index block (the kernel's
+/// `get_dx_countlimit`), or `None` when the block is neither a dx root nor a dx node.
+fn dx_countlimit_offset(block: &[u8]) -> Option<usize> {
+    let bs = block.len();
+    if bs < 40 {
+        return None;
+    }
+    let first = rec_len_from_disk(le16(block, 4), bs);
+    if first == bs {
+        return Some(8);
+    }
+    let info_length = block[0x18 + 5];
+    if first == 12
+        && rec_len_from_disk(le16(block, 12 + 4), bs) == bs - 12
+        && le32(block, 0x18) == 0
+        && info_length == 8
+    {
+        return Some(0x20);
+    }
+    None
+}
+
+/// Verifies the dx_tail checksum of an htree index block (root or node).
+pub fn verify_dx_checksum(block: &[u8], inode_seed: u32) -> Result<(), Corrupt> {
+    let Some(at) = dx_countlimit_offset(block) else {
+        return Err(Corrupt::new("htree index block has no count/limit header"));
+    };
+    let limit = usize::from(le16(block, at));
+    let count = usize::from(le16(block, at + 2));
+    let tail = at + limit * 8;
+    if count > limit || tail + 8 > block.len() {
+        return Err(Corrupt::new(format!(
+            "htree index block count {count} / limit {limit} leave no room for its checksum"
+        )));
+    }
+    let mut c = crc32c_raw(inode_seed, &block[..at + count * 8]);
+    c = crc32c_raw(c, &block[tail..tail + 4]);
+    c = crc32c_raw(c, &[0; 4]);
+    let stored = le32(block, tail + 4);
+    if stored != c {
+        return Err(Corrupt::new(format!(
+            "htree index block checksum mismatch (stored {stored:#x}, computed {c:#x})"
         )));
     }
     Ok(())
