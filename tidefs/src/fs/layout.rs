@@ -64,6 +64,11 @@ impl Layout {
         Ok(Layout { start, end, runs })
     }
 
+    /// The fixed metadata runs, sorted.
+    pub fn runs(&self) -> &[FixedRun] {
+        &self.runs
+    }
+
     /// Checks that blocks `[first, first + len)` may hold file data or extent-tree blocks;
     /// the error names the metadata they would overwrite.
     pub fn check_run(&self, first: u64, len: u64) -> std::result::Result<(), String> {

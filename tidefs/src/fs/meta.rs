@@ -675,7 +675,7 @@ impl Meta {
     // ----- bitmaps -----
 
     /// Computes the block bitmap of a BLOCK_UNINIT group: group metadata that lies inside it.
-    fn init_block_bitmap(&self, g: u32) -> Vec<u8> {
+    pub(super) fn init_block_bitmap(&self, g: u32) -> Vec<u8> {
         let bs = self.geo.bs();
         let mut bm = vec![0u8; bs];
         let first = self.geo.group_first_block(g);

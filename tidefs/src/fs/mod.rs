@@ -9,6 +9,7 @@
 //! truncate from freeing the blocks being read.
 
 mod api;
+mod audit;
 mod dir;
 mod extents;
 mod layout;
@@ -16,6 +17,7 @@ mod meta;
 mod ops;
 
 pub use api::*;
+pub use audit::AllocationAudit;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
@@ -387,15 +389,6 @@ impl Fs {
                 report.transactions,
                 report.blocks_replayed
             );
-            if opts.data_mode == DataMode::Lightweight {
-                // Lightweight mode orders its writes so that a crash can only leak (blocks or
-                // inodes marked in use that nothing uses), never mark a used one free.
-                log::warn!(
-                    "after an unclean shutdown in lightweight mode, blocks and inodes that were \
-                     being allocated or freed may have leaked (none is in use and marked free); \
-                     `tidefs fsck -p IMAGE` reclaims them"
-                );
-            }
             Some(report)
         } else {
             None
@@ -486,6 +479,27 @@ impl Fs {
             inner: inner.clone(),
             background: Mutex::new(None),
         };
+        if !ro && fs.inner.recovery.is_some() && opts.data_mode == DataMode::Lightweight {
+            // Say what an unclean lightweight shutdown left behind.
+            match fs.audit_allocation() {
+                Ok(a) if a.used_blocks_marked_free + a.used_inodes_marked_free > 0 => {
+                    log::error!(
+                        "{} used block(s) and {} used inode(s) are marked free: run \
+                         `tidefs fsck -p` before writing",
+                        a.used_blocks_marked_free,
+                        a.used_inodes_marked_free
+                    )
+                }
+                Ok(a) if a.leaked_blocks + a.leaked_inodes > 0 => log::warn!(
+                    "unclean shutdown in lightweight mode: {} block(s) and {} inode(s) leaked \
+                     (marked in use, used by nothing); `tidefs fsck -p` reclaims them",
+                    a.leaked_blocks,
+                    a.leaked_inodes
+                ),
+                Ok(_) => log::info!("unclean shutdown in lightweight mode: nothing leaked"),
+                Err(e) => log::warn!("could not audit the allocation bitmaps: {e}"),
+            }
+        }
         if !ro {
             let bg = std::thread::Builder::new()
                 .name("tidefs-commit".into())
@@ -494,6 +508,13 @@ impl Fs {
             *fs.background.lock() = Some(bg);
         }
         Ok(fs)
+    }
+
+    /// Compares the block and inode bitmaps with what the file system really uses: leaked
+    /// blocks and inodes (what an unclean shutdown in lightweight mode may leave), and used
+    /// ones marked free (what no mode may leave). Reads the whole inode table; changes nothing.
+    pub fn audit_allocation(&self) -> Result<AllocationAudit> {
+        self.with_meta(false, |m, io| m.audit_allocation(io))
     }
 
     /// What journal recovery did when this file system was opened (`None` if not needed).
