@@ -216,6 +216,15 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{text}' is not a size (examples: 4096, 64K, 64M, 1G)"))
 }
 
+/// The harness and the benchmarks open thousands of crashed images on purpose: the library's
+/// recovery and audit messages would drown their reports, so only errors are shown there unless
+/// `RUST_LOG` asks for more.
+fn quiet_library() {
+    if std::env::var_os("RUST_LOG").is_none() {
+        log::set_max_level(log::LevelFilter::Error);
+    }
+}
+
 fn main() -> ExitCode {
     // The library reports what it finds (errors that put the file system read-only, a replayed
     // journal error, a repaired superblock) through `log`; they go to stderr, which is the
@@ -364,6 +373,7 @@ fn run(command: Command) -> Result<u8, CliError> {
                     "counts and sizes must be positive",
                 ));
             }
+            quiet_library();
             let cfg = bench::RecoveryBench {
                 threads,
                 writes,
@@ -376,7 +386,10 @@ fn run(command: Command) -> Result<u8, CliError> {
             bench::run(&cfg)?;
             Ok(0)
         }
-        Command::Crashtest(args) => crashtest::run(args),
+        Command::Crashtest(args) => {
+            quiet_library();
+            crashtest::run(args)
+        }
         Command::InstallHelper { dir } => {
             let link = helper::install(&dir)?;
             println!("installed {}", link.display());
