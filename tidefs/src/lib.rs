@@ -19,7 +19,9 @@ pub mod format;
 pub mod fs;
 pub mod journal;
 pub mod mkfs;
-#[cfg(test)]
-mod test_support;
+/// The test suite's skip rule, shared by the crate's unit tests and every integration test
+/// crate (not part of the file system's API).
+#[doc(hidden)]
+pub mod test_support;
 
 pub use error::{Corrupt, FsError, Result};

@@ -9,58 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The environment variable that marks a CI run (`.ci/run` sets `TIDEFS_CI=1`). CI has root,
-/// loop devices, FUSE and e2fsprogs, so there a test that lacks one of them fails instead of
-/// skipping.
-pub const CI_ENV: &str = "TIDEFS_CI";
-
-/// Whether a value of [`CI_ENV`] marks a CI run: set, and neither empty nor `0`.
-pub fn ci_from(value: Option<&str>) -> bool {
-    value.is_some_and(|v| !v.is_empty() && v != "0")
-}
-
-/// Whether this run is CI (see [`CI_ENV`]).
-pub fn in_ci() -> bool {
-    ci_from(std::env::var(CI_ENV).ok().as_deref())
-}
-
-/// What a test that lacks a prerequisite does: `Ok(line)` outside CI (print the line, then
-/// return: the test is skipped), `Err(message)` in CI (panic with it: the test fails).
-pub fn skip_verdict(test: &str, why: &str, ci: bool) -> Result<String, String> {
-    if ci {
-        Err(format!("{test} cannot run in CI: {why}"))
-    } else {
-        Ok(format!("skipped {test}: {why}"))
-    }
-}
-
-/// [`skip`] with the CI flag given: prints `skipped <test>: <why>` and returns, or panics with
-/// `<test> cannot run in CI: <why>` when `ci` is set.
-pub fn skip_with(test: &str, why: &str, ci: bool) {
-    match skip_verdict(test, why, ci) {
-        // Straight to stderr, not eprintln!: libtest captures that for passing tests, and a
-        // skip must be seen.
-        Ok(line) => {
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "{line}");
-        }
-        Err(message) => panic!("{message}"),
-    }
-}
-
-/// The one place where a test gives up for lack of root, loop devices, FUSE or e2fsprogs:
-/// outside CI it prints why and the caller returns; under `TIDEFS_CI=1` the test fails here.
-pub fn skip(test: &str, why: &str) {
-    skip_with(test, why, in_ci());
-}
-
-/// The name of the running test: libtest names each test's thread after it.
-pub fn current_test() -> String {
-    std::thread::current()
-        .name()
-        .unwrap_or("this test")
-        .to_string()
-}
+pub use tidefs::test_support::{current_test, skip};
 
 /// Whether e2fsprogs is installed; if not, the test skips through [`skip`] (fails in CI).
 pub fn have_e2fsprogs() -> bool {

@@ -64,48 +64,7 @@ pub fn mount_skip_reason() -> Option<String> {
     None
 }
 
-/// The environment variable that marks a CI run (`.ci/run` exports `TIDEFS_CI=1`).
-pub const CI_ENV: &str = "TIDEFS_CI";
-
-/// Whether a value of [`CI_ENV`] marks a CI run: set, and neither empty nor `0`.
-pub fn ci_from(value: Option<&str>) -> bool {
-    value.is_some_and(|v| !v.is_empty() && v != "0")
-}
-
-/// Whether this run is CI (see [`CI_ENV`]).
-pub fn in_ci() -> bool {
-    ci_from(std::env::var(CI_ENV).ok().as_deref())
-}
-
-/// What a test that lacks a prerequisite does: `Ok(line)` outside CI (print the line, then
-/// return: the test is skipped), `Err(message)` in CI (panic with it: the test fails).
-pub fn skip_verdict(test: &str, why: &str, ci: bool) -> Result<String, String> {
-    if ci {
-        Err(format!("{test} cannot run in CI: {why}"))
-    } else {
-        Ok(format!("skipped {test}: {why}"))
-    }
-}
-
-/// [`skip`] with the CI flag given explicitly.
-pub fn skip_with(test: &str, why: &str, ci: bool) {
-    match skip_verdict(test, why, ci) {
-        // Straight to stderr, not eprintln!: libtest captures that for passing tests, and a
-        // skip must be seen.
-        Ok(line) => {
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "{line}");
-        }
-        Err(message) => panic!("{message}"),
-    }
-}
-
-/// The one place where a test gives up for lack of root, FUSE or e2fsprogs: outside CI it
-/// prints `skipped <test>: <why>` and the caller returns; under `TIDEFS_CI=1` it panics with
-/// `<test> cannot run in CI: <why>`.
-pub fn skip(test: &str, why: &str) {
-    skip_with(test, why, in_ci());
-}
+pub use tidefs::test_support::skip;
 
 /// Whether the test may go on as root: if not, it skips through [`skip`] (fails in CI).
 pub fn need_root(test: &str, why: &str) -> bool {
