@@ -9,8 +9,9 @@
 //!   removal of each block saves what the cache held before, so a failed operation is taken
 //!   back whole and never reaches a commit half done.
 //!
-//! File data does not pass through this cache (docs/DESIGN.md §2.3: data goes home directly, or
-//! through the journal records of its mode).
+//! File data passes through this cache only in `journal` mode, where data blocks join the
+//! running transaction like metadata; the other modes write it home directly
+//! (docs/DESIGN.md §2.3).
 
 use std::collections::{BTreeSet, HashMap};
 

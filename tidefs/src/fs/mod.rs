@@ -2,11 +2,16 @@
 //! This is the embeddable library API; the FUSE adapter is a thin layer over [`Fs`].
 //!
 //! Concurrency: one lock (`meta`) guards all metadata; every operation runs inside it, so each
-//! lands whole in the running transaction. Commits are serialised by `commit_lock` and do their
+//! lands whole in the running transaction. Commits are serialised by the commit gate and do their
 //! journal I/O without holding `meta`, so operations go on while a transaction commits, and all
 //! the fsyncs that arrive during one commit share the next one (group commit). File reads plan
 //! under `meta` and read the device outside it, under a per-inode data lock that keeps a
 //! truncate from freeing the blocks being read.
+//!
+//! Failures: an operation that fails half-way is rolled back whole (`Meta::begin_op`), so a
+//! commit never sees half of one; a commit, checkpoint or lightweight in-place write that fails
+//! puts the file system in the error state (`Inner::fail`: EROFS for changes, EIO for every
+//! fsync not yet durable, the error recorded in both superblocks).
 
 mod api;
 mod audit;

@@ -10,8 +10,9 @@
 //!   wrapped:  first [ ==live== head | free | tail ==live== ] maxlen
 //! ```
 //!
-//! Checkpoint writes every pending block home and empties the log, so the head restarts at
-//! `s_first` and the next commit writes the superblock (`s_start`, `s_sequence`) again first.
+//! Checkpoint writes every pending block home and empties the log (`s_start = 0`); the head
+//! stays where it was, and the next commit writes the superblock (`s_start`, `s_sequence`)
+//! again first and continues the circular log from the head.
 //!
 //! Invariants:
 //! - `used` (the sum of the live transactions' lengths) never exceeds the log capacity
@@ -735,7 +736,7 @@ impl Journal {
 
     /// Writes the newest committed copy of every pending block home, flushes home, then
     /// empties the log (superblock `s_start = 0`, `s_sequence` = next tid; the next commit
-    /// restarts at `s_first`) and flushes the journal device.
+    /// continues from the head) and flushes the journal device.
     pub fn checkpoint(&self) -> Result<()> {
         let mut state = self.log.lock();
         if self.opts.read_only || state.aborted {
