@@ -61,6 +61,17 @@ impl CloseOnce {
     }
 }
 
+/// Answers a create or tmpfile request with the new file's attributes and its handle.
+fn reply_created(reply: ReplyCreate, attr: &Attr) {
+    reply.created(
+        &TTL,
+        &file_attr(attr),
+        Generation(u64::from(attr.generation)),
+        FileHandle(0),
+        FopenFlags::empty(),
+    );
+}
+
 /// The [`Filesystem`] that fuser drives.
 pub struct FuseFs {
     fs: Arc<Fs>,
@@ -764,13 +775,7 @@ impl Filesystem for FuseFs {
             }
         };
         match self.fs.open_inode(attr.ino) {
-            Ok(()) => reply.created(
-                &TTL,
-                &file_attr(&attr),
-                Generation(u64::from(attr.generation)),
-                FileHandle(0),
-                FopenFlags::empty(),
-            ),
+            Ok(()) => reply_created(reply, &attr),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -787,13 +792,7 @@ impl Filesystem for FuseFs {
     ) {
         let mode = mode & !(umask & 0o777);
         match self.fs.tmpfile(to_fs(parent), mode, creds(req)) {
-            Ok(attr) => reply.created(
-                &TTL,
-                &file_attr(&attr),
-                Generation(u64::from(attr.generation)),
-                FileHandle(0),
-                FopenFlags::empty(),
-            ),
+            Ok(attr) => reply_created(reply, &attr),
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -53,16 +53,9 @@ pub fn open_claimed(path: &Path, writable: bool) -> io::Result<File> {
     if writable && block_device {
         options.custom_flags(libc::O_EXCL);
     }
-    let file = options.open(path).map_err(|e| {
-        if e.raw_os_error() == Some(libc::EBUSY) {
-            busy(format!(
-                "{}: in use (mounted, or opened exclusively by another program)",
-                path.display()
-            ))
-        } else {
-            e
-        }
-    })?;
+    let file = options
+        .open(path)
+        .map_err(|e| exclusive_open_error(e, path))?;
     let claim = if writable {
         Claim::Exclusive
     } else {
@@ -145,20 +138,23 @@ pub fn claim_path(path: &Path) -> io::Result<File> {
             .read(true)
             .custom_flags(libc::O_EXCL)
             .open(path)
-            .map_err(|e| {
-                if e.raw_os_error() == Some(libc::EBUSY) {
-                    busy(format!(
-                        "{}: in use (mounted, or opened exclusively by another program)",
-                        path.display()
-                    ))
-                } else {
-                    e
-                }
-            })?;
+            .map_err(|e| exclusive_open_error(e, path))?;
     }
     let file = File::open(path)?;
     claim_file(&file, path, Claim::Exclusive)?;
     Ok(file)
+}
+
+/// An `O_EXCL` open of a block device that the kernel refused with EBUSY, said in words.
+fn exclusive_open_error(e: io::Error, path: &Path) -> io::Error {
+    if e.raw_os_error() == Some(libc::EBUSY) {
+        busy(format!(
+            "{}: in use (mounted, or opened exclusively by another program)",
+            path.display()
+        ))
+    } else {
+        e
+    }
 }
 
 fn busy(message: String) -> io::Error {

@@ -12,6 +12,7 @@
 use crate::format::ext4::extent::{parse_node, ExtentNode};
 use crate::format::ext4::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 use crate::format::ext4::inode::flags;
+use crate::format::le32;
 use crate::Result;
 
 use super::extents::ExtentMap;
@@ -102,8 +103,7 @@ impl Meta {
                     used.mark(inode.file_acl(), 1);
                 }
                 if ino == RESIZE_INO {
-                    let slot = &inode.i_block()[DIND_SLOT * 4..DIND_SLOT * 4 + 4];
-                    let dind = u32::from_le_bytes([slot[0], slot[1], slot[2], slot[3]]);
+                    let dind = le32(inode.i_block(), DIND_SLOT * 4);
                     used.mark(u64::from(dind), u64::from(dind != 0));
                     continue;
                 }

@@ -817,30 +817,34 @@ impl Fs {
 
     /// Allocates `[offset, offset+len)`; grows the size unless `keep_size`.
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        self.change_range(ino, |m, io, n| m.fallocate(io, n, offset, len, keep_size))
+    }
+
+    /// Runs a change to the blocks of file `ino` under its data lock, so no read in flight
+    /// sees blocks freed or remapped under it.
+    fn change_range(
+        &self,
+        ino: Ino,
+        mut f: impl FnMut(&mut Meta, &Io, u32) -> Result<()>,
+    ) -> Result<()> {
         let n = self.inner.meta.lock().ino32(ino)?;
         let lock = self.data_lock(n);
         let _g = lock.write();
-        self.with_meta(true, |m, io| m.fallocate(io, n, offset, len, keep_size))
+        self.with_meta(true, |m, io| f(m, io, n))
     }
 
     /// Deallocates `[offset, offset+len)` of a regular file (`fallocate` with
     /// `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the range reads as zeros, whole blocks
     /// inside it are freed, the size does not change.
     pub fn punch_hole(&self, ino: Ino, offset: u64, len: u64) -> Result<()> {
-        let n = self.inner.meta.lock().ino32(ino)?;
-        let lock = self.data_lock(n);
-        let _g = lock.write();
-        self.with_meta(true, |m, io| m.punch_hole(io, n, offset, len))
+        self.change_range(ino, |m, io, n| m.punch_hole(io, n, offset, len))
     }
 
     /// Makes `[offset, offset+len)` of a regular file read as zeros while keeping (or making)
     /// it allocated (`fallocate` with `FALLOC_FL_ZERO_RANGE`); grows the size to the end of
     /// the range unless `keep_size`.
     pub fn zero_range(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<()> {
-        let n = self.inner.meta.lock().ino32(ino)?;
-        let lock = self.data_lock(n);
-        let _g = lock.write();
-        self.with_meta(true, |m, io| m.zero_range(io, n, offset, len, keep_size))
+        self.change_range(ino, |m, io, n| m.zero_range(io, n, offset, len, keep_size))
     }
 
     /// Makes the file durable (only its data and the metadata needed to read it if `datasync`).
@@ -1162,27 +1166,29 @@ impl Inner {
 
     /// Makes everything written so far durable.
     fn sync_all(&self) -> Result<()> {
-        let target = {
+        let (target, running) = {
             let m = self.meta.lock();
             if m.read_only && self.read_only {
                 return Ok(());
             }
-            if m.has_uncommitted_changes() {
-                Some(m.tid)
-            } else {
-                None
-            }
+            // With nothing new in the running transaction, the last closed one is the target:
+            // wait for its commit if it is in flight (its result is ours too).
+            let running = m.has_uncommitted_changes();
+            (
+                if running {
+                    m.tid
+                } else {
+                    m.tid.wrapping_sub(1)
+                },
+                running,
+            )
         };
-        match target {
-            Some(t) => self.commit_up_to(t),
-            None => {
-                // Nothing new in the running transaction: wait for a commit in flight (its
-                // result is ours too), then make in-place data durable.
-                let last = self.meta.lock().tid.wrapping_sub(1);
-                self.commit_up_to(last)?;
-                self.io.dev.flush().map_err(FsError::Io)
-            }
+        self.commit_up_to(target)?;
+        if !running {
+            // The commit flushed nothing of ours: make data written in place durable.
+            self.io.dev.flush().map_err(FsError::Io)?;
         }
+        Ok(())
     }
 
     /// Commits the running transaction if it holds anything.
@@ -1252,10 +1258,8 @@ impl Inner {
             // transaction is `target` or, when `target` was already closed, the next one.
             debug_assert!(tid_ge(m.tid, target), "commit target is in the future");
             if !m.has_uncommitted_changes() {
-                // Nothing to commit (the timer fired on an idle file system, or `target` closed
-                // with nothing in it).
-                self.committed_tid
-                    .store(m.tid.wrapping_sub(1), Ordering::SeqCst);
+                // Nothing to commit (the timer fired on an idle file system); every closed
+                // transaction is already durable, or the error state would have stopped us.
                 return Ok(());
             }
             if m.sb_dirty {

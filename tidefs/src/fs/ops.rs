@@ -1032,18 +1032,8 @@ impl Meta {
         len: u64,
         keep_size: bool,
     ) -> Result<()> {
-        let mut i = self.live_inode(io, ino)?;
-        if i.is_dir() {
-            return Err(FsError::IsDir);
-        }
-        if !i.is_reg() {
-            return Err(FsError::NotSupported);
-        }
-        if len == 0 {
-            return Err(FsError::Invalid("fallocate length 0"));
-        }
+        let (mut i, end) = self.range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
-        let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
         if end.div_ceil(bs) > self.geo.max_file_blocks() {
             return Err(FsError::FileTooBig);
         }

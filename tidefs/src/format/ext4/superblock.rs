@@ -74,20 +74,36 @@ const S_FLAGS: usize = 0x160;
 const S_CHECKSUM_TYPE: usize = 0x175;
 const S_KBYTES_WRITTEN: usize = 0x178;
 const S_ERROR_COUNT: usize = 0x194;
-const S_FIRST_ERROR_TIME: usize = 0x198;
-const S_FIRST_ERROR_INO: usize = 0x19C;
-const S_FIRST_ERROR_BLOCK: usize = 0x1A0;
-const S_FIRST_ERROR_FUNC: usize = 0x1A8;
-const S_FIRST_ERROR_LINE: usize = 0x1C8;
-const S_LAST_ERROR_TIME: usize = 0x1CC;
-const S_LAST_ERROR_INO: usize = 0x1D0;
-const S_LAST_ERROR_LINE: usize = 0x1D4;
-const S_LAST_ERROR_BLOCK: usize = 0x1D8;
-const S_LAST_ERROR_FUNC: usize = 0x1E0;
 const ERROR_FUNC_LEN: usize = 32;
 const S_CHECKSUM_SEED: usize = 0x270;
-const S_FIRST_ERROR_ERRCODE: usize = 0x27C;
-const S_LAST_ERROR_ERRCODE: usize = 0x27D;
+
+/// Where one error record lives: the first-error and last-error fields have the same members at
+/// different offsets (and the last error puts its line before its block).
+struct ErrorFields {
+    time: usize,
+    ino: usize,
+    block: usize,
+    func: usize,
+    line: usize,
+    errcode: usize,
+}
+
+const FIRST_ERROR: ErrorFields = ErrorFields {
+    time: 0x198,
+    ino: 0x19C,
+    block: 0x1A0,
+    func: 0x1A8,
+    line: 0x1C8,
+    errcode: 0x27C,
+};
+const LAST_ERROR: ErrorFields = ErrorFields {
+    time: 0x1CC,
+    ino: 0x1D0,
+    block: 0x1D8,
+    func: 0x1E0,
+    line: 0x1D4,
+    errcode: 0x27D,
+};
 const S_CHECKSUM: usize = 0x3FC;
 const _: () = assert!(S_CHECKSUM + 4 == SUPERBLOCK_SIZE);
 
@@ -539,23 +555,20 @@ impl Superblock {
         let name = func.as_bytes();
         let name = &name[..name.len().min(ERROR_FUNC_LEN)];
         let raw = &mut self.raw[..];
+        let mut fill = |f: &ErrorFields| {
+            put_le32(raw, f.time, now);
+            put_le32(raw, f.ino, ino);
+            put_le64(raw, f.block, block);
+            put_le32(raw, f.line, 0);
+            raw[f.func..f.func + ERROR_FUNC_LEN].fill(0);
+            raw[f.func..f.func + name.len()].copy_from_slice(name);
+            raw[f.errcode] = errcode;
+        };
         if count == 0 {
-            put_le32(raw, S_FIRST_ERROR_TIME, now);
-            put_le32(raw, S_FIRST_ERROR_INO, ino);
-            put_le64(raw, S_FIRST_ERROR_BLOCK, block);
-            put_le32(raw, S_FIRST_ERROR_LINE, 0);
-            raw[S_FIRST_ERROR_FUNC..S_FIRST_ERROR_FUNC + ERROR_FUNC_LEN].fill(0);
-            raw[S_FIRST_ERROR_FUNC..S_FIRST_ERROR_FUNC + name.len()].copy_from_slice(name);
-            raw[S_FIRST_ERROR_ERRCODE] = errcode;
+            fill(&FIRST_ERROR);
         }
+        fill(&LAST_ERROR);
         put_le32(raw, S_ERROR_COUNT, count.saturating_add(1));
-        put_le32(raw, S_LAST_ERROR_TIME, now);
-        put_le32(raw, S_LAST_ERROR_INO, ino);
-        put_le64(raw, S_LAST_ERROR_BLOCK, block);
-        put_le32(raw, S_LAST_ERROR_LINE, 0);
-        raw[S_LAST_ERROR_FUNC..S_LAST_ERROR_FUNC + ERROR_FUNC_LEN].fill(0);
-        raw[S_LAST_ERROR_FUNC..S_LAST_ERROR_FUNC + name.len()].copy_from_slice(name);
-        raw[S_LAST_ERROR_ERRCODE] = errcode;
     }
     /// Group whose copy this is (`s_block_group_nr`: 0 for the primary, g for a backup).
     pub fn block_group_nr(&self) -> u16 {
