@@ -643,7 +643,10 @@ mod tests {
     #[test]
     fn mkfs_needs_force_over_a_file_system_and_leaves_nothing_on_failure() {
         if find_e2fsprogs_tool("mke2fs").is_none() {
-            eprintln!("skipped: e2fsprogs is not installed");
+            crate::test_support::skip(
+                "mkfs_needs_force_over_a_file_system_and_leaves_nothing_on_failure",
+                "e2fsprogs is not installed",
+            );
             return;
         }
         let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
