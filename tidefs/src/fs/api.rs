@@ -293,4 +293,7 @@ pub struct Stats {
     pub fsync_p99_us: u64,
     /// Checkpoints run.
     pub checkpoints: u64,
+    /// Bytes of the committed metadata blocks that had really changed: what byte-range
+    /// records would log instead of whole blocks.
+    pub changed_metadata_bytes: u64,
 }
