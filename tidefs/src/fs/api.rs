@@ -246,7 +246,8 @@ pub struct MountOptions {
     pub commit_interval: Duration,
     /// External journal device, when the image's journal is not internal.
     pub journal_device: Option<PathBuf>,
-    /// Upper bound of the metadata buffer cache, in bytes.
+    /// Memory bound of the caches, in bytes: half for metadata blocks, half for file pages
+    /// (dirty pages are written back when they fill half of theirs).
     pub cache_size_bytes: usize,
     /// How file data is journaled.
     pub data_mode: DataMode,

@@ -448,7 +448,8 @@ impl Fs {
             internal_journal,
         };
         let tid = io.journal.next_tid();
-        let cache_blocks = opts.cache_size_bytes / geo.bs();
+        // The memory bound is shared: half for metadata blocks, half for file pages.
+        let cache_blocks = opts.cache_size_bytes / geo.bs() / 2;
         let mut meta = Meta {
             geo,
             sb,
