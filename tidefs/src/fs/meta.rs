@@ -248,9 +248,9 @@ pub(crate) struct Meta {
     /// The superblock's free counts changed and must be copied into its block.
     pub sb_dirty: bool,
     /// Block maps of inodes in use, loaded on first access.
-    pub maps: HashMap<u32, super::extents::ExtentMap>,
+    pub maps: HashMap<u32, super::extent_map::ExtentMap>,
     /// Name indexes of directories, built on first access.
-    pub dirs: HashMap<u32, super::dir::DirIndex>,
+    pub dirs: HashMap<u32, super::dir_index::DirIndex>,
     /// Open handles per inode.
     pub open: HashMap<u32, u32>,
     /// Next inode generation number.

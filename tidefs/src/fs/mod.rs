@@ -17,6 +17,8 @@ mod api;
 mod audit;
 mod datacache;
 mod dir;
+mod dir_index;
+mod extent_map;
 mod extents;
 mod layout;
 mod meta;
