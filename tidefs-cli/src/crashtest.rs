@@ -3,7 +3,7 @@
 
 use tidefs::crash::workload::Family;
 use tidefs::crash::{Config, Harness, Report};
-use tidefs::fs::{Canary, DataMode};
+use tidefs::fs::DataMode;
 
 use crate::CliError;
 
@@ -25,9 +25,6 @@ pub struct CrashtestArgs {
     /// Replay only this state index (as printed with a violation).
     #[arg(long)]
     pub state: Option<u64>,
-    /// A deliberately broken ordering: commit-without-flush or data-after-commit.
-    #[arg(long)]
-    pub canary: Option<String>,
     /// Also tear in-flight writes at 512-byte sectors.
     #[arg(long)]
     pub torn: bool,
@@ -58,17 +55,6 @@ pub fn run(args: CrashtestArgs) -> Result<u8, CliError> {
             ),
         )
     })?;
-    let canary = match args.canary.as_deref() {
-        None => None,
-        Some("commit-without-flush") => Some(Canary::CommitWithoutFlush),
-        Some("data-after-commit") => Some(Canary::DataAfterCommit),
-        Some(other) => {
-            return Err(CliError::usage(
-                what,
-                format!("unknown canary '{other}' (commit-without-flush, data-after-commit)"),
-            ))
-        }
-    };
     let fresh = tidefs::crash::make_fresh_image()
         .map_err(|e| CliError::new(what, format!("cannot make the base image: {e}")))?;
     let configs: Vec<Config> = modes
@@ -78,7 +64,6 @@ pub fn run(args: CrashtestArgs) -> Result<u8, CliError> {
             states: args.states,
             seed: args.seed,
             only_state: args.state,
-            canary,
             torn: args.torn,
             ace_len3: args.ace3,
             kernel_compare: !args.no_kernel_compare,

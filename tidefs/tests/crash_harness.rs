@@ -8,8 +8,7 @@
 //! checks `e2fsck -fn`, the fsync promises, the mode's promise and e2fsck's own replay.
 //! The budget here is small because a debug build is slow; the long run is
 //! `tidefs crashtest --mode all --workloads all --states 10000` (README, "Crash testing").
-//! (ii) the same harness with each canary in ordered mode must report a violation.
-//! (iii) the generator on logs written through a `RecordingDevice` by hand.
+//! (ii) the generator on logs written through a `RecordingDevice` by hand.
 
 mod common;
 
@@ -20,7 +19,7 @@ use tidefs::crash::workload::Family;
 use tidefs::crash::{Config, Harness, Report};
 use tidefs::dev::record::{LogEntry, RecordingDevice};
 use tidefs::dev::BlockDevice;
-use tidefs::fs::{Canary, DataMode};
+use tidefs::fs::DataMode;
 
 /// Crash states per mode in this test. Debug builds check about 40 states a second per core;
 /// four modes share two cores, so 3000 states per mode keep the file near two minutes (measured: 113 s).
@@ -74,73 +73,6 @@ fn ordered_keeps_its_promise() {
 #[test]
 fn journal_keeps_its_promise() {
     assert_mode_clean(DataMode::Journal);
-}
-
-fn canary_caught(canary: Canary) -> Report {
-    // A commit block that goes out with its records is caught only where a crash keeps the
-    // commit block but loses ordered-mode data written before it (the journal's own checksums
-    // reject a commit whose records are missing); the random family, rich in appends to new
-    // blocks, exposes that far more often than the one- and two-step sequences.
-    let (family, states) = match canary {
-        Canary::CommitWithoutFlush => (Family::Random, 600),
-        Canary::DataAfterCommit => (Family::Ace, 400),
-    };
-    let report = run(Config {
-        family,
-        states,
-        canary: Some(canary),
-        kernel_compare: false,
-        ..Config::new(DataMode::Ordered)
-    });
-    assert!(
-        !report.violations.is_empty(),
-        "canary {canary:?} not caught in {} states",
-        report.states_tried
-    );
-    report
-}
-
-/// Goal: the harness reports violations when the commit block's flush is removed (canary).
-#[test]
-fn canary_commit_without_flush_is_caught() {
-    if !common::have_e2fsprogs() {
-        return;
-    }
-    canary_caught(Canary::CommitWithoutFlush);
-}
-
-/// Goal: the harness reports violations when ordered data goes home after its commit (canary).
-#[test]
-fn canary_data_after_commit_is_caught() {
-    if !common::have_e2fsprogs() {
-        return;
-    }
-    canary_caught(Canary::DataAfterCommit);
-}
-
-/// A violation replays alone, by seed and index, to the same crash point and the same findings.
-#[test]
-fn replay_by_seed_and_index_is_exact() {
-    if !common::have_e2fsprogs() {
-        return;
-    }
-    let report = canary_caught(Canary::DataAfterCommit);
-    for v in report.violations.iter().take(3) {
-        let again = run(Config {
-            states: 400,
-            canary: Some(Canary::DataAfterCommit),
-            kernel_compare: false,
-            only_state: Some(v.state_index),
-            ..Config::new(DataMode::Ordered)
-        });
-        assert_eq!(again.states_tried, 1);
-        assert_eq!(again.violations.len(), 1, "{again}");
-        let w = &again.violations[0];
-        assert_eq!(w.state_index, v.state_index);
-        assert_eq!(w.workload, v.workload);
-        assert_eq!(w.crash, v.crash);
-        assert_eq!(w.problems, v.problems);
-    }
 }
 
 /// A hand-made log: random writes (some overlapping) and flushes, with the device content

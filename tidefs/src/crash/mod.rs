@@ -18,7 +18,6 @@
 //! Invariants:
 //! - the list of states of a workload depends only on the seed, the workload and the shape of
 //!   its log (offsets, lengths, flushes), never on the budget, so indices are stable;
-//! - the oracle mounts never use the canary: it breaks the recorded run only.
 
 pub mod gen;
 pub mod oracle;
@@ -30,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::dev::record::RecordingDevice;
 use crate::dev::{BlockDevice, MemDev};
-use crate::fs::{Canary, DataMode, Fs, MountOptions};
+use crate::fs::{DataMode, Fs, MountOptions};
 use crate::{FsError, Result};
 
 use gen::{build_image, epochs, flush_state, sampled_state, CrashState, Epoch, Rng};
@@ -57,8 +56,6 @@ pub struct Config {
     pub seed: u64,
     /// Check only this global state index (replay).
     pub only_state: Option<u64>,
-    /// A deliberately broken ordering in the recorded runs.
-    pub canary: Option<Canary>,
     /// Let sampled states tear writes at 512-byte sectors.
     pub torn: bool,
     /// Add sampled three-step sequences to the ACE family.
@@ -79,7 +76,6 @@ impl Config {
             states: 1000,
             seed: 1,
             only_state: None,
-            canary: None,
             torn: false,
             ace_len3: false,
             kernel_compare: true,
@@ -95,12 +91,6 @@ impl Config {
             self.family.name(),
             self.seed
         );
-        if let Some(c) = self.canary {
-            s.push_str(match c {
-                Canary::CommitWithoutFlush => " --canary commit-without-flush",
-                Canary::DataAfterCommit => " --canary data-after-commit",
-            });
-        }
         if self.torn {
             s.push_str(" --torn");
         }
@@ -258,19 +248,11 @@ fn fill_free_blocks(path: &std::path::Path, img: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-fn record_opts(cfg: &Config) -> MountOptions {
+/// Mount options of the recorded runs and of recovery: the mode, and no timed commits (a
+/// workload's commits come from its persistence points only, so its log is reproducible).
+fn mount_opts(cfg: &Config) -> MountOptions {
     MountOptions {
         data_mode: cfg.mode,
-        canary: cfg.canary,
-        commit_interval: Duration::from_secs(3600),
-        ..MountOptions::default()
-    }
-}
-
-fn oracle_opts(cfg: &Config) -> MountOptions {
-    MountOptions {
-        data_mode: cfg.mode,
-        canary: None,
         commit_interval: Duration::from_secs(3600),
         ..MountOptions::default()
     }
@@ -334,11 +316,7 @@ impl Harness {
     /// Prepares a run: the base image from `fresh` (a formatted image, see
     /// [`make_fresh_image`]) with the setup applied in `cfg.mode`.
     pub fn new(cfg: Config, fresh: &[u8]) -> Result<Harness> {
-        let opts = MountOptions {
-            canary: None,
-            ..record_opts(&cfg)
-        };
-        let (base, model, setup_writes) = workload::setup_base(fresh.to_vec(), &opts)?;
+        let (base, model, setup_writes) = workload::setup_base(fresh.to_vec(), &mount_opts(&cfg))?;
         Ok(Harness {
             cfg,
             base: Arc::new(base),
@@ -369,7 +347,7 @@ impl Harness {
             &self.model,
             &self.setup_writes,
             wl,
-            &record_opts(&self.cfg),
+            &mount_opts(&self.cfg),
         )
     }
 
@@ -481,7 +459,7 @@ impl Harness {
                 let opened = Fs::open_devices(
                     dev.clone() as Arc<dyn BlockDevice>,
                     None,
-                    &oracle_opts(&self.cfg),
+                    &mount_opts(&self.cfg),
                 );
                 let problem = match opened {
                     Ok(fs) => {
@@ -559,7 +537,7 @@ impl Harness {
         let mut problems = Vec::new();
         let lightweight = self.cfg.mode == DataMode::Lightweight;
         let dev = Arc::new(MemDev::from_bytes(image.to_vec()));
-        let fs = match Fs::open_devices(dev.clone(), None, &oracle_opts(&self.cfg)) {
+        let fs = match Fs::open_devices(dev.clone(), None, &mount_opts(&self.cfg)) {
             Ok(fs) => fs,
             Err(e) => {
                 return ImageVerdict {
@@ -640,7 +618,7 @@ impl Harness {
         let dev = Arc::new(MemDev::from_bytes(bytes));
         let opts = MountOptions {
             read_only: true,
-            ..oracle_opts(&self.cfg)
+            ..mount_opts(&self.cfg)
         };
         let fs = Fs::open_devices(dev, None, &opts)
             .map_err(|e| format!("open after e2fsck -fy failed: {e}"))?;

@@ -28,7 +28,7 @@ use crate::format::ext4::inode::Inode;
 use crate::format::ext4::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE};
 use crate::journal::Journal;
 
-use super::api::{Canary, DataMode};
+use super::api::DataMode;
 use super::layout::{FixedRun, Layout};
 use crate::{FsError, Result};
 
@@ -224,7 +224,6 @@ pub(crate) struct OpUndo {
     /// Blocks this operation put in quarantine.
     quarantined: Vec<u64>,
     freed_running_len: usize,
-    deferred_data_len: usize,
     late_frees_len: usize,
 }
 
@@ -259,11 +258,6 @@ pub(crate) struct Meta {
     pub committing: HashMap<u64, Arc<[u8]>>,
     /// Data mode of files (mount-wide for now; looked up per inode through `data_mode`).
     pub default_mode: DataMode,
-    /// A deliberately broken ordering (crash-harness canary), if any.
-    pub canary: Option<Canary>,
-    /// Canary `DataAfterCommit` only: file data held back until its transaction has committed,
-    /// as (device byte offset, bytes).
-    pub deferred_data: Vec<(u64, Vec<u8>)>,
     /// While an operation runs: what it changed outside the buffer cache (see [`OpUndo`]).
     pub op_undo: Option<OpUndo>,
     /// Lightweight mode: frees made by the running transaction, applied to the bitmaps once
@@ -349,7 +343,6 @@ impl Meta {
             revoked: Vec::new(),
             quarantined: Vec::new(),
             freed_running_len: self.freed_running.len(),
-            deferred_data_len: self.deferred_data.len(),
             late_frees_len: self.late_frees.len(),
         });
     }
@@ -374,7 +367,6 @@ impl Meta {
             || !u.revoked.is_empty()
             || !u.quarantined.is_empty()
             || self.freed_running.len() != u.freed_running_len
-            || self.deferred_data.len() != u.deferred_data_len
             || self.late_frees.len() != u.late_frees_len;
         if !changed {
             // A failure before any change (a lookup that finds nothing, a refused argument):
@@ -404,7 +396,6 @@ impl Meta {
             self.quarantine.remove(&b);
         }
         self.freed_running.truncate(u.freed_running_len);
-        self.deferred_data.truncate(u.deferred_data_len);
         self.late_frees.truncate(u.late_frees_len);
         self.maps.clear();
         self.dirs.clear();
@@ -452,7 +443,6 @@ impl Meta {
             || !self.revoked.is_empty()
             || !self.freed_running.is_empty()
             || self.sb_dirty
-            || !self.deferred_data.is_empty()
             || !self.late_frees.is_empty()
     }
 

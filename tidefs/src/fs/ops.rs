@@ -9,7 +9,7 @@ use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
 
 use super::api::{
-    Attr, Canary, Creds, DataMode, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode,
+    Attr, Creds, DataMode, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode,
 };
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
@@ -823,10 +823,6 @@ impl Meta {
             at = pblk * bs as u64 + offset as u64;
             bytes
         };
-        if mode == DataMode::Ordered && self.canary == Some(Canary::DataAfterCommit) {
-            self.deferred_data.push((at, out.to_vec()));
-            return Ok(());
-        }
         io.dev.write_at(at, out)?;
         Ok(())
     }
