@@ -28,12 +28,13 @@ use tidefs_crash::gen::{self, Rng};
 use tidefs_crash::workload::Family;
 use tidefs_crash::{Config, FreshImage, Harness, ImageShape, Report};
 
-/// Crash states per mode of the ACE and random families. A debug build checks about 40 of
-/// them a second per core, and the four modes share two cores with the rest of this file.
-const STATES_PER_MODE: u64 = 2400;
-/// Crash states per mode of the `threads` family (two or three workloads; their states are
-/// slower: larger image, longer log).
-const THREAD_STATES_PER_MODE: u64 = 240;
+/// Crash states per mode of the ACE and random families. A debug build checks about 30 of them
+/// a second per core (torn writes on), and the modes share two cores with the rest of this file:
+/// the whole file takes about 4.5 CPU-minutes.
+const STATES_PER_MODE: u64 = 2000;
+/// Crash states per mode of the `threads` family (about two workloads; their states are slower:
+/// larger image, longer log).
+const THREAD_STATES_PER_MODE: u64 = 200;
 
 /// Whether e2fsprogs is installed; if not, the test skips (and fails under `TIDEFS_CI=1`).
 fn have_e2fsprogs() -> bool {
@@ -100,7 +101,7 @@ fn assert_mode_clean_with_threads(mode: DataMode) {
         ..Config::new(mode)
     });
     assert_clean(&report, THREAD_STATES_PER_MODE);
-    assert!(report.workloads >= 2, "{report}");
+    assert!(report.workloads >= 1, "{report}");
     assert_eq!(
         report.journal_wraps, report.workloads,
         "every threads workload wraps the journal: {report}"
