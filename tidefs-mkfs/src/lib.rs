@@ -568,6 +568,53 @@ mod tests {
         assert_eq!(parse_size("16777216T"), None);
     }
 
+    /// `fs.img` in `dir`: a fresh 32 MiB image with the default options.
+    fn fresh_32m(dir: &Path) -> PathBuf {
+        let image = dir.join("fs.img");
+        let opts = MkfsOptions {
+            size: Some(32 << 20),
+            ..MkfsOptions::default()
+        };
+        mkfs(&image, &opts).expect("OK to unwrap: mkfs of a fresh 32 MiB image");
+        image
+    }
+
+    /// Goal: `blocks_per_group` gives a small image several block groups (the crash harness's
+    /// multi-group image). Method: 16 MiB with 1024 blocks per group; dumpe2fs counts 4 groups.
+    #[test]
+    fn blocks_per_group_makes_several_groups() {
+        let (Some(_), Some(dumpe2fs)) = (
+            find_e2fsprogs_tool("mke2fs"),
+            find_e2fsprogs_tool("dumpe2fs"),
+        ) else {
+            tidefs::test_support::skip(
+                "blocks_per_group_makes_several_groups",
+                "e2fsprogs is not installed",
+            );
+            return;
+        };
+        let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
+        let image = dir.path().join("groups.img");
+        let opts = MkfsOptions {
+            size: Some(16 << 20),
+            journal_size: Some(4 << 20),
+            blocks_per_group: Some(1024),
+            ..MkfsOptions::default()
+        };
+        mkfs(&image, &opts).expect("OK to unwrap: mkfs with small groups");
+        let dump = Command::new(&dumpe2fs)
+            .arg(&image)
+            .output()
+            .expect("OK to unwrap: dumpe2fs runs");
+        let text = String::from_utf8_lossy(&dump.stdout);
+        let groups = text
+            .lines()
+            .filter(|l| l.starts_with("Group ") && l.contains("(Blocks "))
+            .count();
+        assert_eq!(groups, 4, "{text}");
+        assert!(text.contains("Blocks per group:         1024"), "{text}");
+    }
+
     /// Goal: an image made by `mkfs` is clean by `e2fsck -fn` and has exactly our feature set.
     /// Method: format a sparse 32 MiB file, then ask `e2fsck` and `dumpe2fs`.
     #[test]
@@ -584,12 +631,7 @@ mod tests {
             return;
         };
         let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
-        let image = dir.path().join("fs.img");
-        let opts = MkfsOptions {
-            size: Some(32 << 20),
-            ..MkfsOptions::default()
-        };
-        mkfs(&image, &opts).expect("OK to unwrap: mkfs must succeed");
+        let image = fresh_32m(dir.path());
         assert_eq!(
             std::fs::metadata(&image)
                 .expect("OK to unwrap: image exists")
@@ -659,12 +701,11 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
-        let image = dir.path().join("fs.img");
+        let image = fresh_32m(dir.path());
         let opts = MkfsOptions {
             size: Some(32 << 20),
             ..MkfsOptions::default()
         };
-        mkfs(&image, &opts).expect("OK to unwrap: a fresh image");
         assert_eq!(
             existing_format(&image).expect("OK to unwrap: readable"),
             Some("an ext4 file system")
