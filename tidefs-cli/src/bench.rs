@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidefs::fs::{Creds, DataMode, Fs, MountOptions, ROOT_INO};
-use tidefs::mkfs::{find_e2fsprogs_tool, mkfs, MkfsOptions};
+use tidefs_mkfs::{find_e2fsprogs_tool, mkfs, MkfsOptions};
 
 use crate::CliError;
 

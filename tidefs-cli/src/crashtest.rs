@@ -1,9 +1,12 @@
-//! `tidefs crashtest`: runs the crash-state harness ([`tidefs::crash`]) for one or every data
+//! `tidefs crashtest`: runs the crash-state harness ([`tidefs_crash`]) for one or every data
 //! mode and prints its report. Exit 0 when no state broke a promise, 1 otherwise.
 
-use tidefs::crash::workload::Family;
-use tidefs::crash::{Config, Harness, Report};
-use tidefs::fs::{Canary, DataMode};
+use std::path::PathBuf;
+
+use tidefs::fs::DataMode;
+use tidefs_crash::canary::Canary;
+use tidefs_crash::workload::Family;
+use tidefs_crash::{Config, Harness, ImageShape, Report};
 
 use crate::CliError;
 
@@ -13,7 +16,7 @@ pub struct CrashtestArgs {
     /// lightweight, writeback, ordered, journal or all.
     #[arg(long, default_value = "all")]
     pub mode: String,
-    /// Workload family: ace, random or all.
+    /// Workload family: ace, random, all (ace and random) or threads.
     #[arg(long, default_value = "ace")]
     pub workloads: String,
     /// Crash states per mode.
@@ -28,9 +31,18 @@ pub struct CrashtestArgs {
     /// A deliberately broken ordering: commit-without-flush or data-after-commit.
     #[arg(long)]
     pub canary: Option<String>,
-    /// Also tear in-flight writes at 512-byte sectors.
+    /// Base image: one-group or groups (default: groups for threads, one-group otherwise).
     #[arg(long)]
+    pub image: Option<String>,
+    /// Record through the real file-backed device, on image files in this directory.
+    #[arg(long, value_name = "DIR")]
+    pub file_dev: Option<PathBuf>,
+    /// Also tear in-flight writes at 512-byte sectors (the default when TIDEFS_CI=1).
+    #[arg(long, conflicts_with = "no_torn")]
     pub torn: bool,
+    /// Never tear writes, also when TIDEFS_CI=1.
+    #[arg(long)]
+    pub no_torn: bool,
     /// Add sampled three-step sequences to the ace family.
     #[arg(long)]
     pub ace3: bool,
@@ -60,16 +72,28 @@ pub fn run(args: CrashtestArgs) -> Result<u8, CliError> {
     })?;
     let canary = match args.canary.as_deref() {
         None => None,
-        Some("commit-without-flush") => Some(Canary::CommitWithoutFlush),
-        Some("data-after-commit") => Some(Canary::DataAfterCommit),
-        Some(other) => {
+        Some(name) => Some(Canary::parse(name).ok_or_else(|| {
+            CliError::usage(
+                what,
+                format!("unknown canary '{name}' (commit-without-flush, data-after-commit)"),
+            )
+        })?),
+    };
+    let image = match args.image.as_deref() {
+        None => ImageShape::for_family(family),
+        Some(name) => ImageShape::parse(name).ok_or_else(|| {
+            CliError::usage(what, format!("unknown image '{name}' (one-group, groups)"))
+        })?,
+    };
+    if let Some(dir) = &args.file_dev {
+        if !dir.is_dir() {
             return Err(CliError::usage(
                 what,
-                format!("unknown canary '{other}' (commit-without-flush, data-after-commit)"),
-            ))
+                format!("--file-dev {}: not a directory", dir.display()),
+            ));
         }
-    };
-    let fresh = tidefs::crash::make_fresh_image()
+    }
+    let fresh = tidefs_crash::make_fresh_image(image)
         .map_err(|e| CliError::new(what, format!("cannot make the base image: {e}")))?;
     let configs: Vec<Config> = modes
         .into_iter()
@@ -79,7 +103,13 @@ pub fn run(args: CrashtestArgs) -> Result<u8, CliError> {
             seed: args.seed,
             only_state: args.state,
             canary,
-            torn: args.torn,
+            image,
+            file_dev_dir: args.file_dev.clone(),
+            torn: if args.torn || args.no_torn {
+                args.torn
+            } else {
+                tidefs::test_support::in_ci()
+            },
             ace_len3: args.ace3,
             kernel_compare: !args.no_kernel_compare,
             progress: args.progress,

@@ -25,11 +25,11 @@ pub fn run(image: &Path, size: u64) -> Result<(), CliError> {
         .map_err(|e| CliError::new(what, format!("cannot find my own executable: {e}")))?;
     if !image.exists() {
         step(&format!("mkfs --size {}M {}", size >> 20, image.display()));
-        let opts = tidefs::mkfs::MkfsOptions {
+        let opts = tidefs_mkfs::MkfsOptions {
             size: Some(size),
             ..Default::default()
         };
-        tidefs::mkfs::mkfs(image, &opts)
+        tidefs_mkfs::mkfs(image, &opts)
             .map_err(|e| CliError::new("mkfs", format!("{}: {e}", image.display())))?;
     } else {
         step(&format!("using the existing image {}", image.display()));

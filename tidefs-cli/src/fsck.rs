@@ -147,7 +147,7 @@ fn fsck(image: &Path, journal_device: Option<&Path>, mode: Mode) -> Result<u8, S
         code |= 4;
     }
 
-    match tidefs::mkfs::find_e2fsprogs_tool("e2fsck") {
+    match tidefs_mkfs::find_e2fsprogs_tool("e2fsck") {
         None if matches!(mode, Mode::Preen | Mode::Yes) => {
             return Err(
                 "e2fsck is not installed; -p and -y need it (apt-get install e2fsprogs)".into(),

@@ -212,7 +212,7 @@ pub fn parse_modes(text: &str) -> Result<Vec<tidefs::fs::DataMode>, CliError> {
 }
 
 fn parse_size_arg(text: &str) -> Result<u64, String> {
-    tidefs::mkfs::parse_size(text)
+    tidefs_mkfs::parse_size(text)
         .ok_or_else(|| format!("'{text}' is not a size (examples: 4096, 64K, 64M, 1G)"))
 }
 
@@ -287,12 +287,13 @@ fn run(command: Command) -> Result<u8, CliError> {
             force,
             image,
         } => {
-            let opts = tidefs::mkfs::MkfsOptions {
+            let opts = tidefs_mkfs::MkfsOptions {
                 size,
                 journal_size,
                 journal_device,
                 inode_count: inodes,
                 label: None,
+                blocks_per_group: None,
                 force,
             };
             mkfs::run(&image, opts)?;

@@ -1,5 +1,5 @@
 //! `tidefs mkfs`: the question before an existing file system is overwritten, then the
-//! library's format ([`tidefs::mkfs`]).
+//! format itself ([`tidefs_mkfs`]).
 //!
 //! As `mke2fs` does: an image or journal device that already holds an ext2/3/4 file system or
 //! an external journal is formatted only with `-F`, or after the user answered yes to a
@@ -12,12 +12,12 @@ use crate::control;
 use crate::CliError;
 
 /// Runs `tidefs mkfs` with the library's `options` (whose `force` is the `-F` flag).
-pub fn run(image: &Path, mut options: tidefs::mkfs::MkfsOptions) -> Result<(), CliError> {
+pub fn run(image: &Path, mut options: tidefs_mkfs::MkfsOptions) -> Result<(), CliError> {
     let what = "mkfs";
     if !options.force {
         let targets = std::iter::once(image).chain(options.journal_device.as_deref());
         for target in targets {
-            let found = match tidefs::mkfs::existing_format(target) {
+            let found = match tidefs_mkfs::existing_format(target) {
                 Ok(found) => found,
                 Err(tidefs::FsError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => return Err(CliError::new(what, format!("{}: {e}", target.display()))),
@@ -29,7 +29,7 @@ pub fn run(image: &Path, mut options: tidefs::mkfs::MkfsOptions) -> Result<(), C
         // Asked and answered: the library need not ask again.
         options.force = true;
     }
-    tidefs::mkfs::mkfs(image, &options)
+    tidefs_mkfs::mkfs(image, &options)
         .map_err(|e| CliError::new(what, control::describe_open_error(image, &e)))
 }
 

@@ -138,7 +138,7 @@ impl MountConfig {
                     config.journal_device = Some(PathBuf::from(v));
                 }
                 ("cache_size", Some(v)) => {
-                    let size = tidefs::mkfs::parse_size(v)
+                    let size = tidefs_mkfs::parse_size(v)
                         .ok_or_else(|| format!("cache_size={v}: expected a size like 64M"))?;
                     if size < (1 << 20) {
                         return Err(format!("cache_size={v}: at least 1M"));

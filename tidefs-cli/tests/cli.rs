@@ -121,6 +121,29 @@ fn bad_sizes_are_usage_errors() {
     assert_failure(&out, 2, &["tidefs: usage: "]);
 }
 
+/// Goal: `tidefs crashtest` refuses an unknown canary, image shape or workload family and a
+/// `--file-dev` that is not a directory as usage errors (exit 2) naming the value, before it
+/// formats anything. Method: one bad option at a time.
+#[test]
+fn bad_crashtest_options_are_usage_errors() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--canary", "no-flush-at-all"],
+            "unknown canary 'no-flush-at-all'",
+        ),
+        (&["--image", "huge"], "unknown image 'huge'"),
+        (&["--workloads", "many"], "unknown workload family 'many'"),
+        (
+            &["--file-dev", "/nonexistent/dir"],
+            "--file-dev /nonexistent/dir: not a directory",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = output(tidefs().arg("crashtest").args(args));
+        assert_failure(&out, 2, &["crashtest", needle]);
+    }
+}
+
 /// Goal: mkfs refuses an image below the minimum size, saying so. Method: `mkfs --size 1M`.
 #[test]
 fn mkfs_refuses_a_tiny_image() {

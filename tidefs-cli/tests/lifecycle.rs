@@ -537,7 +537,7 @@ fn sigkill_trial(name: &str, options: &[&str], strict_fsck: bool) {
     if strict_fsck {
         assert_eq!(code, 0, "e2fsck -fn after tidefs fsck:\n{text}");
     } else if code != 0 {
-        let overclaims = tidefs::crash::oracle::used_but_marked_free(&text);
+        let overclaims = tidefs_crash::oracle::used_but_marked_free(&text);
         assert!(
             overclaims.is_empty(),
             "lightweight left used blocks/inodes marked free: {overclaims:?}\n{text}"

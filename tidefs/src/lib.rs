@@ -12,13 +12,11 @@
 //! operations without FUSE.
 
 pub mod cache;
-pub mod crash;
 pub mod dev;
 pub mod error;
 pub mod format;
 pub mod fs;
 pub mod journal;
-pub mod mkfs;
 /// The test suite's skip rule, shared by the crate's unit tests and every integration test
 /// crate (not part of the file system's API).
 #[doc(hidden)]

@@ -47,7 +47,7 @@ pub fn assert_fsck_clean_but_leaks(image: &Path) {
         return;
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let overclaims = tidefs::crash::oracle::used_but_marked_free(&text);
+    let overclaims = tidefs_crash::oracle::used_but_marked_free(&text);
     assert!(
         overclaims.is_empty(),
         "used blocks/inodes marked free: {overclaims:?}\n{text}"

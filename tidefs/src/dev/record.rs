@@ -1,17 +1,22 @@
 //! A block device that records every write and flush, for crash tests (docs/DESIGN.md §6).
 //!
-//! The device keeps an in-memory image: it starts as a copy of a base image and every write is
-//! applied to it at once, so the file system above reads its own writes as on a real disk. Every
-//! write (offset and bytes) and every flush is also appended to a log, in the order the device
-//! saw them. The workload adds markers to the same log ("fsync of X returned here") so the crash
-//! harness knows, for any position in the log, which promises had been made before it.
+//! The device either keeps an in-memory image ([`RecordingDevice::new`]: it starts as a copy of
+//! a base image and every write is applied to it at once, so the file system above reads its
+//! own writes as on a real disk) or passes every read, write and flush through to another
+//! device ([`RecordingDevice::over`], for example an image file through `FileDev`), so crash
+//! states can be built from what the real I/O path did. Either way every write (offset and
+//! bytes) and every flush is also appended to a log, in the order the device saw them. The
+//! workload adds markers to the same log ("fsync of X returned here") so the crash harness
+//! knows, for any position in the log, which promises had been made before it.
 //!
 //! Invariants:
 //! - the log is append-only; a position returned by [`RecordingDevice::mark`] or
 //!   [`RecordingDevice::position`] stays valid for the life of the device;
-//! - `base + every write in the log, in order` equals the current content;
-//! - one mutex guards content and log together, so the log order is the order in which the
-//!   writes became visible to readers.
+//! - `base + every write in the log, in order` equals the current content (over another
+//!   device: as long as nothing else writes that device);
+//! - a write or flush is logged only once the device below has done it;
+//! - one mutex guards content and log together (and is held across the I/O of a device
+//!   below), so the log order is the order in which the writes became visible to readers.
 
 use std::sync::Arc;
 
@@ -45,15 +50,18 @@ pub struct Recording {
 }
 
 struct RecState {
-    /// Current content: `base` with every logged write applied. [state]
+    /// Current content: `base` with every logged write applied; empty when the device passes
+    /// through to `below`. [state]
     content: Vec<u8>,
     /// Writes, flushes and markers in order. [state]
     log: Vec<LogEntry>,
 }
 
-/// A thread-safe in-memory device that logs every write and flush.
+/// A thread-safe device that logs every write and flush: in memory, or over another device.
 pub struct RecordingDevice {
     base: Arc<Vec<u8>>,
+    /// The device every read, write and flush goes to (`None`: the in-memory `content`).
+    below: Option<Arc<dyn BlockDevice>>,
     state: Mutex<RecState>,
 }
 
@@ -63,11 +71,28 @@ impl RecordingDevice {
         let content = base.as_ref().clone();
         RecordingDevice {
             base,
+            below: None,
             state: Mutex::new(RecState {
                 content,
                 log: Vec::new(),
             }),
         }
+    }
+
+    /// A device that passes everything through to `below` and logs it; the base is what
+    /// `below` holds now (read whole, so meant for test-sized images).
+    pub fn over(below: Arc<dyn BlockDevice>) -> std::io::Result<RecordingDevice> {
+        let len = usize::try_from(below.len_bytes()).map_err(std::io::Error::other)?;
+        let mut base = vec![0u8; len];
+        below.read_at(0, &mut base)?;
+        Ok(RecordingDevice {
+            base: Arc::new(base),
+            below: Some(below),
+            state: Mutex::new(RecState {
+                content: Vec::new(),
+                log: Vec::new(),
+            }),
+        })
     }
 
     /// Appends marker `id` to the log and returns its position (the index of the marker entry):
@@ -91,9 +116,17 @@ impl RecordingDevice {
         }
     }
 
-    /// A copy of the current content.
-    pub fn content(&self) -> Vec<u8> {
-        self.state.lock().content.clone()
+    /// A copy of the current content (read back from the device below, if any).
+    pub fn content(&self) -> std::io::Result<Vec<u8>> {
+        let s = self.state.lock();
+        match &self.below {
+            None => Ok(s.content.clone()),
+            Some(below) => {
+                let mut out = vec![0u8; self.base.len()];
+                below.read_at(0, &mut out)?;
+                Ok(out)
+            }
+        }
     }
 }
 
@@ -116,6 +149,9 @@ fn range(offset: u64, len: usize, dev_len: usize) -> std::io::Result<std::ops::R
 impl BlockDevice for RecordingDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         let s = self.state.lock();
+        if let Some(below) = &self.below {
+            return below.read_at(offset, buf);
+        }
         let r = range(offset, buf.len(), s.content.len())?;
         buf.copy_from_slice(&s.content[r]);
         Ok(())
@@ -123,8 +159,13 @@ impl BlockDevice for RecordingDevice {
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
         let mut s = self.state.lock();
-        let r = range(offset, buf.len(), s.content.len())?;
-        s.content[r].copy_from_slice(buf);
+        match &self.below {
+            Some(below) => below.write_at(offset, buf)?,
+            None => {
+                let r = range(offset, buf.len(), s.content.len())?;
+                s.content[r].copy_from_slice(buf);
+            }
+        }
         s.log.push(LogEntry::Write {
             offset,
             data: Arc::from(buf),
@@ -133,7 +174,11 @@ impl BlockDevice for RecordingDevice {
     }
 
     fn flush(&self) -> std::io::Result<()> {
-        self.state.lock().log.push(LogEntry::Flush);
+        let mut s = self.state.lock();
+        if let Some(below) = &self.below {
+            below.flush()?;
+        }
+        s.log.push(LogEntry::Flush);
         Ok(())
     }
 
@@ -163,5 +208,35 @@ mod tests {
         assert_eq!(rec.log[2], LogEntry::Marker(7));
         assert!(rec.base.iter().all(|&b| b == 0));
         assert_eq!(dev.position(), 4);
+    }
+
+    #[test]
+    fn over_another_device_passes_through_and_logs_the_same() {
+        // Goal: a recording over a device logs what reached that device, so base + log equals
+        // the device's content. Method: record over a MemDev, compare with its bytes.
+        let below = Arc::new(crate::dev::MemDev::from_bytes(vec![7u8; 4096]));
+        let dev = RecordingDevice::over(below.clone()).unwrap();
+        dev.write_at(100, b"xyz").unwrap();
+        dev.flush().unwrap();
+        dev.write_at(101, b"Q").unwrap();
+        let mut buf = [0u8; 3];
+        dev.read_at(100, &mut buf).unwrap();
+        assert_eq!(&buf, b"xQz");
+        assert!(
+            dev.write_at(4095, b"xy").is_err(),
+            "past the end of the device below"
+        );
+        let rec = dev.recording();
+        assert_eq!(rec.log.len(), 3, "the failed write is not logged");
+        assert!(rec.base.iter().all(|&b| b == 7));
+        let mut replayed = rec.base.as_ref().clone();
+        for e in &rec.log {
+            if let LogEntry::Write { offset, data } = e {
+                let at = usize::try_from(*offset).unwrap();
+                replayed[at..at + data.len()].copy_from_slice(data);
+            }
+        }
+        assert_eq!(replayed, below.to_bytes());
+        assert_eq!(dev.content().unwrap(), below.to_bytes());
     }
 }

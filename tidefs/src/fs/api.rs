@@ -227,16 +227,6 @@ impl DataMode {
     }
 }
 
-/// A deliberately broken ordering, for proving that the crash harness catches one. Never for
-/// real use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Canary {
-    /// The commit block is written without waiting (flushing) for the records before it.
-    CommitWithoutFlush,
-    /// Ordered mode writes file data home only after the transaction that maps it commits.
-    DataAfterCommit,
-}
-
 /// Options of [`super::Fs::open`].
 #[derive(Clone, Debug)]
 pub struct MountOptions {
@@ -254,8 +244,6 @@ pub struct MountOptions {
     /// Never checkpoint on the timer (the log still checkpoints when it is full): for the
     /// recovery benchmark, which needs a log full of transactions at the crash.
     pub hold_checkpoints: bool,
-    /// A deliberately broken ordering (tests of the crash harness only).
-    pub canary: Option<Canary>,
 }
 
 impl Default for MountOptions {
@@ -267,7 +255,6 @@ impl Default for MountOptions {
             cache_size_bytes: 256 << 20,
             data_mode: DataMode::Ordered,
             hold_checkpoints: false,
-            canary: None,
         }
     }
 }

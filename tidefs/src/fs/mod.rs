@@ -13,6 +13,7 @@
 //! puts the file system in the error state (`Inner::fail`: EROFS for changes, EIO for every
 //! fsync not yet durable, the error recorded in both superblocks).
 
+mod alloc;
 mod api;
 mod audit;
 mod datacache;
@@ -20,6 +21,8 @@ mod dir;
 mod dir_index;
 mod extent_map;
 mod extents;
+mod geometry;
+mod inode_table;
 mod layout;
 mod meta;
 mod ops;
@@ -136,8 +139,6 @@ struct Inner {
     recovery: Option<RecoveryReport>,
     /// Never checkpoint on the timer (recovery benchmark).
     hold_checkpoints: bool,
-    /// The `DataAfterCommit` canary is on.
-    canary_defers_data: bool,
 }
 
 /// A mounted tidefs file system. All methods take `&self` and may be called from many threads.
@@ -353,7 +354,6 @@ impl Fs {
             read_only: ro,
             csum_v3: sb.has_ro_compat(ro_compat::METADATA_CSUM),
             tags_64bit: sb.has_incompat(incompat::BIT64),
-            canary_commit_without_flush: opts.canary == Some(Canary::CommitWithoutFlush),
         };
         let jgeo = if sb.journal_inum() != 0 {
             if journal_dev.is_some() {
@@ -470,7 +470,6 @@ impl Fs {
             next_generation: ops::now().nsec,
             committing: HashMap::new(),
             default_mode: opts.data_mode,
-            deferred_data: Vec::new(),
             bitmap_blocks: HashSet::new(),
             op_undo: None,
             late_frees: Vec::new(),
@@ -500,7 +499,6 @@ impl Fs {
             commit_interval: opts.commit_interval.max(Duration::from_millis(10)),
             recovery,
             hold_checkpoints: opts.hold_checkpoints,
-            canary_defers_data: opts.canary == Some(Canary::DataAfterCommit),
         });
         if !ro {
             inner.mark_mounted()?;
@@ -787,33 +785,15 @@ impl Fs {
         let total: usize = plan.iter().map(|s| s.len).sum();
         let mut out = vec![0u8; total];
         let mut at = 0;
-        let mut device_pieces = Vec::new();
         for s in plan {
             match s.source {
                 ops::ReadSource::Zeros => {}
                 ops::ReadSource::Device(d) => {
                     self.inner.io.dev.read_at(d, &mut out[at..at + s.len])?;
-                    device_pieces.push((d, at, s.len));
                 }
                 ops::ReadSource::Bytes(b) => out[at..at + s.len].copy_from_slice(&b),
             }
             at += s.len;
-        }
-        if self.inner.canary_defers_data {
-            // Canary only: data held back until after its commit is still what reads return.
-            let m = self.inner.meta.lock();
-            for (dev_at, bytes) in &m.deferred_data {
-                for &(d, out_at, len) in &device_pieces {
-                    let lo = (*dev_at).max(d);
-                    let hi = (dev_at + bytes.len() as u64).min(d + len as u64);
-                    if lo < hi {
-                        let dst = out_at + (lo - d) as usize;
-                        let src = (lo - dev_at) as usize;
-                        let n = (hi - lo) as usize;
-                        out[dst..dst + n].copy_from_slice(&bytes[src..src + n]);
-                    }
-                }
-            }
         }
         Ok(out)
     }
@@ -1349,7 +1329,7 @@ impl Inner {
             std::thread::sleep(avg.min(MAX_BATCH_WAIT));
         }
         let started = Instant::now();
-        let (req, freed, tid, in_place, deferred, late_frees, home, changed) = {
+        let (req, freed, tid, in_place, late_frees, home, changed) = {
             let mut m = self.meta.lock();
             // We hold the gate, so nobody else committed since the checks above: the running
             // transaction is `target` or, when `target` was already closed, the next one.
@@ -1396,7 +1376,6 @@ impl Inner {
                 blocks = journaled;
                 in_place = home;
             }
-            let deferred = std::mem::take(&mut m.deferred_data);
             let late_frees = std::mem::take(&mut m.late_frees);
             let tid = m.tid;
             m.tid = m.tid.wrapping_add(1);
@@ -1405,7 +1384,6 @@ impl Inner {
                 freed,
                 tid,
                 in_place,
-                deferred,
                 late_frees,
                 home,
                 changed,
@@ -1414,28 +1392,11 @@ impl Inner {
         let nblocks = req.blocks.len() as u64;
         // File data goes home before the commit record that maps it (ordered mode's promise;
         // the journal's flush before the commit record makes it durable first).
-        let mut r = if self.canary_defers_data {
-            Ok(())
-        } else {
-            write_home(&self.io, &home)
-        };
+        let mut r = write_home(&self.io, &home);
         if r.is_ok() {
             r = self.io.journal.commit(req).map(|t| {
                 debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
             });
-        }
-        if r.is_ok() && self.canary_defers_data {
-            // Canary only: file data written home after the commit that maps it.
-            r = write_home(&self.io, &home);
-        }
-        if r.is_ok() {
-            // Canary only: file data written home after the commit that maps it.
-            for (at, bytes) in &deferred {
-                if let Err(e) = self.io.dev.write_at(*at, bytes) {
-                    r = Err(e.into());
-                    break;
-                }
-            }
         }
         if r.is_ok() && !in_place.is_empty() {
             // Lightweight: the allocations these blocks point at are durable in the journal

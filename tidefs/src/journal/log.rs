@@ -313,10 +313,6 @@ pub struct JournalOptions {
     /// Write 64-bit block numbers in tags and revoke records (set when the fs is 64bit):
     /// enables the 64BIT incompat bit likewise.
     pub tags_64bit: bool,
-    /// Canary for the crash harness, never for real use: write the commit block without first
-    /// flushing the records before it (and the file data home), which breaks the ordering
-    /// point that makes a commit record trustworthy.
-    pub canary_commit_without_flush: bool,
 }
 
 /// What one commit makes durable.
@@ -684,9 +680,7 @@ impl Journal {
         if let Err(e) = self.geom.write_blocks(&positioned) {
             return Err(io_abort(&mut state, e));
         }
-        if !self.opts.canary_commit_without_flush {
-            self.flush_both(&mut state)?;
-        }
+        self.flush_both(&mut state)?;
         let body_len = u32::try_from(txn.body.len()).unwrap_or(u32::MAX);
         let commit_pos = self.advance(start, body_len);
         if let Err(e) = self.geom.write_blocks(&[(commit_pos, &txn.commit)]) {

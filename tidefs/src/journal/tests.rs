@@ -108,7 +108,6 @@ const V3_64: JournalOptions = JournalOptions {
     read_only: false,
     csum_v3: true,
     tags_64bit: true,
-    canary_commit_without_flush: false,
 };
 
 fn block(tag: u8, n: u64) -> Arc<[u8]> {
@@ -421,7 +420,6 @@ fn every_tag_format_replays() {
         read_only: false,
         csum_v3: false,
         tags_64bit: false,
-        canary_commit_without_flush: false,
     };
     for (compat, incompat) in cases {
         let rig = Rig::new(64, compat, incompat);

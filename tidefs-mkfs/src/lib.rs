@@ -1,6 +1,9 @@
 //! `tidefs mkfs`: formats an image with the supported ext4 feature set by running e2fsprogs'
 //! `mke2fs`.
 //!
+//! A crate of its own beside the library: the file system never formats anything and does not
+//! depend on it; the `tidefs` command, the crash harness and the tests do.
+//!
 //! We do not write our own formatter: `mke2fs` is the reference for the ext4 layout, and images it
 //! makes are exactly what the kernel and `e2fsck` expect. This module only decides the arguments,
 //! creates (sparse) image and external journal files, and turns failures into clear errors.
@@ -14,14 +17,14 @@
 //! - Nothing is written before every check passed; an image or journal that already holds an
 //!   ext2/3/4 file system is overwritten only with `force`; a failed format leaves no file it
 //!   created behind.
-//! - The targets are claimed ([`crate::dev::lock`]) for the whole format, so mkfs never
+//! - The targets are claimed ([`tidefs::dev::lock`]) for the whole format, so mkfs never
 //!   formats an image that a tidefs mount or fsck holds or that the kernel has mounted.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{FsError, Result};
+use tidefs::{FsError, Result};
 
 /// Block size of every tidefs image.
 pub const BLOCK_SIZE: u64 = 4096;
@@ -83,6 +86,9 @@ pub struct MkfsOptions {
     pub inode_count: Option<u64>,
     /// Volume label (`mke2fs -L`).
     pub label: Option<String>,
+    /// Blocks per block group (`mke2fs -g`, a multiple of 8 up to 32768); `None` lets `mke2fs`
+    /// choose (32768). Small groups give small images several groups, for tests.
+    pub blocks_per_group: Option<u32>,
     /// Overwrite an image or journal device that already holds an ext2/3/4 file system or an
     /// external journal. Without it such a target is refused ([`existing_format`]).
     pub force: bool,
@@ -91,7 +97,7 @@ pub struct MkfsOptions {
 /// Formats `image` as a tidefs (ext4) file system. Creates the image file when it is missing.
 ///
 /// Nothing is touched until every check passed: sizes, an existing file system (unless
-/// `force`), and the claim on each target ([`crate::dev::lock`]), which refuses an image that
+/// `force`), and the claim on each target ([`tidefs::dev::lock`]), which refuses an image that
 /// a tidefs mount, mkfs or fsck holds or the kernel has mounted, and is held until the format
 /// ends. A failed format removes the files it created and gives a grown file its old length.
 pub fn mkfs(image: &Path, opts: &MkfsOptions) -> Result<()> {
@@ -246,6 +252,9 @@ fn format_image(
     if let Some(label) = &opts.label {
         command.arg("-L").arg(label);
     }
+    if let Some(blocks) = opts.blocks_per_group {
+        command.arg("-g").arg(blocks.to_string());
+    }
     command.arg(&image.path);
     if let Some(kib) = image.shrink_to_kib() {
         command.arg(format!("{kib}k"));
@@ -325,7 +334,7 @@ impl Target {
                 .open(&self.path)?;
             rollback.created.push(self.path.clone());
         }
-        let claim = crate::dev::lock::claim_path(&self.path).map_err(|e| {
+        let claim = tidefs::dev::lock::claim_path(&self.path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::ResourceBusy {
                 FsError::Busy(e.to_string())
             } else {
@@ -559,6 +568,53 @@ mod tests {
         assert_eq!(parse_size("16777216T"), None);
     }
 
+    /// `fs.img` in `dir`: a fresh 32 MiB image with the default options.
+    fn fresh_32m(dir: &Path) -> PathBuf {
+        let image = dir.join("fs.img");
+        let opts = MkfsOptions {
+            size: Some(32 << 20),
+            ..MkfsOptions::default()
+        };
+        mkfs(&image, &opts).expect("OK to unwrap: mkfs of a fresh 32 MiB image");
+        image
+    }
+
+    /// Goal: `blocks_per_group` gives a small image several block groups (the crash harness's
+    /// multi-group image). Method: 16 MiB with 1024 blocks per group; dumpe2fs counts 4 groups.
+    #[test]
+    fn blocks_per_group_makes_several_groups() {
+        let (Some(_), Some(dumpe2fs)) = (
+            find_e2fsprogs_tool("mke2fs"),
+            find_e2fsprogs_tool("dumpe2fs"),
+        ) else {
+            tidefs::test_support::skip(
+                "blocks_per_group_makes_several_groups",
+                "e2fsprogs is not installed",
+            );
+            return;
+        };
+        let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
+        let image = dir.path().join("groups.img");
+        let opts = MkfsOptions {
+            size: Some(16 << 20),
+            journal_size: Some(4 << 20),
+            blocks_per_group: Some(1024),
+            ..MkfsOptions::default()
+        };
+        mkfs(&image, &opts).expect("OK to unwrap: mkfs with small groups");
+        let dump = Command::new(&dumpe2fs)
+            .arg(&image)
+            .output()
+            .expect("OK to unwrap: dumpe2fs runs");
+        let text = String::from_utf8_lossy(&dump.stdout);
+        let groups = text
+            .lines()
+            .filter(|l| l.starts_with("Group ") && l.contains("(Blocks "))
+            .count();
+        assert_eq!(groups, 4, "{text}");
+        assert!(text.contains("Blocks per group:         1024"), "{text}");
+    }
+
     /// Goal: an image made by `mkfs` is clean by `e2fsck -fn` and has exactly our feature set.
     /// Method: format a sparse 32 MiB file, then ask `e2fsck` and `dumpe2fs`.
     #[test]
@@ -568,19 +624,14 @@ mod tests {
             find_e2fsprogs_tool("e2fsck"),
             find_e2fsprogs_tool("dumpe2fs"),
         ) else {
-            crate::test_support::skip(
+            tidefs::test_support::skip(
                 "mkfs_makes_a_clean_image_with_our_features",
                 "e2fsprogs is not installed",
             );
             return;
         };
         let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
-        let image = dir.path().join("fs.img");
-        let opts = MkfsOptions {
-            size: Some(32 << 20),
-            ..MkfsOptions::default()
-        };
-        mkfs(&image, &opts).expect("OK to unwrap: mkfs must succeed");
+        let image = fresh_32m(dir.path());
         assert_eq!(
             std::fs::metadata(&image)
                 .expect("OK to unwrap: image exists")
@@ -614,7 +665,7 @@ mod tests {
     #[test]
     fn mkfs_rejects_tiny_images_and_odd_journal_sizes() {
         if find_e2fsprogs_tool("mke2fs").is_none() {
-            crate::test_support::skip(
+            tidefs::test_support::skip(
                 "mkfs_rejects_tiny_images_and_odd_journal_sizes",
                 "e2fsprogs is not installed",
             );
@@ -643,19 +694,18 @@ mod tests {
     #[test]
     fn mkfs_needs_force_over_a_file_system_and_leaves_nothing_on_failure() {
         if find_e2fsprogs_tool("mke2fs").is_none() {
-            crate::test_support::skip(
+            tidefs::test_support::skip(
                 "mkfs_needs_force_over_a_file_system_and_leaves_nothing_on_failure",
                 "e2fsprogs is not installed",
             );
             return;
         }
         let dir = tempfile::tempdir().expect("OK to unwrap: test setup");
-        let image = dir.path().join("fs.img");
+        let image = fresh_32m(dir.path());
         let opts = MkfsOptions {
             size: Some(32 << 20),
             ..MkfsOptions::default()
         };
-        mkfs(&image, &opts).expect("OK to unwrap: a fresh image");
         assert_eq!(
             existing_format(&image).expect("OK to unwrap: readable"),
             Some("an ext4 file system")
@@ -699,7 +749,7 @@ mod tests {
             find_e2fsprogs_tool("mke2fs"),
             find_e2fsprogs_tool("dumpe2fs"),
         ) else {
-            crate::test_support::skip(
+            tidefs::test_support::skip(
                 "mkfs_with_external_journal_device",
                 "e2fsprogs is not installed",
             );
@@ -707,7 +757,7 @@ mod tests {
         };
         use std::os::unix::fs::MetadataExt as _;
         if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
-            crate::test_support::skip(
+            tidefs::test_support::skip(
                 "mkfs_with_external_journal_device",
                 "an external journal in a file needs root (losetup)",
             );

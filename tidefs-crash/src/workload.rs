@@ -1,5 +1,5 @@
 //! Workloads for the crash harness: operations over a small file set, a model of what each
-//! persistence point promised, and the two workload families.
+//! persistence point promised, and the workload families.
 //!
 //! File set (as ACE's bounded sequences use): the root, directory `A`, files `foo` and `A/bar`.
 //! The base image of every workload holds `A` (empty) and `foo` (8292 bytes of tagged data, an
@@ -9,6 +9,13 @@
 //! the file offset, never zero, so the oracle can tell which write put a byte at an offset, and
 //! that a byte nobody wrote there is garbage.
 //!
+//! The `threads` family runs several writer threads at once, each appending to its own file
+//! and calling fsync or fdatasync, so many operations are in flight in one crash state and
+//! their fsyncs share commits. Each thread keeps its own copy of the model (it is the only one
+//! to touch its file), and the events of all threads are merged by log position. A prelude
+//! (single-threaded, before the crash states begin) first moves the journal's head near the end
+//! of the log, so the threads' commits wrap around it.
+//!
 //! Invariants:
 //! - the model follows the file system: an operation that fails is recorded as failed and does
 //!   not change the model (the generators avoid such operations, so it is rare);
@@ -16,13 +23,15 @@
 //!   promise is marked only after the persistence call returned.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::dev::record::{Recording, RecordingDevice};
-use crate::dev::BlockDevice;
-use crate::fs::{Creds, Fs, Ino, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
+use tidefs::dev::record::{LogEntry, Recording, RecordingDevice};
+use tidefs::dev::BlockDevice;
+use tidefs::fs::{Creds, Fs, Ino, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
 
-use super::gen::{mix, Rng};
+use crate::canary::JournalArea;
+use crate::gen::{mix, Rng};
 
 /// The value of byte `offset` of write `write_id` (never zero).
 pub fn pattern_byte(write_id: u64, offset: u64) -> u8 {
@@ -404,8 +413,28 @@ pub enum Event {
 pub struct Workload {
     /// `family#index`.
     pub name: String,
-    /// The operations, in order.
+    /// The operations, in order (single-threaded workloads).
     pub ops: Vec<Op>,
+    /// The operations of each writer thread, run at once (the `threads` family); empty for
+    /// single-threaded workloads.
+    pub threads: Vec<Vec<Op>>,
+}
+
+impl Workload {
+    /// The operations, one string each (a thread's prefixed with its number).
+    pub fn describe_ops(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.ops.iter().map(ToString::to_string).collect();
+        for (t, ops) in self.threads.iter().enumerate() {
+            out.push(format!(
+                "thread {t}: {}",
+                ops.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        out
+    }
 }
 
 /// What running a workload on a recording device produced.
@@ -422,8 +451,11 @@ pub struct Recorded {
     pub failures: Vec<String>,
     /// The model after the last op.
     pub model: Model,
-    /// Log position where the ops began (after mount).
+    /// Log position where the ops began (after mount and any prelude).
     pub first_op_pos: usize,
+    /// The journal wrapped (a journal block was written below the one written before it)
+    /// after the ops began.
+    pub journal_wrapped: bool,
 }
 
 const SETUP_FOO_WRITES: [(u64, u64, usize); 2] = [(1, 0, 8192), (2, 8192, 100)];
@@ -433,8 +465,8 @@ const SETUP_FOO_WRITES: [(u64, u64, usize); 2] = [(1, 0, 8192), (2, 8192, 100)];
 pub fn setup_base(
     image: Vec<u8>,
     opts: &MountOptions,
-) -> crate::Result<(Vec<u8>, Model, Vec<DataWrite>)> {
-    let dev = Arc::new(crate::dev::MemDev::from_bytes(image));
+) -> tidefs::Result<(Vec<u8>, Model, Vec<DataWrite>)> {
+    let dev = Arc::new(tidefs::dev::MemDev::from_bytes(image));
     let fs = Fs::open_devices(dev.clone(), None, opts)?;
     let mut model = Model::new();
     let mut writes = Vec::new();
@@ -474,7 +506,7 @@ pub fn setup_base(
     Ok((dev.to_bytes(), model, writes))
 }
 
-fn resolve(fs: &Fs, path: &str) -> crate::Result<Ino> {
+fn resolve(fs: &Fs, path: &str) -> tidefs::Result<Ino> {
     let mut ino = ROOT_INO;
     for c in path.split('/').filter(|c| !c.is_empty()) {
         ino = fs.lookup(ino, c.as_bytes())?.ino;
@@ -486,39 +518,54 @@ fn split(path: &str) -> (&str, &[u8]) {
     (parent_of(path), name_of(path).as_bytes())
 }
 
-/// Runs `wl` on a recording device over `base` (whose state `model` describes), then unmounts
-/// cleanly; everything the oracle needs comes back.
-pub fn record(
-    base: &Arc<Vec<u8>>,
-    model: &Model,
-    setup_writes: &[DataWrite],
-    wl: &Workload,
-    opts: &MountOptions,
-) -> crate::Result<Recorded> {
-    let dev = Arc::new(RecordingDevice::new(base.clone()));
-    let fs = Fs::open_devices(dev.clone() as Arc<dyn BlockDevice>, None, opts)?;
-    let mut model = model.clone();
-    let mut events = Vec::new();
-    let mut writes = setup_writes.to_vec();
-    let mut failures = Vec::new();
-    let mut next_write_id = 1000u64;
-    let first_op_pos = dev.position();
-    let mut marker = 0u64;
-    for (index, op) in wl.ops.iter().enumerate() {
-        marker += 1;
-        let pos = dev.mark(marker);
+/// The devices of a recorded run: the recording device, and what the file system writes to
+/// (the recording device itself, or a canary in front of it).
+pub struct RecordDevices {
+    /// Logs every write and flush.
+    pub recording: Arc<RecordingDevice>,
+    /// The device the file system is opened on.
+    pub fs_dev: Arc<dyn BlockDevice>,
+    /// The journal's place on the device (for the prelude and the wrap check).
+    pub journal: JournalArea,
+}
+
+/// One stream of operations (the whole workload, or one writer thread) and what it recorded.
+struct Stream {
+    model: Model,
+    events: Vec<Event>,
+    writes: Vec<DataWrite>,
+    failures: Vec<String>,
+    next_write_id: u64,
+}
+
+/// Marker ids: unique per recorded run, shared by its threads.
+struct Markers<'a> {
+    dev: &'a RecordingDevice,
+    next: AtomicU64,
+}
+
+impl Markers<'_> {
+    fn mark(&self) -> usize {
+        self.dev.mark(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Runs `ops` in order on `fs`, recording op starts and promises; `label` prefixes failures.
+fn run_stream(fs: &Fs, markers: &Markers<'_>, stream: &mut Stream, ops: &[Op], label: &str) {
+    for (index, op) in ops.iter().enumerate() {
+        let pos = markers.mark();
         let mut touched = Vec::new();
         let r = run_op(
-            &fs,
-            &mut model,
+            fs,
+            &mut stream.model,
             op,
             pos,
             &mut touched,
-            &mut writes,
-            &mut events,
-            &mut next_write_id,
+            &mut stream.writes,
+            &mut stream.events,
+            &mut stream.next_write_id,
         );
-        events.push(Event::OpStart {
+        stream.events.push(Event::OpStart {
             index,
             pos,
             touched,
@@ -526,22 +573,172 @@ pub fn record(
         match r {
             Ok(()) => {
                 if op.is_persistence() {
-                    marker += 1;
-                    let pos = dev.mark(marker);
-                    events.push(Event::Promise {
+                    let pos = markers.mark();
+                    stream.events.push(Event::Promise {
                         pos,
-                        promises: model.promises(op),
+                        promises: stream.model.promises(op),
                     });
                 }
             }
-            Err(e) => failures.push(format!("op {index} ({op}): {e}")),
+            Err(e) => stream
+                .failures
+                .push(format!("{label}op {index} ({op}): {e}")),
         }
+    }
+}
+
+/// Journal blocks a prelude leaves free before the end of the log: the threads' first few
+/// commits then wrap.
+const PRELUDE_MARGIN_BLOCKS: u64 = 24;
+/// The prelude's file.
+const PRELUDE_FILE: &str = "wrap";
+
+/// The logical journal block of the last write into the journal's log area after log index
+/// `from` (the journal superblock, logical block 0, is not part of the log).
+fn last_log_block(log: &[LogEntry], from: usize, journal: &JournalArea) -> Option<u64> {
+    log[from..].iter().rev().find_map(|e| match e {
+        LogEntry::Write { offset, data } => journal
+            .logical_block(*offset + data.len() as u64 - 1)
+            .filter(|&b| b > 0),
+        _ => None,
+    })
+}
+
+/// Whether a journal write after log index `from` went to a lower log block than the one
+/// written before it: the circular log wrapped.
+pub fn journal_wrapped(log: &[LogEntry], from: usize, journal: &JournalArea) -> bool {
+    let mut last = None;
+    for e in &log[from..] {
+        if let LogEntry::Write { offset, .. } = e {
+            if let Some(b) = journal.logical_block(*offset).filter(|&b| b > 0) {
+                if last.is_some_and(|l| b < l) {
+                    return true;
+                }
+                last = Some(b);
+            }
+        }
+    }
+    false
+}
+
+/// Appends and fsyncs [`PRELUDE_FILE`] until the journal's head is near the end of the log.
+fn prelude(fs: &Fs, devs: &RecordDevices, stream: &mut Stream) -> tidefs::Result<()> {
+    let log_blocks = devs.journal.len_blocks();
+    if log_blocks <= PRELUDE_MARGIN_BLOCKS {
+        return Ok(());
+    }
+    let markers = Markers {
+        dev: &devs.recording,
+        next: AtomicU64::new(1 << 40),
+    };
+    run_stream(
+        fs,
+        &markers,
+        stream,
+        &[Op::Create(PRELUDE_FILE)],
+        "prelude ",
+    );
+    // Each round writes at least two journal blocks; the bound only stops a runaway loop.
+    for _ in 0..log_blocks {
+        let start = devs.recording.position();
+        run_stream(
+            fs,
+            &markers,
+            stream,
+            &[
+                Op::Write(PRELUDE_FILE, WriteKind::AppendSub),
+                Op::Fsync(PRELUDE_FILE),
+            ],
+            "prelude ",
+        );
+        let log = devs.recording.recording().log;
+        let head = last_log_block(&log, start, &devs.journal).unwrap_or(0);
+        if head + PRELUDE_MARGIN_BLOCKS >= log_blocks || !stream.failures.is_empty() {
+            break;
+        }
+    }
+    // Its events stay: every crash state lies after it, so its promises are all in force.
+    Ok(())
+}
+
+/// Runs `wl` on `devs` (whose content `model` describes), then unmounts cleanly; everything
+/// the oracle needs comes back.
+pub fn record(
+    devs: &RecordDevices,
+    model: &Model,
+    setup_writes: &[DataWrite],
+    wl: &Workload,
+    opts: &MountOptions,
+) -> tidefs::Result<Recorded> {
+    let dev = &devs.recording;
+    let fs = Fs::open_devices(devs.fs_dev.clone(), None, opts)?;
+    let mut main = Stream {
+        model: model.clone(),
+        events: Vec::new(),
+        writes: setup_writes.to_vec(),
+        failures: Vec::new(),
+        next_write_id: 1000,
+    };
+    if !wl.threads.is_empty() {
+        prelude(&fs, devs, &mut main)?;
+    }
+    let first_op_pos = dev.position();
+    let markers = Markers {
+        dev,
+        next: AtomicU64::new(1),
+    };
+    run_stream(&fs, &markers, &mut main, &wl.ops, "");
+    // Writer threads: each on its own copy of the model, with its own fids and write ids.
+    let streams: Vec<Stream> = std::thread::scope(|s| {
+        let handles: Vec<_> = wl
+            .threads
+            .iter()
+            .enumerate()
+            .map(|(t, ops)| {
+                let t1 = t as u64 + 1;
+                let mut stream = Stream {
+                    model: Model {
+                        next_fid: main.model.next_fid + t1 * 1000,
+                        ..main.model.clone()
+                    },
+                    events: Vec::new(),
+                    writes: Vec::new(),
+                    failures: Vec::new(),
+                    next_write_id: main.next_write_id + t1 * 1_000_000,
+                };
+                let (fs, markers) = (&fs, &markers);
+                s.spawn(move || {
+                    run_stream(fs, markers, &mut stream, ops, &format!("thread {t} "));
+                    stream
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            // OK to unwrap: a writer thread only panics on a bug, which the test must show.
+            .map(|h| h.join().expect("OK to unwrap: writer thread panicked"))
+            .collect()
+    });
+    let mut model = main.model;
+    let mut events = main.events;
+    let mut writes = main.writes;
+    let mut failures = main.failures;
+    for st in streams {
+        for (fid, f) in st.model.files {
+            model.files.entry(fid).or_insert(f);
+        }
+        for (p, e) in st.model.tree {
+            model.tree.entry(p).or_insert(e);
+        }
+        model.next_fid = model.next_fid.max(st.model.next_fid);
+        events.extend(st.events);
+        writes.extend(st.writes);
+        failures.extend(st.failures);
     }
     fs.unmount()?;
     drop(fs);
     // A clean unmount promises everything, as a sync does.
-    marker += 1;
-    let pos = dev.mark(marker);
+    let pos = markers.mark();
     events.push(Event::Promise {
         pos,
         promises: model.promises(&Op::Sync),
@@ -553,14 +750,17 @@ pub fn record(
         }
     });
     let fid_ino = model.files.iter().map(|(f, m)| (*f, m.ino)).collect();
+    let recording = dev.recording();
+    let journal_wrapped = journal_wrapped(&recording.log, first_op_pos, &devs.journal);
     Ok(Recorded {
-        recording: dev.recording(),
+        recording,
         events,
         writes,
         fid_ino,
         failures,
         model,
         first_op_pos,
+        journal_wrapped,
     })
 }
 
@@ -574,7 +774,7 @@ fn run_op(
     writes: &mut Vec<DataWrite>,
     events: &mut Vec<Event>,
     next_write_id: &mut u64,
-) -> crate::Result<()> {
+) -> tidefs::Result<()> {
     let c = Creds::ROOT;
     match op {
         Op::Create(p) => {
@@ -599,7 +799,7 @@ fn run_op(
             ]);
         }
         Op::Write(p, kind) => {
-            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
             let ino = resolve(fs, p)?;
             let mf = model.files.get_mut(&fid).expect("OK to unwrap: live file");
             let (off, len) = kind.range(mf.data.len() as u64);
@@ -616,7 +816,7 @@ fn run_op(
             let data = pattern(id, off, len);
             let n = fs.write(ino, off, &data)?;
             if n as usize != len {
-                return Err(crate::FsError::NoSpace);
+                return Err(tidefs::FsError::NoSpace);
             }
             let end = off as usize + len;
             if mf.data.len() < end {
@@ -625,7 +825,7 @@ fn run_op(
             mf.data[off as usize..end].copy_from_slice(&data);
         }
         Op::TruncateShrink(p) | Op::TruncateGrow(p) => {
-            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
             let ino = resolve(fs, p)?;
             let mf = model.files.get_mut(&fid).expect("OK to unwrap: live file");
             let size = if matches!(op, Op::TruncateShrink(_)) {
@@ -645,7 +845,7 @@ fn run_op(
             mf.data.resize(size as usize, 0);
         }
         Op::Fallocate(p, keep) => {
-            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
             let ino = resolve(fs, p)?;
             let mf = model.files.get_mut(&fid).expect("OK to unwrap: live file");
             let off = mf.data.len() as u64;
@@ -673,7 +873,7 @@ fn run_op(
             model.tree.insert((*b).into(), e);
         }
         Op::Link(a, b) => {
-            let fid = model.file(a).ok_or(crate::FsError::NotFound)?;
+            let fid = model.file(a).ok_or(tidefs::FsError::NotFound)?;
             let (db, nb) = split(b);
             touched.extend([Key::Entry((*b).into()), Key::Listing(db.into())]);
             fs.link(resolve(fs, a)?, resolve(fs, db)?, nb)?;
@@ -685,7 +885,7 @@ fn run_op(
             model.tree.insert((*b).into(), MEntry::File(fid));
         }
         Op::Unlink(p) => {
-            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
             let (d, n) = split(p);
             touched.extend([Key::Entry((*p).into()), Key::Listing(d.into())]);
             model.drop_link(fid, touched);
@@ -717,7 +917,7 @@ fn run_op(
                 .insert((*p).into(), MEntry::Symlink(t.as_bytes().to_vec()));
         }
         Op::SetXattr(p, name, len) => {
-            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
             touched.push(Key::Xattrs(fid));
             let v = pattern(*next_write_id, 0, *len);
             *next_write_id += 1;
@@ -730,7 +930,7 @@ fn run_op(
                 .insert(name.as_bytes().to_vec(), v);
         }
         Op::RemoveXattr(p, name) => {
-            let fid = model.file(p).ok_or(crate::FsError::NotFound)?;
+            let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
             touched.push(Key::Xattrs(fid));
             fs.removexattr(resolve(fs, p)?, name.as_bytes())?;
             model
@@ -955,8 +1155,11 @@ pub enum Family {
     Ace,
     /// Longer random sequences.
     Random,
-    /// Both, interleaved.
+    /// `ace` and `random`, interleaved.
     All,
+    /// Several writer threads at once, each appending and fsyncing its own file, after a
+    /// prelude that brings the journal's head near the end of the log.
+    Threads,
 }
 
 impl Family {
@@ -966,6 +1169,7 @@ impl Family {
             "ace" => Some(Family::Ace),
             "random" => Some(Family::Random),
             "all" => Some(Family::All),
+            "threads" => Some(Family::Threads),
             _ => None,
         }
     }
@@ -976,6 +1180,7 @@ impl Family {
             Family::Ace => "ace",
             Family::Random => "random",
             Family::All => "all",
+            Family::Threads => "threads",
         }
     }
 }
@@ -991,6 +1196,7 @@ pub struct Workloads {
     ace_pairs: Vec<u32>,
     ace_len3: bool,
     random_index: u64,
+    threads_index: u64,
     ace_count: u64,
     turn: u64,
 }
@@ -1012,6 +1218,7 @@ impl Workloads {
             ace_pairs,
             ace_len3,
             random_index: 0,
+            threads_index: 0,
             ace_count: 0,
             turn: 0,
         }
@@ -1047,6 +1254,7 @@ impl Workloads {
                 return Some(Workload {
                     name: format!("ace#{}", i),
                     ops,
+                    threads: Vec::new(),
                 });
             }
         }
@@ -1083,9 +1291,46 @@ impl Workloads {
         Workload {
             name: format!("random#{i}"),
             ops,
+            threads: Vec::new(),
+        }
+    }
+
+    fn next_threads(&mut self) -> Workload {
+        let i = self.threads_index;
+        self.threads_index += 1;
+        let mut r = Rng::derive(self.seed, 4, i);
+        let threads = THREAD_FILES
+            .iter()
+            .map(|&f| {
+                let mut ops = vec![Op::Create(f), Op::Fsync(f)];
+                for _ in 0..WRITES_PER_THREAD {
+                    let kinds = [
+                        WriteKind::AppendSub,
+                        WriteKind::AppendBlock,
+                        WriteKind::AppendMulti,
+                    ];
+                    ops.push(Op::Write(f, kinds[r.below(3) as usize]));
+                    ops.push(if r.chance(1, 2) {
+                        Op::Fsync(f)
+                    } else {
+                        Op::Fdatasync(f)
+                    });
+                }
+                ops
+            })
+            .collect();
+        Workload {
+            name: format!("threads#{i}"),
+            ops: Vec::new(),
+            threads,
         }
     }
 }
+
+/// The files of the writer threads of the `threads` family, one per thread.
+const THREAD_FILES: [&str; 4] = ["t0", "t1", "A/t2", "A/t3"];
+/// Write + persistence pairs per writer thread.
+const WRITES_PER_THREAD: usize = 5;
 
 impl Iterator for Workloads {
     type Item = Workload;
@@ -1094,6 +1339,7 @@ impl Iterator for Workloads {
         match self.family {
             Family::Ace => self.next_ace(),
             Family::Random => Some(self.next_random()),
+            Family::Threads => Some(self.next_threads()),
             Family::All => {
                 self.turn += 1;
                 if self.turn % 2 == 1 {

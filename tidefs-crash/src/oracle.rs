@@ -16,9 +16,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::fs::{FileKind, Fs, Ino, ROOT_INO};
+use tidefs::fs::{FileKind, Fs, Ino, ROOT_INO};
 
-use super::workload::{pattern_byte, Event, Expect, ExpectEntry, Key, Recorded};
+use crate::workload::{pattern_byte, Event, Expect, ExpectEntry, Key, Recorded};
 
 /// One object of a recovered tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -471,7 +471,7 @@ pub fn e2fsck(img: &ScratchImage, args: &[&str]) -> Result<(i32, String), String
 
 /// Runs e2fsck with `args` on `img`; returns its exit code and its whole output.
 pub fn e2fsck_full(img: &ScratchImage, args: &[&str]) -> Result<(i32, String), String> {
-    let tool = crate::mkfs::find_e2fsprogs_tool("e2fsck")
+    let tool = tidefs_mkfs::find_e2fsprogs_tool("e2fsck")
         .ok_or_else(|| "e2fsck not found (install e2fsprogs)".to_string())?;
     let out = Command::new(tool)
         .args(args)

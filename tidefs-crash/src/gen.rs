@@ -15,7 +15,7 @@
 //!   that closes the epoch, since that flush would have made the epoch's writes durable;
 //! - the same (log, epoch, rng seed) always gives the same state.
 
-use crate::dev::record::LogEntry;
+use tidefs::dev::record::LogEntry;
 
 /// Size of a device sector: the unit a torn write keeps or loses.
 pub const SECTOR_BYTES: usize = 512;

@@ -1,44 +1,82 @@
 //! Goal: every data mode keeps its crash promise (docs/DESIGN.md §3) over a bounded, seeded set of
-//! crash states; the harness catches a deliberately broken ordering; the crash-state generator
-//! builds exactly the states it claims to and replays them by seed and index.
+//! crash states, also with several writer threads in one crash state, on an image of several
+//! block groups whose journal wraps, and on the real file-backed device; the harness catches
+//! each deliberately broken ordering; the crash-state generator builds exactly the states it
+//! claims to and replays them by seed and index.
 //!
-//! Method: (i) `tidefs::crash` runs the ACE and random workload families in each mode on a
+//! Method: (i) `tidefs_crash` runs the ACE and random workload families in each mode on a
 //! recording device, rebuilds the disk at every flush point, at sampled subsets and orders of
-//! the in-flight writes and at interrupted recoveries, recovers each through the library and
-//! checks `e2fsck -fn`, the fsync promises, the mode's promise and e2fsck's own replay.
-//! The budget here is small because a debug build is slow; the long run is
+//! the in-flight writes (torn at 512-byte sectors under `TIDEFS_CI=1`) and at interrupted
+//! recoveries, recovers each through the library and checks `e2fsck -fn`, the fsync promises,
+//! the mode's promise and e2fsck's own replay. (ii) The `threads` family does the same with four
+//! writer threads appending and fsyncing at once, on a four-group image after a prelude that
+//! brings the journal's head near its end, so every workload's journal wraps. (iii) One run
+//! records through `FileDev` on an image file, and the log must match what reached the file.
+//! (iv) Each canary device in front of the recording device, in ordered mode: the harness must
+//! report violations. The budgets are small because a debug build is slow; the long run is
 //! `tidefs crashtest --mode all --workloads all --states 10000` (README, "Crash testing").
-//! (ii) the same harness with each canary in ordered mode must report a violation.
-//! (iii) the generator on logs written through a `RecordingDevice` by hand.
-
-mod common;
+//! (v) The generator on logs written through a `RecordingDevice` by hand.
 
 use std::sync::{Arc, OnceLock};
 
-use tidefs::crash::gen::{self, Rng};
-use tidefs::crash::workload::Family;
-use tidefs::crash::{Config, Harness, Report};
 use tidefs::dev::record::{LogEntry, RecordingDevice};
 use tidefs::dev::BlockDevice;
-use tidefs::fs::{Canary, DataMode};
+use tidefs::fs::DataMode;
+use tidefs::test_support::{current_test, skip};
+use tidefs_crash::canary::Canary;
+use tidefs_crash::gen::{self, Rng};
+use tidefs_crash::workload::Family;
+use tidefs_crash::{Config, FreshImage, Harness, ImageShape, Report};
 
-/// Crash states per mode in this test. Debug builds check about 40 states a second per core;
-/// four modes share two cores, so 3000 states per mode keep the file near two minutes (measured: 113 s).
-const STATES_PER_MODE: u64 = 3000;
+/// Crash states per mode of the ACE and random families. A debug build checks about 30 of them
+/// a second per core (torn writes on), and the modes share two cores with the rest of this file:
+/// the whole file takes about 4.5 CPU-minutes.
+const STATES_PER_MODE: u64 = 2000;
+/// Crash states per mode of the `threads` family (about two workloads; their states are slower:
+/// larger image, longer log).
+const THREAD_STATES_PER_MODE: u64 = 200;
 
-fn fresh_image() -> &'static [u8] {
-    static IMG: OnceLock<Vec<u8>> = OnceLock::new();
-    IMG.get_or_init(|| tidefs::crash::make_fresh_image().expect("mkfs.ext4 for the base image"))
+/// Whether e2fsprogs is installed; if not, the test skips (and fails under `TIDEFS_CI=1`).
+fn have_e2fsprogs() -> bool {
+    let ok = ["mke2fs", "e2fsck", "dumpe2fs", "debugfs"]
+        .iter()
+        .all(|t| tidefs_mkfs::find_e2fsprogs_tool(t).is_some());
+    if !ok {
+        skip(
+            &current_test(),
+            "e2fsprogs (mke2fs, e2fsck, dumpe2fs, debugfs) not installed",
+        );
+    }
+    ok
+}
+
+fn fresh_image(shape: ImageShape) -> &'static FreshImage {
+    static ONE: OnceLock<FreshImage> = OnceLock::new();
+    static GROUPS: OnceLock<FreshImage> = OnceLock::new();
+    let cell = match shape {
+        ImageShape::OneGroup => &ONE,
+        ImageShape::Groups => &GROUPS,
+    };
+    cell.get_or_init(|| {
+        tidefs_crash::make_fresh_image(shape).expect("mkfs.ext4 for the base image")
+    })
 }
 
 fn run(cfg: Config) -> Report {
-    let report = Harness::new(cfg, fresh_image()).unwrap().run().unwrap();
+    let fresh = fresh_image(cfg.image);
+    let report = Harness::new(cfg, fresh).unwrap().run().unwrap();
     eprintln!("{report}");
     report
 }
 
+fn assert_clean(report: &Report, states: u64) {
+    assert!(report.op_failures.is_empty(), "{report}");
+    assert_eq!(report.states_tried, states);
+    assert!(report.violations.is_empty(), "{report}");
+}
+
 fn assert_mode_clean(mode: DataMode) {
-    if !common::have_e2fsprogs() {
+    if !have_e2fsprogs() {
         return;
     }
     let report = run(Config {
@@ -47,9 +85,27 @@ fn assert_mode_clean(mode: DataMode) {
         seed: 0x71de,
         ..Config::new(mode)
     });
-    assert!(report.op_failures.is_empty(), "{report}");
-    assert_eq!(report.states_tried, STATES_PER_MODE);
-    assert!(report.violations.is_empty(), "{report}");
+    assert_clean(&report, STATES_PER_MODE);
+}
+
+/// Writer threads on the multi-group image; every workload's journal must wrap.
+fn assert_mode_clean_with_threads(mode: DataMode) {
+    if !have_e2fsprogs() {
+        return;
+    }
+    let report = run(Config {
+        family: Family::Threads,
+        image: ImageShape::Groups,
+        states: THREAD_STATES_PER_MODE,
+        seed: 0x71de,
+        ..Config::new(mode)
+    });
+    assert_clean(&report, THREAD_STATES_PER_MODE);
+    assert!(report.workloads >= 1, "{report}");
+    assert_eq!(
+        report.journal_wraps, report.workloads,
+        "every threads workload wraps the journal: {report}"
+    );
 }
 
 /// Goal: lightweight mode keeps its crash promise over the seeded states (see the module doc).
@@ -76,6 +132,64 @@ fn journal_keeps_its_promise() {
     assert_mode_clean(DataMode::Journal);
 }
 
+/// Goal: lightweight mode keeps its promise with writer threads and a wrapping journal.
+#[test]
+fn lightweight_keeps_its_promise_with_writer_threads() {
+    assert_mode_clean_with_threads(DataMode::Lightweight);
+}
+
+/// Goal: writeback mode keeps every fsync promise with writer threads and a wrapping journal.
+#[test]
+fn writeback_keeps_its_promise_with_writer_threads() {
+    assert_mode_clean_with_threads(DataMode::Writeback);
+}
+
+/// Goal: ordered mode keeps every fsync promise and shows no garbage with writer threads and a
+/// wrapping journal.
+#[test]
+fn ordered_keeps_its_promise_with_writer_threads() {
+    assert_mode_clean_with_threads(DataMode::Ordered);
+}
+
+/// Goal: journal mode keeps every fsync promise and every write atomic with writer threads and
+/// a wrapping journal.
+#[test]
+fn journal_keeps_its_promise_with_writer_threads() {
+    assert_mode_clean_with_threads(DataMode::Journal);
+}
+
+/// Goal: crash states built from the real file-backed device (`FileDev` under the recording
+/// wrapper) keep ordered mode's promise, and the log matches what reached the file (the
+/// harness reports a mismatch as an op failure). Method: the `threads` family recorded on an
+/// image file in a directory on a disk file system (`/var/tmp` when there is one).
+#[test]
+fn file_backed_device_states_keep_the_promise() {
+    if !have_e2fsprogs() {
+        return;
+    }
+    let parent = ["/var/tmp", "/tmp"]
+        .into_iter()
+        .find(|d| std::path::Path::new(d).is_dir())
+        .map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+    let dir = tempfile::tempdir_in(parent).unwrap();
+    let states = 160;
+    let report = run(Config {
+        family: Family::Threads,
+        image: ImageShape::Groups,
+        states,
+        seed: 0xf11e,
+        file_dev_dir: Some(dir.path().to_path_buf()),
+        ..Config::new(DataMode::Ordered)
+    });
+    assert_clean(&report, states);
+    assert!(report.journal_wraps > 0, "{report}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "recording image files left behind: {left:?}"
+    );
+}
+
 fn canary_caught(canary: Canary) -> Report {
     // A commit block that goes out with its records is caught only where a crash keeps the
     // commit block but loses ordered-mode data written before it (the journal's own checksums
@@ -94,25 +208,28 @@ fn canary_caught(canary: Canary) -> Report {
     });
     assert!(
         !report.violations.is_empty(),
-        "canary {canary:?} not caught in {} states",
+        "canary {} not caught in {} states",
+        canary.name(),
         report.states_tried
     );
     report
 }
 
-/// Goal: the harness reports violations when the commit block's flush is removed (canary).
+/// Goal: the harness reports violations when a device drops the flush between a transaction's
+/// body and its commit block (canary).
 #[test]
 fn canary_commit_without_flush_is_caught() {
-    if !common::have_e2fsprogs() {
+    if !have_e2fsprogs() {
         return;
     }
     canary_caught(Canary::CommitWithoutFlush);
 }
 
-/// Goal: the harness reports violations when ordered data goes home after its commit (canary).
+/// Goal: the harness reports violations when a device lets ordered data reach home only after
+/// the commit block that maps it (canary).
 #[test]
 fn canary_data_after_commit_is_caught() {
-    if !common::have_e2fsprogs() {
+    if !have_e2fsprogs() {
         return;
     }
     canary_caught(Canary::DataAfterCommit);
@@ -121,7 +238,7 @@ fn canary_data_after_commit_is_caught() {
 /// A violation replays alone, by seed and index, to the same crash point and the same findings.
 #[test]
 fn replay_by_seed_and_index_is_exact() {
-    if !common::have_e2fsprogs() {
+    if !have_e2fsprogs() {
         return;
     }
     let report = canary_caught(Canary::DataAfterCommit);
@@ -153,7 +270,7 @@ fn hand_log(seed: u64) -> (Arc<Vec<u8>>, Vec<LogEntry>, Vec<Vec<u8>>) {
     for step in 0..60u64 {
         if r.chance(1, 5) {
             dev.flush().unwrap();
-            snapshots.push(dev.content());
+            snapshots.push(dev.content().unwrap());
         } else if r.chance(1, 6) {
             dev.mark(step);
         } else {
