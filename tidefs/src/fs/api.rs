@@ -255,6 +255,8 @@ pub struct MountOptions {
     pub hold_checkpoints: bool,
     /// A deliberately broken ordering (tests of the crash harness only).
     pub canary: Option<Canary>,
+    /// What a flush does on the image and journal files (`-o barrier=`); `None` is unsafe.
+    pub barrier: crate::dev::Barrier,
 }
 
 impl Default for MountOptions {
@@ -267,6 +269,7 @@ impl Default for MountOptions {
             data_mode: DataMode::Ordered,
             hold_checkpoints: false,
             canary: None,
+            barrier: crate::dev::Barrier::Flush,
         }
     }
 }
@@ -293,4 +296,6 @@ pub struct Stats {
     pub fsync_p99_us: u64,
     /// Checkpoints run.
     pub checkpoints: u64,
+    /// Cache flushes the devices received (file-system and journal device).
+    pub flushes: u64,
 }
