@@ -263,6 +263,9 @@ fn record_opts(cfg: &Config) -> MountOptions {
         data_mode: cfg.mode,
         canary: cfg.canary,
         commit_interval: Duration::from_secs(3600),
+        // No background checkpoints: the recording must not depend on thread timing, so
+        // that a seed replays the same states. The log is still checkpointed when full.
+        hold_checkpoints: true,
         ..MountOptions::default()
     }
 }

@@ -544,6 +544,7 @@ impl Fs {
         if let Some(h) = self.background.lock().take() {
             let _ = h.join();
         }
+        self.inner.io.journal.stop_background();
         self.inner.meta.lock().read_only = true;
     }
 

@@ -412,8 +412,11 @@ impl Deref for Journal {
     }
 }
 
-impl Drop for Journal {
-    fn drop(&mut self) {
+impl Journal {
+    /// Stops the background checkpointer for good, waiting for a checkpoint it is running:
+    /// afterwards the journal writes only when called. For a file system stopping as at a
+    /// power cut.
+    pub fn stop_background(&self) {
         let handle = {
             let mut w = self.core.worker.lock();
             w.stop = true;
@@ -425,6 +428,12 @@ impl Drop for Journal {
                 log::error!("the journal's background checkpointer panicked");
             }
         }
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.stop_background();
     }
 }
 
