@@ -92,7 +92,11 @@ impl Rig {
     /// stays in the log until the test checkpoints (the background checkpointer has tests of
     /// its own).
     fn open(&self, opts: JournalOptions) -> Result<Journal, FsError> {
-        let dev: Arc<dyn BlockDevice> = self.dev.clone();
+        self.open_on(self.dev.clone(), opts)
+    }
+
+    /// [`Rig::open`] through `dev`, a wrapper of the rig's device.
+    fn open_on(&self, dev: Arc<dyn BlockDevice>, opts: JournalOptions) -> Result<Journal, FsError> {
         let j = Journal::open(
             JournalGeometry::internal(dev.clone(), BS, self.extents.clone()),
             dev,
@@ -897,15 +901,7 @@ impl BlockDevice for GatedHome {
 }
 
 fn open_gated(gate: &Arc<GatedHome>, rig: &Rig) -> Arc<Journal> {
-    let dev: Arc<dyn BlockDevice> = gate.clone();
-    let j = Journal::open(
-        JournalGeometry::internal(dev.clone(), BS, rig.extents.clone()),
-        dev,
-        V3_64,
-    )
-    .unwrap();
-    j.hold_checkpoints(true);
-    Arc::new(j)
+    Arc::new(rig.open_on(gate.clone(), V3_64).unwrap())
 }
 
 /// Goal: a checkpoint does not stand in a commit's way, and a block re-committed while its
@@ -1014,14 +1010,7 @@ fn one_flush_per_commit_with_an_internal_journal() {
     use std::sync::atomic::Ordering::Relaxed;
     let rig = Rig::new(96, 0, 0);
     let counted = Arc::new(CountingDevice::new(rig.dev.clone()));
-    let dev: Arc<dyn BlockDevice> = counted.clone();
-    let j = Journal::open(
-        JournalGeometry::internal(dev.clone(), BS, rig.extents.clone()),
-        dev,
-        V3_64,
-    )
-    .unwrap();
-    j.hold_checkpoints(true);
+    let j = rig.open_on(counted.clone(), V3_64).unwrap();
     // The first commit turns the journal features on (a superblock write and a flush).
     j.commit(req(&[(80, block(1, 0))], &[])).unwrap();
     let (f0, d0) = (
@@ -1097,13 +1086,7 @@ fn failed_checkpoint_write_aborts_and_recovery_replays() {
     use crate::dev::fault::{Fault, FaultDev, FaultOp};
     let rig = Rig::new(64, 0, 0);
     let fault = Arc::new(FaultDev::new(rig.dev.clone()));
-    let dev: Arc<dyn BlockDevice> = fault.clone();
-    let j = Journal::open(
-        JournalGeometry::internal(dev.clone(), BS, rig.extents.clone()),
-        dev,
-        V3_64,
-    )
-    .unwrap();
+    let j = rig.open_on(fault.clone(), V3_64).unwrap();
     j.commit(req(&[(97, block(9, 1))], &[])).unwrap();
     let bs = u64::from(BS);
     fault.inject(Fault::range(FaultOp::Write, 97 * bs..98 * bs));
@@ -1127,13 +1110,7 @@ fn failed_commit_block_write_aborts_and_is_not_replayed() {
     use crate::dev::fault::{Fault, FaultDev, FaultOp};
     let rig = Rig::new(64, 0, 0);
     let fault = Arc::new(FaultDev::new(rig.dev.clone()));
-    let dev: Arc<dyn BlockDevice> = fault.clone();
-    let j = Journal::open(
-        JournalGeometry::internal(dev.clone(), BS, rig.extents.clone()),
-        dev,
-        V3_64,
-    )
-    .unwrap();
+    let j = rig.open_on(fault.clone(), V3_64).unwrap();
     j.commit(req(&[(97, block(9, 1))], &[])).unwrap();
     // Commit 2 writes its descriptor, its block, then the commit block: that write fails.
     fault.inject(Fault::nth(FaultOp::Write, 2).then_dead());
