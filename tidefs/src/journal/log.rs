@@ -933,7 +933,7 @@ impl JournalCore {
         let bs = u64::from(self.geom.block_size);
         let mut written = 0u64;
         for chunk in homes.chunks(CHECKPOINT_BATCH_BLOCKS) {
-            let _batch = self.cp_batch.lock();
+            let batch = self.cp_batch.lock();
             // The newest copy now (a commit since the snapshot may have logged a newer one),
             // and nothing for a block revoked since.
             let copies: Vec<(u64, Arc<[u8]>)> = {
@@ -944,7 +944,10 @@ impl JournalCore {
                     .collect()
             };
             let pieces: Vec<(u64, &[u8])> = copies.iter().map(|(h, d)| (h * bs, &d[..])).collect();
-            if let Err(e) = self.home.write_blocks(&pieces) {
+            let result = self.home.write_blocks(&pieces);
+            // Released before `abort_io` takes `log`: a commit may hold `log` waiting for it.
+            drop(batch);
+            if let Err(e) = result {
                 return Err(self.abort_io(e));
             }
             written += copies.len() as u64;

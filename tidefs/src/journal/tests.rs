@@ -832,8 +832,8 @@ struct GatedHome {
     inner: Arc<MemDev>,
     /// Device byte ranges of the journal: never gated.
     journal: Vec<std::ops::Range<u64>>,
-    /// (gate closed, home writes waiting at it).
-    state: parking_lot::Mutex<(bool, usize)>,
+    /// (gate closed, home writes waiting at it, writes waiting at it fail when it opens).
+    state: parking_lot::Mutex<(bool, usize, bool)>,
     changed: parking_lot::Condvar,
 }
 
@@ -848,7 +848,7 @@ impl GatedHome {
         Arc::new(GatedHome {
             inner: rig.dev.clone(),
             journal,
-            state: parking_lot::Mutex::new((false, 0)),
+            state: parking_lot::Mutex::new((false, 0, false)),
             changed: parking_lot::Condvar::new(),
         })
     }
@@ -862,6 +862,14 @@ impl GatedHome {
         self.changed.notify_all();
     }
 
+    /// Opens the gate and fails the writes that were waiting at it.
+    fn open_failing(&self) {
+        let mut s = self.state.lock();
+        s.0 = false;
+        s.2 = true;
+        self.changed.notify_all();
+    }
+
     /// Returns once a home write is waiting at the closed gate.
     fn wait_for_blocked_write(&self) {
         let mut s = self.state.lock();
@@ -870,17 +878,24 @@ impl GatedHome {
         }
     }
 
-    fn pass(&self, offset: u64) {
+    fn pass(&self, offset: u64) -> std::io::Result<()> {
         if self.journal.iter().any(|r| r.contains(&offset)) {
-            return;
+            return Ok(());
         }
         let mut s = self.state.lock();
+        if !s.0 {
+            return Ok(());
+        }
         s.1 += 1;
         self.changed.notify_all();
         while s.0 {
             self.changed.wait(&mut s);
         }
         s.1 -= 1;
+        if s.2 {
+            return Err(std::io::Error::other("gated write failed"));
+        }
+        Ok(())
     }
 }
 
@@ -889,7 +904,7 @@ impl BlockDevice for GatedHome {
         self.inner.read_at(o, b)
     }
     fn write_at(&self, o: u64, b: &[u8]) -> std::io::Result<()> {
-        self.pass(o);
+        self.pass(o)?;
         self.inner.write_at(o, b)
     }
     fn flush(&self) -> std::io::Result<()> {
@@ -1129,4 +1144,38 @@ fn failed_commit_block_write_aborts_and_is_not_replayed() {
     j.recover().unwrap();
     assert_eq!(&rig.home(97)[..], &block(9, 1)[..]);
     assert_ne!(&rig.home(98)[..], &block(1, 1)[..]);
+}
+
+/// Goal: a checkpoint batch that fails while a revoking commit waits for it does not deadlock
+/// (the batch lock is released before the abort takes the log lock), nor fails that commit,
+/// which was durable before it waited; the checkpoint reports the error and the journal is
+/// aborted. Method: hold the checkpoint's write of the block at the
+/// gate, commit its revoke from another thread, then open the gate failing the write.
+#[test]
+fn a_failing_checkpoint_batch_releases_a_waiting_commit() {
+    let rig = Rig::new(64, 0, 0);
+    let gate = GatedHome::new(&rig);
+    let j = open_gated(&gate, &rig);
+    j.commit(req(&[(95, block(5, 0))], &[])).unwrap();
+    gate.close();
+    let cp = {
+        let j = Arc::clone(&j);
+        std::thread::spawn(move || j.checkpoint())
+    };
+    gate.wait_for_blocked_write();
+    let revoker = {
+        let j = Arc::clone(&j);
+        std::thread::spawn(move || j.commit(req(&[], &[95])))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    gate.open_failing();
+    assert!(matches!(cp.join().unwrap(), Err(FsError::Io(_))));
+    // Waiting for the batch, the commit was durable and succeeds; had it come after the
+    // failure, it would find the journal aborted. Either way it returns.
+    let revoked = revoker.join().unwrap();
+    assert!(
+        matches!(revoked, Ok(_) | Err(FsError::ReadOnly)),
+        "{revoked:?}"
+    );
+    assert!(matches!(j.commit(req(&[], &[])), Err(FsError::ReadOnly)));
 }
