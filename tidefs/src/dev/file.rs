@@ -472,4 +472,63 @@ mod tests {
             assert!(dev.is_direct(), "an image on ext4 must use O_DIRECT");
         }
     }
+
+    /// Goal: a block device reports its logical sector size (BLKSSZGET) and unaligned I/O on
+    /// it works through read-modify-write of its 4096-byte sectors. Method: a loop device with
+    /// `--sector-size 4096 --direct-io=on` over a temporary file (needs root and losetup; skip
+    /// rule otherwise).
+    #[test]
+    fn loop_device_with_4k_sectors() {
+        let test = crate::test_support::current_test();
+        let Some(losetup) = ["/usr/sbin/losetup", "/sbin/losetup", "/usr/bin/losetup"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+        else {
+            crate::test_support::skip(&test, "losetup is not installed");
+            return;
+        };
+        let backing = image(1 << 20);
+        let out = std::process::Command::new(losetup)
+            .args([
+                "--find",
+                "--show",
+                "--sector-size",
+                "4096",
+                "--direct-io=on",
+            ])
+            .arg(backing.path())
+            .output()
+            .expect("OK to unwrap: losetup runs");
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            crate::test_support::skip(&test, &format!("losetup failed (needs root): {why}"));
+            return;
+        }
+        let loop_dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let result = std::panic::catch_unwind(|| {
+            let dev = FileDev::open(Path::new(&loop_dev), false).expect("OK to unwrap: open");
+            assert_eq!(dev.sector_size(), 4096);
+            assert!(dev.is_direct());
+            dev.write_at(5000, b"hello").expect("OK to unwrap: write");
+            dev.write_durable(8192, &[7u8; 1024])
+                .expect("OK to unwrap: durable write");
+            dev.flush().expect("OK to unwrap: flush");
+            let mut back = [0u8; 5];
+            dev.read_at(5000, &mut back).expect("OK to unwrap: read");
+            assert_eq!(&back, b"hello");
+            let mut around = vec![0u8; 8192];
+            dev.read_at(4096, &mut around).expect("OK to unwrap: read");
+            assert!(around[..904].iter().all(|&b| b == 0));
+            assert!(around[909..4096].iter().all(|&b| b == 0));
+            assert!(around[4096..5120].iter().all(|&b| b == 7));
+            assert!(around[5120..].iter().all(|&b| b == 0));
+        });
+        let _ = std::process::Command::new(losetup)
+            .arg("-d")
+            .arg(&loop_dev)
+            .output();
+        if let Err(panic) = result {
+            std::panic::resume_unwind(panic);
+        }
+    }
 }
