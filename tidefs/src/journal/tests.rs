@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::*;
+use crate::dev::fault::{Fault, FaultDev, FaultOp};
 use crate::dev::{BlockDevice, MemDev};
 use crate::error::FsError;
 use crate::format::jbd2::superblock::{JournalSuperblock, MAX_USERS, SUPERBLOCK_SIZE};
@@ -915,8 +916,47 @@ impl BlockDevice for GatedHome {
     }
 }
 
-fn open_gated(gate: &Arc<GatedHome>, rig: &Rig) -> Arc<Journal> {
-    Arc::new(rig.open_on(gate.clone(), V3_64).unwrap())
+/// A checkpoint held at a closed gate in the middle of its home writes.
+struct HeldCheckpoint {
+    rig: Rig,
+    gate: Arc<GatedHome>,
+    j: Arc<Journal>,
+    /// The checkpoint's thread.
+    cp: std::thread::JoinHandle<Result<(), FsError>>,
+}
+
+/// The blocks of one transaction: (home block, content).
+type TxnBlocks<'a> = &'a [(u64, Arc<[u8]>)];
+
+/// Commits each of `txns` as one transaction, then starts a checkpoint and returns once it is
+/// blocked writing home.
+fn hold_a_checkpoint(txns: &[TxnBlocks]) -> HeldCheckpoint {
+    let rig = Rig::new(64, 0, 0);
+    let gate = GatedHome::new(&rig);
+    let j = Arc::new(rig.open_on(gate.clone(), V3_64).unwrap());
+    for blocks in txns {
+        j.commit(req(blocks, &[])).unwrap();
+    }
+    gate.close();
+    let cp = {
+        let j = Arc::clone(&j);
+        std::thread::spawn(move || j.checkpoint())
+    };
+    gate.wait_for_blocked_write();
+    HeldCheckpoint { rig, gate, j, cp }
+}
+
+/// Starts a commit that revokes `home` on its own thread and gives it time to reach the point
+/// where it waits for the checkpoint batch in flight (the properties tested hold in every
+/// interleaving; the pause only makes the interesting one likely).
+fn revoke_in_background(
+    j: &Arc<Journal>,
+    home: u64,
+) -> std::thread::JoinHandle<Result<Tid, FsError>> {
+    let j = Arc::clone(j);
+    let revoker = std::thread::spawn(move || j.commit(req(&[], &[home])));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    revoker
 }
 
 /// Goal: a checkpoint does not stand in a commit's way, and a block re-committed while its
@@ -928,17 +968,8 @@ fn open_gated(gate: &Arc<GatedHome>, rig: &Rig) -> Arc<Journal> {
 #[test]
 fn commit_completes_while_a_checkpoint_is_blocked_and_the_newest_copy_wins() {
     for crash in [false, true] {
-        let rig = Rig::new(64, 0, 0);
-        let gate = GatedHome::new(&rig);
-        let j = open_gated(&gate, &rig);
-        j.commit(req(&[(90, block(1, 0))], &[])).unwrap();
-        j.commit(req(&[(91, block(2, 0))], &[])).unwrap();
-        gate.close();
-        let cp = {
-            let j = Arc::clone(&j);
-            std::thread::spawn(move || j.checkpoint())
-        };
-        gate.wait_for_blocked_write();
+        let HeldCheckpoint { rig, gate, j, cp } =
+            hold_a_checkpoint(&[&[(90, block(1, 0))], &[(91, block(2, 0))]]);
         // The checkpoint is stuck in its home writes; this commit must not wait for it.
         let t3 = j
             .commit(req(&[(90, block(3, 0)), (92, block(4, 0))], &[]))
@@ -987,24 +1018,9 @@ fn commit_completes_while_a_checkpoint_is_blocked_and_the_newest_copy_wins() {
 /// next user would; after every checkpoint, and after a crash and recovery, the new data stays.
 #[test]
 fn a_revoked_block_is_never_overwritten_by_its_checkpointed_copy() {
-    let rig = Rig::new(64, 0, 0);
-    let gate = GatedHome::new(&rig);
-    let j = open_gated(&gate, &rig);
-    j.commit(req(&[(95, block(5, 0)), (96, block(6, 0))], &[]))
-        .unwrap();
-    gate.close();
-    let cp = {
-        let j = Arc::clone(&j);
-        std::thread::spawn(move || j.checkpoint())
-    };
-    gate.wait_for_blocked_write();
-    let revoker = {
-        let j = Arc::clone(&j);
-        std::thread::spawn(move || j.commit(req(&[], &[95])))
-    };
-    // Let the revoking commit reach the point where it waits for the batch in flight; the
-    // property checked below holds in every interleaving.
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    let HeldCheckpoint { rig, gate, j, cp } =
+        hold_a_checkpoint(&[&[(95, block(5, 0)), (96, block(6, 0))]]);
+    let revoker = revoke_in_background(&j, 95);
     gate.open();
     revoker.join().unwrap().unwrap();
     let reuse = vec![0xEE; BS as usize];
@@ -1093,16 +1109,28 @@ fn background_checkpoint_reclaims_space_before_the_log_is_full() {
     assert_eq!(&rig.home(40)[..], &block(7, 0)[..]);
 }
 
+/// A rig whose journal runs on a fault device, with one transaction (block 97) committed.
+fn faulty_rig_with_one_commit() -> (Rig, Arc<FaultDev>, Journal) {
+    let rig = Rig::new(64, 0, 0);
+    let fault = Arc::new(FaultDev::new(rig.dev.clone()));
+    let j = rig.open_on(fault.clone(), V3_64).unwrap();
+    j.commit(req(&[(97, block(9, 1))], &[])).unwrap();
+    (rig, fault, j)
+}
+
+/// Drops `j` as a crash would, heals the device, reopens the journal and recovers it.
+fn crash_and_recover(rig: &Rig, j: Journal, fault: &FaultDev) -> RecoveryReport {
+    drop(j);
+    fault.heal();
+    rig.open(V3_64).unwrap().recover().unwrap()
+}
+
 /// Goal: a home write that fails during a checkpoint aborts the journal (later commits and
 /// checkpoints fail fast) and leaves the log intact for recovery. Method: a fault on the home
 /// block's range, then a reopen on the healthy device.
 #[test]
 fn failed_checkpoint_write_aborts_and_recovery_replays() {
-    use crate::dev::fault::{Fault, FaultDev, FaultOp};
-    let rig = Rig::new(64, 0, 0);
-    let fault = Arc::new(FaultDev::new(rig.dev.clone()));
-    let j = rig.open_on(fault.clone(), V3_64).unwrap();
-    j.commit(req(&[(97, block(9, 1))], &[])).unwrap();
+    let (rig, fault, j) = faulty_rig_with_one_commit();
     let bs = u64::from(BS);
     fault.inject(Fault::range(FaultOp::Write, 97 * bs..98 * bs));
     assert!(matches!(j.checkpoint(), Err(FsError::Io(_))));
@@ -1111,9 +1139,7 @@ fn failed_checkpoint_write_aborts_and_recovery_replays() {
         Err(FsError::ReadOnly)
     ));
     assert!(matches!(j.checkpoint(), Err(FsError::ReadOnly)));
-    drop(j);
-    let j = rig.open(V3_64).unwrap();
-    assert_eq!(j.recover().unwrap().transactions, 1);
+    assert_eq!(crash_and_recover(&rig, j, &fault).transactions, 1);
     assert_eq!(&rig.home(97)[..], &block(9, 1)[..]);
 }
 
@@ -1122,11 +1148,7 @@ fn failed_checkpoint_write_aborts_and_recovery_replays() {
 /// the second commit, and every write and flush after it.
 #[test]
 fn failed_commit_block_write_aborts_and_is_not_replayed() {
-    use crate::dev::fault::{Fault, FaultDev, FaultOp};
-    let rig = Rig::new(64, 0, 0);
-    let fault = Arc::new(FaultDev::new(rig.dev.clone()));
-    let j = rig.open_on(fault.clone(), V3_64).unwrap();
-    j.commit(req(&[(97, block(9, 1))], &[])).unwrap();
+    let (rig, fault, j) = faulty_rig_with_one_commit();
     // Commit 2 writes its descriptor, its block, then the commit block: that write fails.
     fault.inject(Fault::nth(FaultOp::Write, 2).then_dead());
     assert!(matches!(
@@ -1138,10 +1160,7 @@ fn failed_commit_block_write_aborts_and_is_not_replayed() {
         j.commit(req(&[(99, block(1, 1))], &[])),
         Err(FsError::ReadOnly)
     ));
-    drop(j);
-    fault.heal();
-    let j = rig.open(V3_64).unwrap();
-    j.recover().unwrap();
+    assert_eq!(crash_and_recover(&rig, j, &fault).transactions, 1);
     assert_eq!(&rig.home(97)[..], &block(9, 1)[..]);
     assert_ne!(&rig.home(98)[..], &block(1, 1)[..]);
 }
@@ -1153,21 +1172,8 @@ fn failed_commit_block_write_aborts_and_is_not_replayed() {
 /// gate, commit its revoke from another thread, then open the gate failing the write.
 #[test]
 fn a_failing_checkpoint_batch_releases_a_waiting_commit() {
-    let rig = Rig::new(64, 0, 0);
-    let gate = GatedHome::new(&rig);
-    let j = open_gated(&gate, &rig);
-    j.commit(req(&[(95, block(5, 0))], &[])).unwrap();
-    gate.close();
-    let cp = {
-        let j = Arc::clone(&j);
-        std::thread::spawn(move || j.checkpoint())
-    };
-    gate.wait_for_blocked_write();
-    let revoker = {
-        let j = Arc::clone(&j);
-        std::thread::spawn(move || j.commit(req(&[], &[95])))
-    };
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    let HeldCheckpoint { gate, j, cp, .. } = hold_a_checkpoint(&[&[(95, block(5, 0))]]);
+    let revoker = revoke_in_background(&j, 95);
     gate.open_failing();
     assert!(matches!(cp.join().unwrap(), Err(FsError::Io(_))));
     // Waiting for the batch, the commit was durable and succeeds; had it come after the
