@@ -91,7 +91,8 @@ enum Command {
         #[arg(short, long)]
         foreground: bool,
         /// Mount options: ro, rw, commit=SECONDS, journal_device=PATH, cache_size=SIZE,
-        /// data=MODE, allow_other, private, nosuid, nodev, noexec (see the README).
+        /// data=MODE, barrier=flush|none, allow_other, private, nosuid, nodev, noexec (see
+        /// the README).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Internal: started by a background mount; report on stdout.
@@ -483,7 +484,7 @@ fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
 
 /// The human form of the counters.
 pub fn stats_table(s: &tidefs::fs::Stats) -> String {
-    let rows: [(&str, String); 9] = [
+    let rows: [(&str, String); 10] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),
         ("commits", s.commits.to_string()),
@@ -496,6 +497,7 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("fsync_p50", format!("{} us", s.fsync_p50_us)),
         ("fsync_p99", format!("{} us", s.fsync_p99_us)),
         ("checkpoints", s.checkpoints.to_string()),
+        ("flushes", s.flushes.to_string()),
     ];
     rows.iter()
         .map(|(k, v)| format!("{k:<24}{v:>20}\n"))

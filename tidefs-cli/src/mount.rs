@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use serde_json::{json, Value};
+use tidefs::dev::Barrier;
 use tidefs::fs::{DataMode, Fs, MountOptions, Stats};
 
 use crate::control;
@@ -52,6 +53,8 @@ pub struct MountConfig {
     pub noexec: bool,
     /// `data=lightweight|writeback|ordered|journal`.
     pub data_mode: Option<DataMode>,
+    /// `barrier=flush|none`; `none` (benchmarks only) is unsafe.
+    pub barrier: Option<Barrier>,
 }
 
 /// Options that mount(8) and fstab lines carry for mount(8) itself (or that ask for what
@@ -134,6 +137,12 @@ impl MountConfig {
                         format!("data={v}: expected lightweight, writeback, ordered or journal")
                     })?);
                 }
+                ("barrier", Some(v)) => {
+                    config.barrier = Some(
+                        Barrier::parse(v)
+                            .ok_or_else(|| format!("barrier={v}: expected flush or none"))?,
+                    );
+                }
                 ("journal_device", Some(v)) if !v.is_empty() => {
                     config.journal_device = Some(PathBuf::from(v));
                 }
@@ -152,7 +161,7 @@ impl MountConfig {
                 ) => {
                     return Err(format!("option {key} takes no value"));
                 }
-                ("commit" | "journal_device" | "cache_size" | "data", _) => {
+                ("commit" | "journal_device" | "cache_size" | "data" | "barrier", _) => {
                     return Err(format!("option {key} needs a value ({key}=...)"));
                 }
                 _ => return Err(format!("unknown mount option '{item}'")),
@@ -194,6 +203,9 @@ impl MountConfig {
         if let Some(mode) = self.data_mode {
             items.push(format!("data={}", mode.name()));
         }
+        if let Some(barrier) = self.barrier {
+            items.push(format!("barrier={}", barrier.name()));
+        }
         Ok(items.join(","))
     }
 
@@ -220,6 +232,9 @@ impl MountConfig {
         }
         if let Some(mode) = self.data_mode {
             opts.data_mode = mode;
+        }
+        if let Some(barrier) = self.barrier {
+            opts.barrier = barrier;
         }
         opts
     }
@@ -730,7 +745,7 @@ mod tests {
     fn options_parse() {
         let c = parse(&[
             "ro,commit=7,cache_size=64M,data=journal",
-            "allow_other,journal_device=/dev/x",
+            "allow_other,journal_device=/dev/x,barrier=none",
         ])
         .expect("OK to unwrap: valid options");
         assert_eq!(
@@ -742,9 +757,11 @@ mod tests {
                 cache_size_bytes: Some(64 << 20),
                 allow_other: true,
                 data_mode: Some(DataMode::Journal),
+                barrier: Some(Barrier::None),
                 ..MountConfig::default()
             }
         );
+        assert_eq!(c.mount_options().barrier, Barrier::None);
         assert!(!parse(&["ro,rw"]).expect("OK to unwrap: valid").read_only);
         assert_eq!(
             parse(&[]).expect("OK to unwrap: valid"),
@@ -812,6 +829,8 @@ mod tests {
             ("ro=1", "takes no value"),
             ("data=fast", "data=fast: expected"),
             ("data", "needs a value"),
+            ("barrier=fua", "barrier=fua: expected flush or none"),
+            ("barrier", "needs a value"),
             ("private=1", "takes no value"),
             ("sync", "unknown mount option 'sync'"),
         ] {

@@ -395,9 +395,22 @@ fn fill_free_blocks(path: &Path, img: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// Mount options of the recorded runs and of recovery: the mode, and no timed commits (a
-/// workload's commits come from its persistence points only, so its log is reproducible).
+/// Mount options of the recorded runs: the mode, no timed commits and no background
+/// checkpoints (a workload's commits come from its persistence points only, so its log is
+/// reproducible).
 fn mount_opts(cfg: &Config) -> MountOptions {
+    MountOptions {
+        data_mode: cfg.mode,
+        commit_interval: Duration::from_secs(3600),
+        // No background checkpoints: the recording must not depend on thread timing, so
+        // that a seed replays the same states. The log is still checkpointed when full.
+        hold_checkpoints: true,
+        ..MountOptions::default()
+    }
+}
+
+/// Mount options of recovery and of the oracle's checks.
+fn oracle_opts(cfg: &Config) -> MountOptions {
     MountOptions {
         data_mode: cfg.mode,
         commit_interval: Duration::from_secs(3600),
@@ -666,7 +679,7 @@ impl Harness {
                 let opened = Fs::open_devices(
                     dev.clone() as Arc<dyn BlockDevice>,
                     None,
-                    &mount_opts(&self.cfg),
+                    &oracle_opts(&self.cfg),
                 );
                 let problem = match opened {
                     Ok(fs) => {
@@ -744,7 +757,7 @@ impl Harness {
         let mut problems = Vec::new();
         let lightweight = self.cfg.mode == DataMode::Lightweight;
         let dev = Arc::new(MemDev::from_bytes(image.to_vec()));
-        let fs = match Fs::open_devices(dev.clone(), None, &mount_opts(&self.cfg)) {
+        let fs = match Fs::open_devices(dev.clone(), None, &oracle_opts(&self.cfg)) {
             Ok(fs) => fs,
             Err(e) => {
                 return ImageVerdict {
@@ -845,7 +858,7 @@ impl Harness {
         let dev = Arc::new(MemDev::from_bytes(bytes));
         let opts = MountOptions {
             read_only: true,
-            ..mount_opts(&self.cfg)
+            ..oracle_opts(&self.cfg)
         };
         let fs = Fs::open_devices(dev, None, &opts)
             .map_err(|e| format!("open after e2fsck -fy failed: {e}"))?;

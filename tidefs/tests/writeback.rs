@@ -199,3 +199,25 @@ fn fsync_of_cached_data_over_holes_commits_its_allocation() {
         common::assert_fsck_clean(&img);
     }
 }
+
+#[test]
+fn fallocate_under_cached_data_counts_each_block_once() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "f.img", 64, &[]);
+    let fs = Fs::open(&img, &options(DataMode::Ordered)).unwrap();
+    let f = fs.create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT).unwrap();
+    fs.write(f.ino, 0, b"hello").unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().blocks, 8, "one reserved block");
+    // The preallocation covers the cached page's block: it must not stay reserved as well.
+    fs.fallocate(f.ino, 0, 4 * BS as u64, true).unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().blocks, 4 * 8);
+    fs.fsync(f.ino, false).unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().blocks, 4 * 8);
+    assert_eq!(fs.read(f.ino, 0, 100).unwrap(), b"hello");
+    fs.unmount().unwrap();
+    drop(fs);
+    common::assert_fsck_clean(&img);
+}

@@ -249,6 +249,10 @@ impl BlockDevice for FaultDev {
     fn len_bytes(&self) -> u64 {
         self.inner.len_bytes()
     }
+
+    fn sector_size(&self) -> u32 {
+        self.inner.sector_size()
+    }
 }
 
 #[cfg(test)]

@@ -244,6 +244,8 @@ pub struct MountOptions {
     /// Never checkpoint on the timer (the log still checkpoints when it is full): for the
     /// recovery benchmark, which needs a log full of transactions at the crash.
     pub hold_checkpoints: bool,
+    /// What a flush does on the image and journal files (`-o barrier=`); `None` is unsafe.
+    pub barrier: crate::dev::Barrier,
 }
 
 impl Default for MountOptions {
@@ -255,6 +257,7 @@ impl Default for MountOptions {
             cache_size_bytes: 256 << 20,
             data_mode: DataMode::Ordered,
             hold_checkpoints: false,
+            barrier: crate::dev::Barrier::Flush,
         }
     }
 }
@@ -284,4 +287,6 @@ pub struct Stats {
     /// Bytes of the committed metadata blocks that had really changed: what byte-range
     /// records would log instead of whole blocks.
     pub changed_metadata_bytes: u64,
+    /// Cache flushes the devices received (file-system and journal device).
+    pub flushes: u64,
 }

@@ -319,10 +319,12 @@ impl Fs {
                 ))
             }
         };
-        let dev = FileDev::open(image, opts.read_only).map_err(|e| open_error(image, e))?;
+        let dev = FileDev::open_with(image, opts.read_only, opts.barrier)
+            .map_err(|e| open_error(image, e))?;
         let jdev: Option<Arc<dyn BlockDevice>> = match &opts.journal_device {
             Some(p) => Some(Arc::new(
-                FileDev::open(p, opts.read_only).map_err(|e| open_error(p, e))?,
+                FileDev::open_with(p, opts.read_only, opts.barrier)
+                    .map_err(|e| open_error(p, e))?,
             )),
             None => None,
         };
@@ -380,6 +382,7 @@ impl Fs {
             ));
         };
         let journal = Journal::open(jgeo, dev.clone(), jopts)?;
+        journal.hold_checkpoints(opts.hold_checkpoints);
         // A damaged primary with nothing in the journal to repair it: the backup in group 1,
         // as e2fsck -b does; mount writes it back as the primary.
         let (sb, torn_superblock) = match (torn_superblock, journal.needs_recovery()) {
@@ -565,6 +568,7 @@ impl Fs {
         if let Some(h) = self.background.lock().take() {
             let _ = h.join();
         }
+        self.inner.io.journal.stop_background();
         self.inner.meta.lock().read_only = true;
     }
 
@@ -1043,6 +1047,7 @@ impl Fs {
             fsync_p99_us: pct(99),
             checkpoints: j.checkpoints,
             changed_metadata_bytes: c.changed_metadata_bytes.load(Ordering::Relaxed),
+            flushes: self.inner.io.flushes(&j),
         }
     }
 }
@@ -1055,6 +1060,16 @@ impl Drop for Fs {
 }
 
 impl Io {
+    /// Flushes the devices received: the fs device's, plus the external journal device's.
+    fn flushes(&self, j: &crate::journal::JournalStats) -> u64 {
+        let fs_dev = self.counted.counters.flushes.load(Ordering::Relaxed);
+        if self.internal_journal {
+            fs_dev
+        } else {
+            fs_dev + j.journal_flushes
+        }
+    }
+
     /// Bytes written to home locations of the fs device (journal writes excluded).
     fn home_bytes_written(&self, journal_bytes: u64) -> u64 {
         let all = self.counted.counters.bytes_written.load(Ordering::Relaxed);

@@ -1173,6 +1173,8 @@ impl Meta {
             let p = self.alloc_block(io, goal)?;
             goal = p + 1;
             map.insert(l, p, true);
+            // A cached page over this hole held a reservation: the block exists now.
+            self.data.allocated(ino, l);
         }
         Ok(missing)
     }

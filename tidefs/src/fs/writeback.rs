@@ -126,27 +126,13 @@ impl Meta {
     }
 }
 
-/// Writes `writes` (sorted by offset) to the device, merging runs of adjacent blocks into one
-/// write each.
+/// Writes `writes` (sorted by offset) to the device in one call, which merges runs of
+/// adjacent blocks into one write each.
 pub(crate) fn write_home(io: &Io, writes: &[HomeWrite]) -> Result<()> {
-    let mut i = 0;
-    while i < writes.len() {
-        let mut j = i + 1;
-        let mut end = writes[i].at + writes[i].bytes.len() as u64;
-        while j < writes.len() && writes[j].at == end && j - i < 256 {
-            end += writes[j].bytes.len() as u64;
-            j += 1;
-        }
-        if j == i + 1 {
-            io.dev.write_at(writes[i].at, &writes[i].bytes)?;
-        } else {
-            let mut buf = Vec::with_capacity((end - writes[i].at) as usize);
-            for w in &writes[i..j] {
-                buf.extend_from_slice(&w.bytes);
-            }
-            io.dev.write_at(writes[i].at, &buf)?;
-        }
-        i = j;
+    if writes.is_empty() {
+        return Ok(());
     }
+    let pieces: Vec<(u64, &[u8])> = writes.iter().map(|w| (w.at, &w.bytes[..])).collect();
+    io.dev.write_blocks(&pieces)?;
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! The journal log: geometry, open, commit, checkpoint, close.
+//! The journal log: geometry, open, commit, checkpoint, close, and the background
+//! checkpointer.
 //!
 //! The log is the circular area `[s_first, s_maxlen)` of journal blocks. Live transactions (committed,
 //! not yet checkpointed) occupy the run from the tail (`s_start` on disk, the first block of the
@@ -10,36 +11,51 @@
 //!   wrapped:  first [ ==live== head | free | tail ==live== ] maxlen
 //! ```
 //!
-//! Checkpoint writes every pending block home and empties the log (`s_start = 0`); the head
-//! stays where it was, and the next commit writes the superblock (`s_start`, `s_sequence`)
-//! again first and continues the circular log from the head.
+//! Checkpoint retires the live transactions that were committed when it started: it writes the
+//! newest committed copy of each of their blocks home, in sorted batches, without holding
+//! `log`; flushes home; then, holding `log` briefly, moves the tail past them (`s_start` = the
+//! oldest transaction still live, or 0 when none is) with one durable superblock write. The
+//! head never moves back; the next commit continues the circular log from it.
 //!
 //! Invariants:
 //! - `used` (the sum of the live transactions' lengths) never exceeds the log capacity
-//!   `s_maxlen - s_first`, so the head never overwrites a live block;
+//!   `s_maxlen - s_first`, so the head never overwrites a live block; it shrinks only after the
+//!   superblock naming the new tail is durable;
 //! - the superblock on disk says `s_start = 0` exactly when no live transaction exists on disk
 //!   (it is written with `s_start != 0` before the first block of a transaction on an empty
 //!   log, and with 0 only after every live block is durable at home);
 //! - a commit record is written only after the transaction's body, the superblock (if
 //!   rewritten) and the home device have been flushed;
 //! - `pending` holds, for each home block, the newest copy committed and not yet written home;
-//!   a block enters only once its commit is durable and leaves only once its home write is
-//!   durable or a later durable commit revoked it;
+//!   a block enters only once its commit is durable and leaves only once a copy at least as new
+//!   is durable at home or a later durable commit revoked it;
+//! - checkpoints run one at a time, so a home block is never written by two checkpoints at
+//!   once, and a later checkpoint (the only writer of a newer copy) starts after an earlier one
+//!   has finished writing: an older copy never lands over a newer one;
+//! - a checkpoint writes a block only if it is still pending when its batch starts, and a commit
+//!   that revokes a pending block waits for the batch in flight: once the commit returns (and
+//!   the freed block may be reused), no checkpoint writes the old copy;
 //! - after an I/O error the journal is aborted: every later commit or checkpoint fails fast.
 //!
-//! Locks: `log` serialises commit, checkpoint, recovery and close and is held across their
-//! journal and home I/O; `pending` is held only to look up or update the map, never across
-//! I/O, so the fs read path (`pending()`) never waits for a commit's device writes.
+//! Locks, in the order they are taken: `commit_gate` (one commit, close or recovery at a time)
+//! → `checkpoint_gate` (one checkpoint at a time) → `log` (the log's state; a commit holds it
+//! across its journal I/O, a checkpoint only to take its snapshot and for the final superblock
+//! write) → `cp_batch` (held by a checkpoint across one batch of home writes) → `pending`
+//! (held only to look up or update the map, never across I/O, so the fs read path never waits
+//! for device writes). A commit never waits for a checkpoint's home writes, except for one batch
+//! when it revokes a block that batch may be writing, and except when the log is full.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::records::{Jbd2BlockLayout, Record};
-use crate::dev::BlockDevice;
+use crate::dev::{sector_span, BlockDevice};
 use crate::error::{FsError, Result};
 use crate::format::jbd2::{
     check_incompat, csum_seed, superblock::SUPERBLOCK_SIZE, JournalSuperblock, TagFormat,
@@ -242,29 +258,25 @@ impl JournalGeometry {
         Ok(())
     }
 
-    /// Writes blocks at the given journal positions, merging device-contiguous runs into one
-    /// write each.
-    pub(super) fn write_blocks(&self, blocks: &[(u32, &[u8])]) -> Result<()> {
-        let bs = u64::from(self.block_size);
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_start = 0u64;
+    /// Writes blocks at the given journal positions in one call to the device, which merges
+    /// device-contiguous runs into one transfer each. Returns the bytes the device received.
+    pub(super) fn write_blocks(&self, blocks: &[(u32, &[u8])]) -> Result<u64> {
+        let mut pieces: Vec<(u64, &[u8])> = Vec::with_capacity(blocks.len());
         for &(logical, data) in blocks {
-            let off = self.offset_of(logical)?;
-            let run_len = u64::try_from(run.len()).unwrap_or(u64::MAX);
-            if !run.is_empty() && run_start + run_len != off {
-                self.dev.write_at(run_start, &run)?;
-                run.clear();
-            }
-            if run.is_empty() {
-                run_start = off;
-            }
-            debug_assert_eq!(u64::try_from(data.len()).ok(), Some(bs));
-            run.extend_from_slice(data);
+            debug_assert_eq!(data.len(), self.block_size as usize);
+            pieces.push((self.offset_of(logical)?, data));
         }
-        if !run.is_empty() {
-            self.dev.write_at(run_start, &run)?;
-        }
-        Ok(())
+        self.dev.write_blocks(&pieces)?;
+        Ok(self.received(&pieces))
+    }
+
+    /// Bytes the journal device receives for `pieces`: whole sectors.
+    pub(super) fn received(&self, pieces: &[(u64, &[u8])]) -> u64 {
+        let sector = self.dev.sector_size();
+        pieces
+            .iter()
+            .map(|(o, b)| sector_span(*o, b.len(), sector).0)
+            .sum()
     }
 
     /// Checks that every journal block in `[sb_block, len_blocks)` is mapped.
@@ -328,8 +340,14 @@ pub struct CommitRequest {
 /// Counters of journal activity since open.
 #[derive(Clone, Debug, Default)]
 pub struct JournalStats {
-    /// Bytes written to the journal device (blocks and superblock updates).
+    /// Bytes the journal device received (blocks and superblock updates, in whole sectors).
     pub journal_bytes: u64,
+    /// Flushes the journal issued on the journal device.
+    pub journal_flushes: u64,
+    /// Flushes the journal issued on the home device when it is not the journal device.
+    pub home_flushes: u64,
+    /// Durable (FUA) writes the journal issued: commit blocks and superblock tail updates.
+    pub durable_writes: u64,
     /// Transactions committed.
     pub commits: u64,
     /// Block copies logged.
@@ -338,6 +356,8 @@ pub struct JournalStats {
     pub checkpoints: u64,
     /// Bytes written home by checkpoints.
     pub home_bytes_checkpointed: u64,
+    /// Times a commit found the log full and waited for a checkpoint.
+    pub commits_waited_for_checkpoint: u64,
 }
 
 /// A committed transaction whose blocks may not yet be home.
@@ -357,7 +377,7 @@ pub(super) struct PendingCopy {
     pub data: Arc<[u8]>,
 }
 
-/// Log state guarded by `Journal::log`.
+/// Log state guarded by `JournalCore::log`.
 pub(super) struct LogState {
     /// In-memory copy of the journal superblock; written on disk at the points above. [log]
     pub sb: JournalSuperblock,
@@ -375,8 +395,57 @@ pub(super) struct LogState {
     pub features_ready: bool,
 }
 
-/// The journal. `Send + Sync`; every method takes `&self`.
+/// The journal. `Send + Sync`; every method takes `&self` (they live on [`JournalCore`],
+/// which a `Journal` dereferences to). Dropping it stops its background checkpointer.
 pub struct Journal {
+    core: Arc<JournalCore>,
+}
+
+impl Deref for Journal {
+    type Target = JournalCore;
+    fn deref(&self) -> &JournalCore {
+        &self.core
+    }
+}
+
+impl Journal {
+    /// Stops the background checkpointer for good, waiting for a checkpoint it is running:
+    /// afterwards the journal writes only when called. For a file system stopping as at a
+    /// power cut.
+    pub fn stop_background(&self) {
+        let handle = {
+            let mut w = self.core.worker.lock();
+            w.stop = true;
+            w.handle.take()
+        };
+        self.core.worker_wake.notify_all();
+        if let Some(h) = handle {
+            if h.join().is_err() {
+                log::error!("the journal's background checkpointer panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.stop_background();
+    }
+}
+
+/// The background checkpointer's state. [worker]
+#[derive(Default)]
+pub(super) struct Worker {
+    /// A commit asked for a checkpoint since the worker last started one.
+    requested: bool,
+    /// The journal is being dropped: the worker returns.
+    stop: bool,
+    /// The worker thread, started by the first request.
+    handle: Option<JoinHandle<()>>,
+}
+
+/// The journal's state and operations, shared with its background checkpointer.
+pub struct JournalCore {
     pub(super) geom: JournalGeometry,
     pub(super) home: Arc<dyn BlockDevice>,
     pub(super) opts: JournalOptions,
@@ -386,7 +455,13 @@ pub struct Journal {
     pub(super) len_blocks: u32,
     /// `s_first`.
     pub(super) first_block: u32,
+    /// One commit, close or recovery at a time.
+    pub(super) commit_gate: Mutex<()>,
+    /// One checkpoint at a time.
+    pub(super) checkpoint_gate: Mutex<()>,
     pub(super) log: Mutex<LogState>,
+    /// Held by a checkpoint while it writes one batch of home blocks.
+    pub(super) cp_batch: Mutex<()>,
     /// [pending] newest committed copies not yet home.
     pub(super) pending: RwLock<HashMap<u64, PendingCopy>>,
     /// Mirror of the live transactions' total length, readable without `log`.
@@ -396,6 +471,21 @@ pub struct Journal {
     /// The on-disk log holds transactions to replay. Changes under `log`.
     pub(super) needs_recovery: AtomicBool,
     pub(super) stats: Mutex<JournalStats>,
+    /// No background checkpoints (the recovery benchmark needs a full log at its crash).
+    pub(super) hold_checkpoints: AtomicBool,
+    /// [worker] the background checkpointer.
+    pub(super) worker: Mutex<Worker>,
+    pub(super) worker_wake: Condvar,
+    /// This core, for starting the worker thread.
+    me: Weak<JournalCore>,
+}
+
+/// Home blocks one checkpoint batch writes at most (4 MiB of 4 KiB blocks).
+pub(super) const CHECKPOINT_BATCH_BLOCKS: usize = 1024;
+
+/// True when tid `a` is `b` or later, modulo wrap-around (kernel `tid_geq`).
+pub(super) fn tid_geq(a: Tid, b: Tid) -> bool {
+    a.wrapping_sub(b) < 0x8000_0000
 }
 
 pub(super) fn layout_for(sb: &JournalSuperblock) -> Jbd2BlockLayout {
@@ -454,7 +544,7 @@ impl Journal {
         geom.check_covers(sb.len_blocks)?;
         let needs_recovery = sb.start_block != 0;
         let next_tid = sb.sequence.wrapping_add(u32::from(!needs_recovery));
-        let journal = Journal {
+        let core = Arc::new_cyclic(|me| JournalCore {
             sb_block,
             len_blocks: sb.len_blocks,
             first_block: sb.first_log_block,
@@ -474,10 +564,19 @@ impl Journal {
             next_tid: AtomicU32::new(next_tid),
             needs_recovery: AtomicBool::new(needs_recovery),
             stats: Mutex::new(JournalStats::default()),
-        };
-        Ok(journal)
+            commit_gate: Mutex::new(()),
+            checkpoint_gate: Mutex::new(()),
+            cp_batch: Mutex::new(()),
+            hold_checkpoints: AtomicBool::new(false),
+            worker: Mutex::new(Worker::default()),
+            worker_wake: Condvar::new(),
+            me: me.clone(),
+        });
+        Ok(Journal { core })
     }
+}
 
+impl JournalCore {
     /// Turns on the features the options ask for, on an empty log only (the records already
     /// in a log must be read in the format they were written in).
     pub(super) fn enable_features(&self, state: &mut LogState) -> Result<()> {
@@ -503,20 +602,34 @@ impl Journal {
         }
         state.layout = layout_for(&state.sb);
         self.write_sb(state)?;
-        self.geom.dev.flush().map_err(|e| io_abort(state, e))?;
+        self.flush_journal_dev().map_err(|e| io_abort(state, e))?;
         Ok(())
     }
 
     /// Writes the in-memory superblock to its block (not flushed).
     pub(super) fn write_sb(&self, state: &mut LogState) -> Result<()> {
+        self.write_sb_as(state, false)
+    }
+
+    /// Writes the in-memory superblock to its block and returns once it is durable (FUA):
+    /// it orders nothing else.
+    pub(super) fn write_sb_durable(&self, state: &mut LogState) -> Result<()> {
+        self.write_sb_as(state, true)
+    }
+
+    fn write_sb_as(&self, state: &mut LogState, durable: bool) -> Result<()> {
         let mut b = vec![0u8; SUPERBLOCK_SIZE];
         state.sb.write(&mut b);
         let off = self.geom.offset_of(self.sb_block)?;
-        self.geom
-            .dev
-            .write_at(off, &b)
-            .map_err(|e| io_abort(state, e))?;
-        self.stats.lock().journal_bytes += SUPERBLOCK_SIZE as u64;
+        let written = if durable {
+            self.geom.dev.write_durable(off, &b)
+        } else {
+            self.geom.dev.write_at(off, &b)
+        };
+        written.map_err(|e| io_abort(state, e))?;
+        let mut stats = self.stats.lock();
+        stats.journal_bytes += self.geom.received(&[(off, &b)]);
+        stats.durable_writes += u64::from(durable);
         Ok(())
     }
 
@@ -569,10 +682,32 @@ impl Journal {
         self.first_block + rel
     }
 
+    /// The home device is the journal device (an internal journal).
+    fn internal(&self) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.home), Arc::as_ptr(&self.geom.dev))
+    }
+
+    /// Flushes the journal device, counted.
+    pub(super) fn flush_journal_dev(&self) -> std::io::Result<()> {
+        self.stats.lock().journal_flushes += 1;
+        self.geom.dev.flush()
+    }
+
+    /// Flushes the home device, counted (as a journal flush when it is the same device).
+    pub(super) fn flush_home_dev(&self) -> std::io::Result<()> {
+        if self.internal() {
+            return self.flush_journal_dev();
+        }
+        self.stats.lock().home_flushes += 1;
+        self.home.flush()
+    }
+
+    /// Flushes the home device and, when it is another device, the journal device: one flush
+    /// for an internal journal.
     fn flush_both(&self, state: &mut LogState) -> Result<()> {
-        self.home.flush().map_err(|e| io_abort(state, e))?;
-        if !std::ptr::addr_eq(Arc::as_ptr(&self.home), Arc::as_ptr(&self.geom.dev)) {
-            self.geom.dev.flush().map_err(|e| io_abort(state, e))?;
+        self.flush_home_dev().map_err(|e| io_abort(state, e))?;
+        if !self.internal() {
+            self.flush_journal_dev().map_err(|e| io_abort(state, e))?;
         }
         Ok(())
     }
@@ -596,17 +731,18 @@ impl Journal {
 
     /// Writes one transaction and returns its tid once durable. Order: (if the log was empty,
     /// the journal superblock with `s_start`/`s_sequence`), descriptor block(s) with tags and
-    /// escaped copies, the block copies, revoke block(s), then a flush of `home` and the journal
-    /// device (the ordering point that makes ordered-mode data already written home durable
-    /// before the commit record), then the commit block and a flush of the journal device. If
-    /// the log lacks room, checkpoints first. A block both logged and revoked in one request is
-    /// logged, not revoked (the kernel cancels such revokes). Empty requests still commit.
+    /// escaped copies, the block copies, revoke block(s), then one flush of `home` and the
+    /// journal device (the ordering point that makes the body, and ordered-mode data already
+    /// written home, durable before the commit record), then the commit block as a durable
+    /// (FUA) write. An internal journal thus costs one flush and one FUA write per commit.
+    ///
+    /// If the log lacks room, waits for a checkpoint (running one itself if none is running);
+    /// that is the only time a commit waits for checkpoint I/O, besides one batch of home
+    /// writes when it revokes a block a checkpoint may be writing. A block both logged and
+    /// revoked in one request is logged, not revoked (the kernel cancels such revokes). Empty
+    /// requests still commit.
     pub fn commit(&self, req: CommitRequest) -> Result<Tid> {
-        let mut state = self.log.lock();
-        self.check_writable(&state)?;
-        if !state.features_ready && state.live.is_empty() {
-            self.enable_features(&mut state)?;
-        }
+        let _gate = self.commit_gate.lock();
         let bs = usize::try_from(self.geom.block_size).unwrap_or(usize::MAX);
         // Newest content per home block, in first-seen order.
         let mut order: Vec<u64> = Vec::with_capacity(req.blocks.len());
@@ -629,35 +765,54 @@ impl Journal {
         revoked.sort_unstable();
         revoked.dedup();
         let home_blocks = self.home.len_bytes() / u64::from(self.geom.block_size);
-        let bits64 = state.layout.format.bits64;
-        for &h in order.iter().chain(&revoked) {
-            if h >= home_blocks {
+        let mut state = self.log.lock();
+        // Bounded: with `commit_gate` held no other commit adds to the log, and a checkpoint
+        // started after any running one has finished retires every live transaction.
+        let mut attempts = 0;
+        let (records, needed) = loop {
+            self.check_writable(&state)?;
+            if !state.features_ready && state.live.is_empty() {
+                self.enable_features(&mut state)?;
+            }
+            let bits64 = state.layout.format.bits64;
+            for &h in order.iter().chain(&revoked) {
+                if h >= home_blocks {
+                    return Err(FsError::Invalid(
+                        "commit names a block past the end of the device",
+                    ));
+                }
+                if !bits64 && h > u64::from(u32::MAX) {
+                    return Err(FsError::Invalid(
+                        "64-bit block number in a journal without 64bit",
+                    ));
+                }
+            }
+            let mut records: Vec<Record> = order
+                .iter()
+                .map(|h| Record::FullBlock {
+                    home: *h,
+                    data: Arc::clone(&content[h]),
+                })
+                .collect();
+            records.extend(revoked.iter().map(|&home| Record::Revoke { home }));
+            let needed = u32::try_from(state.layout.blocks_needed(&records)).unwrap_or(u32::MAX);
+            if needed > self.capacity() {
+                return Err(FsError::Invalid("transaction larger than the journal"));
+            }
+            if needed <= self.capacity() - self.used.load(Ordering::Acquire) {
+                break (records, needed);
+            }
+            attempts += 1;
+            if attempts > 2 {
                 return Err(FsError::Invalid(
-                    "commit names a block past the end of the device",
+                    "the journal is still full after a checkpoint",
                 ));
             }
-            if !bits64 && h > u64::from(u32::MAX) {
-                return Err(FsError::Invalid(
-                    "64-bit block number in a journal without 64bit",
-                ));
-            }
-        }
-        let mut records: Vec<Record> = order
-            .iter()
-            .map(|h| Record::FullBlock {
-                home: *h,
-                data: Arc::clone(&content[h]),
-            })
-            .collect();
-        records.extend(revoked.iter().map(|&home| Record::Revoke { home }));
-        let needed = state.layout.blocks_needed(&records);
-        let needed = u32::try_from(needed).unwrap_or(u32::MAX);
-        if needed > self.capacity() {
-            return Err(FsError::Invalid("transaction larger than the journal"));
-        }
-        if needed > self.capacity() - self.used.load(Ordering::Acquire) {
-            self.checkpoint_locked(&mut state)?;
-        }
+            drop(state);
+            self.stats.lock().commits_waited_for_checkpoint += 1;
+            self.checkpoint()?;
+            state = self.log.lock();
+        };
         let tid = self.next_tid.load(Ordering::Acquire);
         if state.live.is_empty() {
             state.sb.start_block = state.head;
@@ -677,16 +832,17 @@ impl Journal {
             .enumerate()
             .map(|(i, b)| (self.advance(start, u32::try_from(i).unwrap_or(0)), &b[..]))
             .collect();
-        if let Err(e) = self.geom.write_blocks(&positioned) {
-            return Err(io_abort(&mut state, e));
-        }
+        let body_bytes = match self.geom.write_blocks(&positioned) {
+            Ok(n) => n,
+            Err(e) => return Err(io_abort(&mut state, e)),
+        };
         self.flush_both(&mut state)?;
         let body_len = u32::try_from(txn.body.len()).unwrap_or(u32::MAX);
         let commit_pos = self.advance(start, body_len);
-        if let Err(e) = self.geom.write_blocks(&[(commit_pos, &txn.commit)]) {
+        let commit_off = self.geom.offset_of(commit_pos)?;
+        if let Err(e) = self.geom.dev.write_durable(commit_off, &txn.commit) {
             return Err(io_abort(&mut state, e));
         }
-        self.geom.dev.flush().map_err(|e| io_abort(&mut state, e))?;
         // Durable: account for it.
         state.live.push_back(LiveTxn {
             tid,
@@ -696,10 +852,11 @@ impl Journal {
         state.head = self.advance(start, needed);
         self.used.fetch_add(needed, Ordering::AcqRel);
         self.next_tid.store(tid.wrapping_add(1), Ordering::Release);
+        let mut revoked_pending = false;
         {
             let mut pending = self.pending.write();
             for h in &revoked {
-                pending.remove(h);
+                revoked_pending |= pending.remove(h).is_some();
             }
             for h in &order {
                 pending.insert(
@@ -711,12 +868,24 @@ impl Journal {
                 );
             }
         }
+        if revoked_pending {
+            // A checkpoint batch that started before the revoke may be writing the old copy;
+            // the block may be reused as soon as we return, so let that write finish first.
+            // Later batches see the block gone from `pending` and skip it.
+            drop(self.cp_batch.lock());
+        }
         #[cfg(debug_assertions)]
         self.check_invariants(&state);
-        let mut stats = self.stats.lock();
-        stats.commits += 1;
-        stats.blocks_logged += order.len() as u64;
-        stats.journal_bytes += u64::from(needed) * u64::from(self.geom.block_size);
+        drop(state);
+        {
+            let mut stats = self.stats.lock();
+            stats.commits += 1;
+            stats.blocks_logged += order.len() as u64;
+            stats.durable_writes += 1;
+            stats.journal_bytes +=
+                body_bytes + self.geom.received(&[(commit_off, &txn.commit[..])]);
+        }
+        self.request_background_checkpoint();
         Ok(tid)
     }
 
@@ -728,56 +897,164 @@ impl Journal {
             .map(|p| Arc::clone(&p.data))
     }
 
-    /// Writes the newest committed copy of every pending block home, flushes home, then
-    /// empties the log (superblock `s_start = 0`, `s_sequence` = next tid; the next commit
-    /// continues from the head) and flushes the journal device.
+    /// Retires every transaction committed when it starts: writes the newest committed copy
+    /// of each of their blocks home in sorted batches (merged into large writes), flushes
+    /// home, then moves the log tail past them with one durable superblock write (`s_start` =
+    /// the oldest transaction still live, or 0 and `s_sequence` = next tid when none is).
+    /// Commits run meanwhile: `log` is held only to take the snapshot and for the final
+    /// superblock write. Waits for a checkpoint already running.
     pub fn checkpoint(&self) -> Result<()> {
+        let _one = self.checkpoint_gate.lock();
+        let (last, homes) = {
+            let state = self.log.lock();
+            if self.opts.read_only || state.aborted {
+                return Err(FsError::ReadOnly);
+            }
+            if self.needs_recovery() {
+                return Err(FsError::Invalid(
+                    "journal needs recovery before a checkpoint",
+                ));
+            }
+            let Some(last) = state.live.back().map(|t| t.tid) else {
+                debug_assert!(self.pending.read().is_empty());
+                return Ok(());
+            };
+            // Under `log`, `pending` holds exactly the blocks of the live transactions.
+            let mut homes: Vec<u64> = self.pending.read().keys().copied().collect();
+            homes.sort_unstable();
+            (last, homes)
+        };
+        let bs = u64::from(self.geom.block_size);
+        let mut written = 0u64;
+        for chunk in homes.chunks(CHECKPOINT_BATCH_BLOCKS) {
+            let batch = self.cp_batch.lock();
+            // The newest copy now (a commit since the snapshot may have logged a newer one),
+            // and nothing for a block revoked since.
+            let copies: Vec<(u64, Arc<[u8]>)> = {
+                let pending = self.pending.read();
+                chunk
+                    .iter()
+                    .filter_map(|h| pending.get(h).map(|p| (*h, Arc::clone(&p.data))))
+                    .collect()
+            };
+            let pieces: Vec<(u64, &[u8])> = copies.iter().map(|(h, d)| (h * bs, &d[..])).collect();
+            let result = self.home.write_blocks(&pieces);
+            // Released before `abort_io` takes `log`: a commit may hold `log` waiting for it.
+            drop(batch);
+            if let Err(e) = result {
+                return Err(self.abort_io(e));
+            }
+            written += copies.len() as u64;
+        }
+        if let Err(e) = self.flush_home_dev() {
+            return Err(self.abort_io(e));
+        }
+        // Home is durable: move the tail past the retired transactions.
         let mut state = self.log.lock();
-        if self.opts.read_only || state.aborted {
+        if state.aborted {
             return Err(FsError::ReadOnly);
         }
-        if self.needs_recovery() {
-            return Err(FsError::Invalid(
-                "journal needs recovery before a checkpoint",
-            ));
+        let mut freed = 0u32;
+        while let Some(front) = state.live.front().copied() {
+            if !tid_geq(last, front.tid) {
+                break;
+            }
+            freed += front.len;
+            state.live.pop_front();
         }
-        self.checkpoint_locked(&mut state)
-    }
-
-    pub(super) fn checkpoint_locked(&self, state: &mut LogState) -> Result<()> {
-        if state.live.is_empty() {
-            debug_assert!(self.pending.read().is_empty());
-            return Ok(());
+        match state.live.front().copied() {
+            Some(front) => {
+                state.sb.start_block = front.start;
+                state.sb.sequence = front.tid;
+            }
+            None => {
+                // The head stays where it is: the next transaction continues the circular
+                // log (and wraps at s_maxlen), as kernels since 6.4 do.
+                state.sb.start_block = 0;
+                state.sb.sequence = self.next_tid.load(Ordering::Acquire);
+            }
         }
-        let mut copies: Vec<(u64, Arc<[u8]>)> = self
-            .pending
-            .read()
-            .iter()
-            .map(|(h, p)| (*h, Arc::clone(&p.data)))
-            .collect();
-        copies.sort_unstable_by_key(|(h, _)| *h);
-        let bs = u64::from(self.geom.block_size);
-        for (h, data) in &copies {
-            self.home
-                .write_at(h * bs, data)
-                .map_err(|e| io_abort(state, e))?;
-        }
-        self.home.flush().map_err(|e| io_abort(state, e))?;
-        // Home is durable; the log may forget these transactions. `log` is held, so no commit
-        // added newer copies since the snapshot.
-        self.pending.write().clear();
-        state.live.clear();
-        self.used.store(0, Ordering::Release);
-        // The head stays where it is: the next transaction continues the circular log (and
-        // wraps at s_maxlen), as kernels since 6.4 do.
-        state.sb.start_block = 0;
-        state.sb.sequence = self.next_tid.load(Ordering::Acquire);
-        self.write_sb(state)?;
-        self.geom.dev.flush().map_err(|e| io_abort(state, e))?;
+        // Durable before the space is reused: a crash must never find `s_start` pointing at
+        // blocks a newer transaction has overwritten.
+        self.write_sb_durable(&mut state)?;
+        self.used.fetch_sub(freed, Ordering::AcqRel);
+        self.pending.write().retain(|_, p| !tid_geq(last, p.tid));
+        #[cfg(debug_assertions)]
+        self.check_invariants(&state);
+        drop(state);
         let mut stats = self.stats.lock();
         stats.checkpoints += 1;
-        stats.home_bytes_checkpointed += copies.len() as u64 * bs;
+        stats.home_bytes_checkpointed += written * bs;
         Ok(())
+    }
+
+    /// Marks the journal aborted after an I/O error met without `log` held.
+    fn abort_io(&self, e: impl Into<FsError>) -> FsError {
+        self.log.lock().aborted = true;
+        e.into()
+    }
+
+    /// Stops (`true`) or allows background checkpoints. Held, the log is checkpointed only
+    /// when a commit finds it full, by `checkpoint` and by `close`: for the recovery
+    /// benchmark, which needs a log full of transactions at its crash.
+    pub fn hold_checkpoints(&self, hold: bool) {
+        self.hold_checkpoints.store(hold, Ordering::Release);
+    }
+
+    /// Wakes the background checkpointer (starting it the first time) once the log is half
+    /// full, so that space is reclaimed before a commit has to wait for it.
+    fn request_background_checkpoint(&self) {
+        if self.opts.read_only
+            || self.hold_checkpoints.load(Ordering::Acquire)
+            || self.used.load(Ordering::Acquire) <= self.capacity() / 2
+        {
+            return;
+        }
+        let mut w = self.worker.lock();
+        if w.stop {
+            return;
+        }
+        w.requested = true;
+        if w.handle.is_none() {
+            let Some(core) = self.me.upgrade() else {
+                return;
+            };
+            match std::thread::Builder::new()
+                .name("tidefs-checkpoint".into())
+                .spawn(move || core.background_loop())
+            {
+                Ok(h) => w.handle = Some(h),
+                Err(e) => log::warn!("no background checkpointer: {e}"),
+            }
+        }
+        drop(w);
+        self.worker_wake.notify_all();
+    }
+
+    /// The background checkpointer: one checkpoint per request, until the journal is dropped
+    /// or a checkpoint fails (which aborts the journal; the next commit reports it).
+    fn background_loop(&self) {
+        loop {
+            {
+                let mut w = self.worker.lock();
+                while !w.requested && !w.stop {
+                    self.worker_wake.wait(&mut w);
+                }
+                if w.stop {
+                    return;
+                }
+                w.requested = false;
+            }
+            if self.hold_checkpoints.load(Ordering::Acquire)
+                || self.used.load(Ordering::Acquire) <= self.capacity() / 2
+            {
+                continue;
+            }
+            if let Err(e) = self.checkpoint() {
+                log::error!("background checkpoint failed, the journal is aborted: {e}");
+                return;
+            }
+        }
     }
 
     /// Largest number of blocks (logged plus revoked, each counted as one) one transaction may
@@ -810,14 +1087,17 @@ impl Journal {
     /// Clean shutdown: checkpoint everything, mark the journal empty (`s_start = 0`), flush.
     /// Does nothing on a read-only journal or one that still needs recovery.
     pub fn close(&self) -> Result<()> {
-        let mut state = self.log.lock();
+        let _gate = self.commit_gate.lock();
         if self.opts.read_only || self.needs_recovery() {
             return Ok(());
         }
-        if state.aborted {
+        if self.log.lock().aborted {
             return Err(FsError::ReadOnly);
         }
-        self.checkpoint_locked(&mut state)?;
+        // No commit can run (`commit_gate`), so this retires every live transaction.
+        self.checkpoint()?;
+        let mut state = self.log.lock();
+        debug_assert!(state.live.is_empty());
         if !state.features_ready {
             self.enable_features(&mut state)?;
         }
@@ -836,7 +1116,7 @@ impl Journal {
         }
         state.sb.errno = errno;
         self.write_sb(&mut state)?;
-        self.geom.dev.flush().map_err(FsError::Io)
+        self.flush_journal_dev().map_err(FsError::Io)
     }
 
     /// The error a previous mount recorded in `s_errno` (0 if none).
@@ -853,7 +1133,8 @@ impl Journal {
         }
         state.sb.errno = 0;
         self.write_sb(&mut state)?;
-        self.geom.dev.flush().map_err(|e| io_abort(&mut state, e))
+        self.flush_journal_dev()
+            .map_err(|e| io_abort(&mut state, e))
     }
 
     /// Counters since open.

@@ -12,14 +12,23 @@
 //! - [`Journal::checkpoint`] writes the newest committed copy of each block home, flushes the home
 //!   device, then advances the log tail in the journal superblock.
 //! - Recovery ([`Journal::recover`]) scans, collects revokes, replays, and leaves the journal empty.
+//! - [`CommitLog`] is the same contract as a trait, which `Journal` implements, so that other
+//!   commit logs (NVM in-place commit, discreet mode) can stand in for it.
+//!
+//! Files: `log.rs` the log (geometry, commit, checkpoint, the background checkpointer),
+//! `records.rs` the records of a transaction and their jbd2 serialisation, `recovery.rs`
+//! replay, `commit_log.rs` the trait.
 
+mod commit_log;
 mod log;
 mod records;
 mod recovery;
 #[cfg(test)]
 mod tests;
 
+pub use commit_log::{CommitLog, LogSpace};
 pub use log::{
-    CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, JournalStats, Tid,
+    CommitRequest, Journal, JournalCore, JournalExtent, JournalGeometry, JournalOptions,
+    JournalStats, Tid,
 };
 pub use recovery::RecoveryReport;

@@ -31,7 +31,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::log::{layout_for, Journal, LogState, PendingCopy, Tid};
+use super::log::{
+    layout_for, tid_geq, JournalCore, LogState, PendingCopy, Tid, CHECKPOINT_BATCH_BLOCKS,
+};
 use crate::error::{FsError, Result};
 use crate::format::jbd2::{
     block_tail_verify, commit, crc32_be, data_block_csum, BlockHeader, BlockType, CommitBlock,
@@ -80,12 +82,7 @@ struct ScannedTxn {
     revokes: Vec<u64>,
 }
 
-/// True when tid `a` is `b` or later, modulo wrap-around (kernel `tid_geq`).
-fn tid_geq(a: Tid, b: Tid) -> bool {
-    a.wrapping_sub(b) < 0x8000_0000
-}
-
-impl Journal {
+impl JournalCore {
     /// Scans, collects revokes, replays (newest committed copy wins, revokes honoured, escaped
     /// blocks unescaped), flushes home, then marks the journal empty (`s_start = 0`,
     /// `s_sequence` = last tid + 1) and flushes. Safe to interrupt and run again.
@@ -94,6 +91,8 @@ impl Journal {
     /// instead, so [`Journal::pending`] serves the recovered view, and `needs_recovery()` stays
     /// true.
     pub fn recover(&self) -> Result<RecoveryReport> {
+        let _gate = self.commit_gate.lock();
+        let _one = self.checkpoint_gate.lock();
         let mut state = self.log.lock();
         let mut report = RecoveryReport::default();
         if !self.needs_recovery() {
@@ -135,8 +134,9 @@ impl Journal {
         order.sort_unstable_by_key(|(h, _)| *h);
         let bs = u64::from(self.geom.block_size);
         let home_blocks = self.home.len_bytes() / bs;
-        let mut buf = vec![0u8; state.layout.block_size];
         let magic = JBD2_MAGIC.to_be_bytes();
+        // Read-write replay goes home in sorted batches, each merged into few large writes.
+        let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
         for (home, (tid, copy)) in &order {
             if *home >= home_blocks {
                 return Err(FsError::corrupt(format!(
@@ -144,6 +144,7 @@ impl Journal {
                      ({home_blocks} blocks)"
                 )));
             }
+            let mut buf = vec![0u8; state.layout.block_size];
             self.geom.read_block(copy.position, &mut buf)?;
             if copy.escaped {
                 buf[..4].copy_from_slice(&magic);
@@ -157,20 +158,24 @@ impl Journal {
                     },
                 );
             } else {
-                self.home.write_at(home * bs, &buf)?;
+                batch.push((home * bs, buf));
+                if batch.len() >= CHECKPOINT_BATCH_BLOCKS {
+                    self.replay_batch(&mut batch)?;
+                }
             }
             report.blocks_replayed += 1;
         }
+        self.replay_batch(&mut batch)?;
         if self.opts.read_only {
             report.replay = t2.elapsed();
             return Ok(report);
         }
-        self.home.flush()?;
+        self.flush_home_dev()?;
         let end_tid = state.sb.sequence.wrapping_add(report.transactions);
         state.sb.start_block = 0;
         state.sb.sequence = end_tid;
         self.write_sb(&mut state)?;
-        self.geom.dev.flush()?;
+        self.flush_journal_dev()?;
         report.replay = t2.elapsed();
         // The tid right after the last committed one may be partly on disk; skip it, as the
         // kernel does (`j_transaction_sequence = ++info.end_transaction`).
@@ -182,6 +187,14 @@ impl Journal {
         self.needs_recovery.store(false, Ordering::Release);
         self.enable_features(&mut state)?;
         Ok(report)
+    }
+
+    /// Writes a batch of replayed blocks home and empties it.
+    fn replay_batch(&self, batch: &mut Vec<(u64, Vec<u8>)>) -> Result<()> {
+        let pieces: Vec<(u64, &[u8])> = batch.iter().map(|(o, b)| (*o, &b[..])).collect();
+        self.home.write_blocks(&pieces)?;
+        batch.clear();
+        Ok(())
     }
 
     /// Walks the log from `s_start`, returning the transactions that are fully committed, in

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::*;
+use crate::dev::fault::{Fault, FaultDev, FaultOp};
 use crate::dev::{BlockDevice, MemDev};
 use crate::error::FsError;
 use crate::format::jbd2::superblock::{JournalSuperblock, MAX_USERS, SUPERBLOCK_SIZE};
@@ -88,13 +89,22 @@ impl Rig {
         JournalSuperblock::parse(&b).unwrap()
     }
 
+    /// Opens the journal with background checkpoints held, so that what a test commits
+    /// stays in the log until the test checkpoints (the background checkpointer has tests of
+    /// its own).
     fn open(&self, opts: JournalOptions) -> Result<Journal, FsError> {
-        let dev: Arc<dyn BlockDevice> = self.dev.clone();
-        Journal::open(
+        self.open_on(self.dev.clone(), opts)
+    }
+
+    /// [`Rig::open`] through `dev`, a wrapper of the rig's device.
+    fn open_on(&self, dev: Arc<dyn BlockDevice>, opts: JournalOptions) -> Result<Journal, FsError> {
+        let j = Journal::open(
             JournalGeometry::internal(dev.clone(), BS, self.extents.clone()),
             dev,
             opts,
-        )
+        )?;
+        j.hold_checkpoints(true);
+        Ok(j)
     }
 
     fn home(&self, block: u64) -> Vec<u8> {
@@ -813,4 +823,363 @@ mod e2fsprogs_oracle {
             );
         }
     }
+}
+
+/// A device whose writes to home blocks (outside the journal's device ranges) wait at a gate
+/// while it is closed, so a test can hold a checkpoint in the middle of its home writes.
+struct GatedHome {
+    inner: Arc<MemDev>,
+    /// Device byte ranges of the journal: never gated.
+    journal: Vec<std::ops::Range<u64>>,
+    /// (gate closed, home writes waiting at it, writes waiting at it fail when it opens).
+    state: parking_lot::Mutex<(bool, usize, bool)>,
+    changed: parking_lot::Condvar,
+}
+
+impl GatedHome {
+    fn new(rig: &Rig) -> Arc<GatedHome> {
+        let bs = u64::from(BS);
+        let journal = rig
+            .extents
+            .iter()
+            .map(|e| e.device_block * bs..(e.device_block + u64::from(e.len)) * bs)
+            .collect();
+        Arc::new(GatedHome {
+            inner: rig.dev.clone(),
+            journal,
+            state: parking_lot::Mutex::new((false, 0, false)),
+            changed: parking_lot::Condvar::new(),
+        })
+    }
+
+    fn close(&self) {
+        self.state.lock().0 = true;
+    }
+
+    fn open(&self) {
+        self.state.lock().0 = false;
+        self.changed.notify_all();
+    }
+
+    /// Opens the gate and fails the writes that were waiting at it.
+    fn open_failing(&self) {
+        let mut s = self.state.lock();
+        s.0 = false;
+        s.2 = true;
+        self.changed.notify_all();
+    }
+
+    /// Returns once a home write is waiting at the closed gate.
+    fn wait_for_blocked_write(&self) {
+        let mut s = self.state.lock();
+        while s.1 == 0 {
+            self.changed.wait(&mut s);
+        }
+    }
+
+    fn pass(&self, offset: u64) -> std::io::Result<()> {
+        if self.journal.iter().any(|r| r.contains(&offset)) {
+            return Ok(());
+        }
+        let mut s = self.state.lock();
+        if !s.0 {
+            return Ok(());
+        }
+        s.1 += 1;
+        self.changed.notify_all();
+        while s.0 {
+            self.changed.wait(&mut s);
+        }
+        s.1 -= 1;
+        if s.2 {
+            return Err(std::io::Error::other("gated write failed"));
+        }
+        Ok(())
+    }
+}
+
+impl BlockDevice for GatedHome {
+    fn read_at(&self, o: u64, b: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(o, b)
+    }
+    fn write_at(&self, o: u64, b: &[u8]) -> std::io::Result<()> {
+        self.pass(o)?;
+        self.inner.write_at(o, b)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn len_bytes(&self) -> u64 {
+        self.inner.len_bytes()
+    }
+}
+
+/// A checkpoint held at a closed gate in the middle of its home writes.
+struct HeldCheckpoint {
+    rig: Rig,
+    gate: Arc<GatedHome>,
+    j: Arc<Journal>,
+    /// The checkpoint's thread.
+    cp: std::thread::JoinHandle<Result<(), FsError>>,
+}
+
+/// The blocks of one transaction: (home block, content).
+type TxnBlocks<'a> = &'a [(u64, Arc<[u8]>)];
+
+/// Commits each of `txns` as one transaction, then starts a checkpoint and returns once it is
+/// blocked writing home.
+fn hold_a_checkpoint(txns: &[TxnBlocks]) -> HeldCheckpoint {
+    let rig = Rig::new(64, 0, 0);
+    let gate = GatedHome::new(&rig);
+    let j = Arc::new(rig.open_on(gate.clone(), V3_64).unwrap());
+    for blocks in txns {
+        j.commit(req(blocks, &[])).unwrap();
+    }
+    gate.close();
+    let cp = {
+        let j = Arc::clone(&j);
+        std::thread::spawn(move || j.checkpoint())
+    };
+    gate.wait_for_blocked_write();
+    HeldCheckpoint { rig, gate, j, cp }
+}
+
+/// Starts a commit that revokes `home` on its own thread and gives it time to reach the point
+/// where it waits for the checkpoint batch in flight (the properties tested hold in every
+/// interleaving; the pause only makes the interesting one likely).
+fn revoke_in_background(
+    j: &Arc<Journal>,
+    home: u64,
+) -> std::thread::JoinHandle<Result<Tid, FsError>> {
+    let j = Arc::clone(j);
+    let revoker = std::thread::spawn(move || j.commit(req(&[], &[home])));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    revoker
+}
+
+/// Goal: a checkpoint does not stand in a commit's way, and a block re-committed while its
+/// older copy is being checkpointed ends up newest at home and in `pending`. Method: hold the
+/// checkpoint inside its home writes with a gate; commit a newer copy of one of its blocks and
+/// a new block meanwhile (the commit must return while the gate is still closed); then check
+/// `pending`, the superblock's new tail, and the home blocks after a second checkpoint and,
+/// on a second run, after a crash and recovery.
+#[test]
+fn commit_completes_while_a_checkpoint_is_blocked_and_the_newest_copy_wins() {
+    for crash in [false, true] {
+        let HeldCheckpoint { rig, gate, j, cp } =
+            hold_a_checkpoint(&[&[(90, block(1, 0))], &[(91, block(2, 0))]]);
+        // The checkpoint is stuck in its home writes; this commit must not wait for it.
+        let t3 = j
+            .commit(req(&[(90, block(3, 0)), (92, block(4, 0))], &[]))
+            .unwrap();
+        assert!(
+            gate.state.lock().0,
+            "the commit returned with the gate still closed"
+        );
+        assert_eq!(j.pending(90).as_deref(), Some(&block(3, 0)[..]));
+        gate.open();
+        cp.join().unwrap().unwrap();
+        // The first two transactions are retired; the third is the new tail.
+        assert_eq!(j.pending(91), None);
+        assert_eq!(&rig.home(91)[..], &block(2, 0)[..]);
+        assert_eq!(j.pending(90).as_deref(), Some(&block(3, 0)[..]));
+        assert_eq!(j.pending(92).as_deref(), Some(&block(4, 0)[..]));
+        let sb = rig.read_sb();
+        assert_eq!(
+            sb.sequence, t3,
+            "s_sequence names the oldest live transaction"
+        );
+        assert_ne!(sb.start_block, 0, "a live transaction remains");
+        assert_eq!(
+            j.used_blocks(),
+            4,
+            "descriptor, two blocks and the commit block"
+        );
+        if crash {
+            drop(j);
+            let j = rig.open(V3_64).unwrap();
+            assert_eq!(j.recover().unwrap().transactions, 1);
+        } else {
+            j.checkpoint().unwrap();
+            assert_eq!(j.pending(90), None);
+            assert_eq!(rig.read_sb().start_block, 0);
+        }
+        assert_eq!(&rig.home(90)[..], &block(3, 0)[..], "crash: {crash}");
+        assert_eq!(&rig.home(92)[..], &block(4, 0)[..], "crash: {crash}");
+    }
+}
+
+/// Goal: once a commit that revokes a block returns, no checkpoint writes the block's old copy
+/// home, even one that was writing it when the revoke came (the block may be reused at once).
+/// Method: hold a checkpoint inside its write of the block; commit the revoke from another
+/// thread, open the gate, and once the commit has returned write "new data" to the block as its
+/// next user would; after every checkpoint, and after a crash and recovery, the new data stays.
+#[test]
+fn a_revoked_block_is_never_overwritten_by_its_checkpointed_copy() {
+    let HeldCheckpoint { rig, gate, j, cp } =
+        hold_a_checkpoint(&[&[(95, block(5, 0)), (96, block(6, 0))]]);
+    let revoker = revoke_in_background(&j, 95);
+    gate.open();
+    revoker.join().unwrap().unwrap();
+    let reuse = vec![0xEE; BS as usize];
+    rig.dev.write_at(95 * u64::from(BS), &reuse).unwrap();
+    cp.join().unwrap().unwrap();
+    assert_eq!(j.pending(95), None);
+    j.checkpoint().unwrap();
+    assert_eq!(rig.home(95), reuse);
+    assert_eq!(&rig.home(96)[..], &block(6, 0)[..]);
+}
+
+/// Goal: an internal journal costs one flush and one durable (FUA) write per commit; an
+/// external one two flushes (home, then journal) and one durable write. Method: count the
+/// devices' flushes over ten commits with background checkpoints held.
+#[test]
+fn one_flush_per_commit_with_an_internal_journal() {
+    use crate::dev::CountingDevice;
+    use std::sync::atomic::Ordering::Relaxed;
+    let rig = Rig::new(96, 0, 0);
+    let counted = Arc::new(CountingDevice::new(rig.dev.clone()));
+    let j = rig.open_on(counted.clone(), V3_64).unwrap();
+    // The first commit turns the journal features on (a superblock write and a flush).
+    j.commit(req(&[(80, block(1, 0))], &[])).unwrap();
+    let (f0, d0) = (
+        counted.counters.flushes.load(Relaxed),
+        counted.counters.durable_writes.load(Relaxed),
+    );
+    let before = j.stats();
+    for t in 0..10 {
+        j.commit(req(&[(81 + t, block(2, t))], &[])).unwrap();
+    }
+    assert_eq!(counted.counters.flushes.load(Relaxed) - f0, 10);
+    assert_eq!(counted.counters.durable_writes.load(Relaxed) - d0, 10);
+    let after = j.stats();
+    assert_eq!(after.journal_flushes - before.journal_flushes, 10);
+    assert_eq!(after.home_flushes, 0);
+    j.close().unwrap();
+    drop(j);
+
+    // External journal: the home device is another device.
+    let home = Arc::new(CountingDevice::new(Arc::new(MemDev::new(
+        (FS_BLOCKS * u64::from(BS)) as usize,
+    ))));
+    let jdev: Arc<dyn BlockDevice> = counted.clone();
+    let j = Journal::open(
+        JournalGeometry::internal(jdev, BS, rig.extents.clone()),
+        home.clone(),
+        V3_64,
+    )
+    .unwrap();
+    j.hold_checkpoints(true);
+    j.close().unwrap();
+    let before = j.stats();
+    for t in 0..10 {
+        j.commit(req(&[(81 + t, block(3, t))], &[])).unwrap();
+    }
+    let after = j.stats();
+    assert_eq!(after.home_flushes - before.home_flushes, 10);
+    assert_eq!(after.journal_flushes - before.journal_flushes, 10);
+    assert_eq!(after.durable_writes - before.durable_writes, 10);
+    assert_eq!(home.counters.flushes.load(Relaxed), after.home_flushes);
+}
+
+/// Goal: the journal reclaims space in the background once the log is half full, without any
+/// explicit checkpoint and without a commit waiting for one. Method: commit until just past
+/// half the log, then wait (bounded) for the background checkpoint to retire them.
+#[test]
+fn background_checkpoint_reclaims_space_before_the_log_is_full() {
+    let rig = Rig::new(64, 0, 0);
+    let j = rig.open(V3_64).unwrap();
+    j.hold_checkpoints(false);
+    let mut t = 0u64;
+    while j.used_blocks() <= 63 / 2 {
+        j.commit(req(&[(40 + t % 50, block(7, t))], &[])).unwrap();
+        t += 1;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while j.stats().checkpoints == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no background checkpoint"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(j.stats().commits_waited_for_checkpoint, 0);
+    assert_eq!(&rig.home(40)[..], &block(7, 0)[..]);
+}
+
+/// A rig whose journal runs on a fault device, with one transaction (block 97) committed.
+fn faulty_rig_with_one_commit() -> (Rig, Arc<FaultDev>, Journal) {
+    let rig = Rig::new(64, 0, 0);
+    let fault = Arc::new(FaultDev::new(rig.dev.clone()));
+    let j = rig.open_on(fault.clone(), V3_64).unwrap();
+    j.commit(req(&[(97, block(9, 1))], &[])).unwrap();
+    (rig, fault, j)
+}
+
+/// Drops `j` as a crash would, heals the device, reopens the journal and recovers it.
+fn crash_and_recover(rig: &Rig, j: Journal, fault: &FaultDev) -> RecoveryReport {
+    drop(j);
+    fault.heal();
+    rig.open(V3_64).unwrap().recover().unwrap()
+}
+
+/// Goal: a home write that fails during a checkpoint aborts the journal (later commits and
+/// checkpoints fail fast) and leaves the log intact for recovery. Method: a fault on the home
+/// block's range, then a reopen on the healthy device.
+#[test]
+fn failed_checkpoint_write_aborts_and_recovery_replays() {
+    let (rig, fault, j) = faulty_rig_with_one_commit();
+    let bs = u64::from(BS);
+    fault.inject(Fault::range(FaultOp::Write, 97 * bs..98 * bs));
+    assert!(matches!(j.checkpoint(), Err(FsError::Io(_))));
+    assert!(matches!(
+        j.commit(req(&[(98, block(1, 1))], &[])),
+        Err(FsError::ReadOnly)
+    ));
+    assert!(matches!(j.checkpoint(), Err(FsError::ReadOnly)));
+    assert_eq!(crash_and_recover(&rig, j, &fault).transactions, 1);
+    assert_eq!(&rig.home(97)[..], &block(9, 1)[..]);
+}
+
+/// Goal: a commit whose durable commit-block write fails reports the error, aborts the
+/// journal, and is not replayed. Method: the fault device fails the commit block's write of
+/// the second commit, and every write and flush after it.
+#[test]
+fn failed_commit_block_write_aborts_and_is_not_replayed() {
+    let (rig, fault, j) = faulty_rig_with_one_commit();
+    // Commit 2 writes its descriptor, its block, then the commit block: that write fails.
+    fault.inject(Fault::nth(FaultOp::Write, 2).then_dead());
+    assert!(matches!(
+        j.commit(req(&[(98, block(1, 1))], &[])),
+        Err(FsError::Io(_))
+    ));
+    assert_eq!(j.pending(98), None);
+    assert!(matches!(
+        j.commit(req(&[(99, block(1, 1))], &[])),
+        Err(FsError::ReadOnly)
+    ));
+    assert_eq!(crash_and_recover(&rig, j, &fault).transactions, 1);
+    assert_eq!(&rig.home(97)[..], &block(9, 1)[..]);
+    assert_ne!(&rig.home(98)[..], &block(1, 1)[..]);
+}
+
+/// Goal: a checkpoint batch that fails while a revoking commit waits for it does not deadlock
+/// (the batch lock is released before the abort takes the log lock), nor fails that commit,
+/// which was durable before it waited; the checkpoint reports the error and the journal is
+/// aborted. Method: hold the checkpoint's write of the block at the
+/// gate, commit its revoke from another thread, then open the gate failing the write.
+#[test]
+fn a_failing_checkpoint_batch_releases_a_waiting_commit() {
+    let HeldCheckpoint { gate, j, cp, .. } = hold_a_checkpoint(&[&[(95, block(5, 0))]]);
+    let revoker = revoke_in_background(&j, 95);
+    gate.open_failing();
+    assert!(matches!(cp.join().unwrap(), Err(FsError::Io(_))));
+    // Waiting for the batch, the commit was durable and succeeds; had it come after the
+    // failure, it would find the journal aborted. Either way it returns.
+    let revoked = revoker.join().unwrap();
+    assert!(
+        matches!(revoked, Ok(_) | Err(FsError::ReadOnly)),
+        "{revoked:?}"
+    );
+    assert!(matches!(j.commit(req(&[], &[])), Err(FsError::ReadOnly)));
 }
