@@ -1,0 +1,218 @@
+//! What the benchmarks print and write: latency percentiles, ratios, aligned text tables, JSON
+//! files, SVG line plots (plotters) and progress bars (indicatif, shown only on a terminal).
+
+use std::path::Path;
+use std::time::Duration;
+
+use plotters::prelude::*;
+
+use crate::CliError;
+
+/// Percentiles of a set of latencies, in microseconds.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Latency {
+    /// How many samples.
+    pub count: usize,
+    /// Median.
+    pub p50_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// Largest.
+    pub max_us: u64,
+}
+
+impl Latency {
+    /// Summarises `samples` (sorted here).
+    pub fn of(samples: &mut [u64]) -> Latency {
+        samples.sort_unstable();
+        let at = |p: usize| -> u64 {
+            if samples.is_empty() {
+                0
+            } else {
+                samples[(samples.len() - 1) * p / 100]
+            }
+        };
+        Latency {
+            count: samples.len(),
+            p50_us: at(50),
+            p99_us: at(99),
+            max_us: samples.last().copied().unwrap_or(0),
+        }
+    }
+}
+
+/// Microseconds of a duration, saturating.
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `value / base`, when there is a base to compare with.
+pub fn ratio(value: f64, base: Option<f64>) -> Option<f64> {
+    match base {
+        Some(b) if b > 0.0 => Some(value / b),
+        _ => None,
+    }
+}
+
+/// A ratio cell: `0.52x`, or `-` when there is no base.
+pub fn ratio_cell(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x"))
+}
+
+/// A latency cell in milliseconds with two decimals (`1.25`).
+pub fn ms_cell(us: u64) -> String {
+    format!("{:.2}", us as f64 / 1000.0)
+}
+
+/// The median of `values` (sorted here); 0 when empty.
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    if values.is_empty() {
+        0.0
+    } else {
+        values[values.len() / 2]
+    }
+}
+
+/// Prints a table with a header row; the first column is left-aligned, the others right.
+pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, w))| {
+                if i == 0 {
+                    format!("{cell:<w$}")
+                } else {
+                    format!("{cell:>w$}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    println!("{}", line(headers.to_vec()));
+    for row in rows {
+        println!("{}", line(row.iter().map(String::as_str).collect()));
+    }
+}
+
+/// Writes `value` as pretty JSON to `path`.
+pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), CliError> {
+    // OK to unwrap: a serde_json::Value always serializes.
+    let text = serde_json::to_string_pretty(value).expect("JSON value serializes");
+    std::fs::write(path, text + "\n")
+        .map_err(|e| CliError::new(format!("bench: {}", path.display()), e.to_string()))
+}
+
+/// One line of a plot: a name and its (x, y) points.
+pub struct Series {
+    /// The legend entry.
+    pub name: String,
+    /// Points in x order.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Draws `series` as lines with markers into an SVG file; the x axis is logarithmic when
+/// `log_x` (thread counts 1, 4, 16, 64 spread evenly).
+pub fn plot_lines(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+    log_x: bool,
+) -> Result<(), CliError> {
+    let failed = |e: String| CliError::new(format!("bench: plot {}", path.display()), e);
+    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let (x_lo, x_hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    let y_hi = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0_f64, f64::max);
+    if x_lo > x_hi {
+        return Err(failed("nothing to plot".into()));
+    }
+    let (x_lo, x_hi) = if x_lo == x_hi {
+        (x_lo * 0.5, x_hi * 2.0)
+    } else {
+        (x_lo, x_hi)
+    };
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(e.to_string()))?;
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    let y_range = 0.0..(y_hi * 1.1).max(1.0);
+    // The two axis kinds have different types; draw through one generic helper.
+    if log_x {
+        let chart = builder
+            .build_cartesian_2d((x_lo..x_hi).log_scale(), y_range)
+            .map_err(|e| failed(e.to_string()))?;
+        draw_series(chart, (x_desc, y_desc), series).map_err(failed)?;
+    } else {
+        let chart = builder
+            .build_cartesian_2d(x_lo..x_hi, y_range)
+            .map_err(|e| failed(e.to_string()))?;
+        draw_series(chart, (x_desc, y_desc), series).map_err(failed)?;
+    }
+    root.present().map_err(|e| failed(e.to_string()))
+}
+
+fn draw_series<'a, X>(
+    mut chart: ChartContext<
+        'a,
+        SVGBackend<'a>,
+        Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
+    >,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+) -> Result<(), String>
+where
+    X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, s) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(s.points.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())
+}
+
+/// A progress bar over `total` steps on stderr; hidden when stderr is not a terminal.
+pub fn progress(total: usize, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(u64::try_from(total).unwrap_or(u64::MAX));
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{prefix} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_prefix(what.to_string());
+    bar
+}
