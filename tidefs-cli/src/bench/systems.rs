@@ -25,8 +25,11 @@ use tidefs::fs::{DataMode, Fs, MountOptions};
 
 use crate::CliError;
 
-/// The journal size every system gets, so that none has more room before a checkpoint.
-const JOURNAL_SIZE: u64 = 64 << 20;
+/// The journal size every system gets, so that none has more room before a checkpoint: 64 MiB,
+/// or a sixteenth of a smaller image (at least 4 MiB), in whole MiB.
+fn journal_size(image_size: u64) -> u64 {
+    (image_size / 16).clamp(4 << 20, 64 << 20) >> 20 << 20
+}
 
 /// A kernel ext4 configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -526,7 +529,7 @@ impl Target {
 fn format_tidefs(image: &Path, size: u64) -> Result<(), CliError> {
     let opts = tidefs::mkfs::MkfsOptions {
         size: Some(size),
-        journal_size: Some(JOURNAL_SIZE),
+        journal_size: Some(journal_size(size)),
         ..tidefs::mkfs::MkfsOptions::default()
     };
     tidefs::mkfs::mkfs(image, &opts).map_err(|e| CliError::new("bench: mkfs", e.to_string()))
@@ -547,7 +550,7 @@ fn format_ext4(image: &Path, size: u64, fast_commit: bool) -> Result<(), CliErro
         "-b",
         "4096",
         "-J",
-        &format!("size={}", JOURNAL_SIZE >> 20),
+        &format!("size={}", journal_size(size) >> 20),
         "-E",
         "lazy_itable_init=0,lazy_journal_init=0",
     ]);
