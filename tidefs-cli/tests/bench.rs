@@ -82,10 +82,23 @@ fn bench_skip(test: &str) -> bool {
     false
 }
 
-/// The JSON file a bench wrote.
-fn read_json(path: &std::path::Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path).expect("OK to unwrap: the bench wrote its JSON");
-    serde_json::from_str(&text).expect("OK to unwrap: JSON")
+/// Runs `tidefs bench ARGS` on 128 MiB images under `dir`, which must succeed; returns its
+/// table (stdout) and the JSON it wrote.
+fn run_bench(dir: &std::path::Path, args: &[&str]) -> (String, serde_json::Value) {
+    let json = dir.join("report.json");
+    let out = output(
+        tidefs()
+            .arg("bench")
+            .args(args)
+            .args(["--size", "128M", "--dir"])
+            .arg(dir.join("work"))
+            .arg("--json")
+            .arg(&json),
+    );
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    let text = std::fs::read_to_string(&json).expect("OK to unwrap: the bench wrote its JSON");
+    let report = serde_json::from_str(&text).expect("OK to unwrap: JSON");
+    (stdout(&out), report)
 }
 
 /// The strings at `key` of each element of `array`.
@@ -98,6 +111,19 @@ fn names<'a>(array: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// Every row has a positive `figure` and a ratio to ext4:ordered, which is 1 on its own row.
+fn assert_compared(rows: &serde_json::Value, figure: &str) {
+    for row in rows.as_array().expect("OK to unwrap: array") {
+        let value = row[figure].as_f64().expect("OK to unwrap: a number");
+        assert!(value > 0.0, "{row}");
+        let ratio = row["ratio_to_ext4_ordered"].as_f64();
+        assert!(ratio.is_some(), "{row}");
+        if row["system"] == "ext4:ordered" {
+            assert_eq!(ratio, Some(1.0), "{row}");
+        }
+    }
+}
+
 /// Goal: burst measures FUSE, embedded and kernel systems at each thread count in one run, and
 /// the probe compares FUSE with ext4. Method: 2 ops per thread at 1 and 2 threads, a probe
 /// directory of 50 names; table, JSON and SVG checked; no timing asserted.
@@ -108,33 +134,26 @@ fn burst_reports_every_system_thread_count_and_probe() {
         return;
     }
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
-    let (json, svg) = (dir.path().join("burst.json"), dir.path().join("burst.svg"));
-    let out = output(
-        tidefs()
-            .args([
-                "bench",
-                "burst",
-                "--threads",
-                "1,2",
-                "--ops",
-                "2",
-                "--size",
-                "128M",
-            ])
-            .args([
-                "--systems",
-                "tidefs:ordered,tidefs-embedded:journal,ext4:ordered",
-            ])
-            .args(["--probe", "--probe-threads", "2", "--probe-entries", "50"])
-            .arg("--dir")
-            .arg(dir.path().join("work"))
-            .arg("--json")
-            .arg(&json)
-            .arg("--plot")
-            .arg(&svg),
+    let svg = dir.path().join("burst.svg");
+    let (text, report) = run_bench(
+        dir.path(),
+        &[
+            "burst",
+            "--threads",
+            "1,2",
+            "--ops",
+            "2",
+            "--systems",
+            "tidefs:ordered,tidefs-embedded:journal,ext4:ordered",
+            "--probe",
+            "--probe-threads",
+            "2",
+            "--probe-entries",
+            "50",
+            "--plot",
+            svg.to_str().expect("OK to unwrap: temp paths are UTF-8"),
+        ],
     );
-    assert!(out.status.success(), "stderr: {}", stderr(&out));
-    let text = stdout(&out);
     for header in [
         "system",
         "threads",
@@ -145,7 +164,6 @@ fn burst_reports_every_system_thread_count_and_probe() {
     ] {
         assert!(text.contains(header), "no column {header}:\n{text}");
     }
-    let report = read_json(&json);
     let rows = &report["rows"];
     assert_eq!(
         names(rows, "system"),
@@ -163,17 +181,10 @@ fn burst_reports_every_system_thread_count_and_probe() {
         assert!(threads == 1 || threads == 2, "{row}");
         // Every operation of every thread is counted and timed.
         assert_eq!(row["latency"]["count"].as_u64(), Some(2 * threads), "{row}");
-        assert!(
-            row["ops_per_s"].as_f64().expect("OK to unwrap: rate") > 0.0,
-            "{row}"
-        );
-        assert!(row["ratio_to_ext4_ordered"].as_f64().is_some(), "{row}");
         // tidefs and the kernel's jbd2 both count their commits.
         assert!(row["commits"].as_u64().is_some(), "{row}");
-        if row["system"] == "ext4:ordered" {
-            assert_eq!(row["ratio_to_ext4_ordered"].as_f64(), Some(1.0), "{row}");
-        }
     }
+    assert_compared(rows, "ops_per_s");
     // The embedded system has no path to probe.
     assert_eq!(
         names(&report["probe"], "system"),
@@ -220,40 +231,26 @@ fn postmark_reports_every_system() {
         return;
     }
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
-    let json = dir.path().join("postmark.json");
-    let out = output(
-        tidefs()
-            .args(["bench", "postmark", "--files", "20", "--transactions", "50"])
-            .args([
-                "--size",
-                "128M",
-                "--systems",
-                "tidefs:writeback,ext4:ordered,fuse2fs",
-            ])
-            .arg("--dir")
-            .arg(dir.path().join("work"))
-            .arg("--json")
-            .arg(&json),
+    let (text, report) = run_bench(
+        dir.path(),
+        &[
+            "postmark",
+            "--files",
+            "20",
+            "--transactions",
+            "50",
+            "--systems",
+            "tidefs:writeback,ext4:ordered,fuse2fs",
+        ],
     );
-    assert!(out.status.success(), "stderr: {}", stderr(&out));
-    let text = stdout(&out);
     for header in ["tx/s", "total s", "dev MB written", "vs ext4:ordered"] {
         assert!(text.contains(header), "no column {header}:\n{text}");
     }
-    let report = read_json(&json);
     assert_eq!(
         names(&report["rows"], "system"),
         ["tidefs:writeback", "ext4:ordered", "fuse2fs"]
     );
-    for row in report["rows"].as_array().expect("OK to unwrap: array") {
-        assert!(
-            row["transactions_per_s"]
-                .as_f64()
-                .expect("OK to unwrap: rate")
-                > 0.0
-        );
-        assert!(row["ratio_to_ext4_ordered"].as_f64().is_some(), "{row}");
-    }
+    assert_compared(&report["rows"], "transactions_per_s");
 }
 
 /// Goal: sqlite times autocommit inserts in both journal modes on each system, with the ratio
@@ -265,19 +262,17 @@ fn sqlite_reports_both_journal_modes() {
         return;
     }
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
-    let json = dir.path().join("sqlite.json");
-    let out = output(
-        tidefs()
-            .args(["bench", "sqlite", "--ops", "5", "--size", "128M"])
-            .args(["--systems", "tidefs:ordered,ext4:ordered"])
-            .arg("--dir")
-            .arg(dir.path().join("work"))
-            .arg("--json")
-            .arg(&json),
+    let (text, report) = run_bench(
+        dir.path(),
+        &[
+            "sqlite",
+            "--ops",
+            "5",
+            "--systems",
+            "tidefs:ordered,ext4:ordered",
+        ],
     );
-    assert!(out.status.success(), "stderr: {}", stderr(&out));
-    assert!(stdout(&out).contains("txn/s"), "{}", stdout(&out));
-    let report = read_json(&json);
+    assert!(text.contains("txn/s"), "{text}");
     let rows = &report["rows"];
     assert_eq!(
         names(rows, "journal_mode"),
@@ -292,16 +287,8 @@ fn sqlite_reports_both_journal_modes() {
             "ext4:ordered"
         ]
     );
-    for row in rows.as_array().expect("OK to unwrap: array") {
-        assert_eq!(row["phase"], "insert", "{row}");
-        assert!(
-            row["transactions_per_s"]
-                .as_f64()
-                .expect("OK to unwrap: rate")
-                > 0.0
-        );
-        assert!(row["ratio_to_ext4_ordered"].as_f64().is_some(), "{row}");
-    }
+    assert_eq!(names(rows, "phase"), ["insert"; 4]);
+    assert_compared(rows, "transactions_per_s");
 }
 
 /// Goal: a bad `--systems` list is a usage error (exit 2) naming the problem, before anything

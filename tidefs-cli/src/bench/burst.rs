@@ -47,9 +47,6 @@ pub struct BurstArgs {
         default_value = "tidefs:ordered,tidefs-embedded:ordered,ext4:ordered,ext4:fast_commit,ext4:journal"
     )]
     pub systems: String,
-    /// Rounds over every thread count and system; the table shows the median ops/s.
-    #[arg(long, default_value_t = 1)]
-    pub runs: usize,
     /// Also run the read-latency probe under a write + fdatasync storm.
     #[arg(long)]
     pub probe: bool,
@@ -59,15 +56,8 @@ pub struct BurstArgs {
     /// Names in the probe's directory.
     #[arg(long, default_value_t = 20_000)]
     pub probe_entries: usize,
-    /// Size of each system's image.
-    #[arg(long, value_parser = crate::parse_size_arg, default_value = "1G")]
-    pub size: u64,
-    /// Directory for the images and mountpoints (default /var/tmp/tidefs-bench).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Also write the results as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: super::CommonArgs,
     /// Also draw ops/s against threads, one line per system, into this SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -136,6 +126,14 @@ struct ProbeRow {
     p99_ratio_to_ext4_ordered: Option<f64>,
 }
 
+report::compared!(Row, |r| r.ops_per_s, ratio_to_ext4_ordered);
+
+report::compared!(
+    ProbeRow,
+    |r| r.probe.p99_us as f64,
+    p99_ratio_to_ext4_ordered
+);
+
 fn err(what: &str, why: impl std::fmt::Display) -> CliError {
     CliError::new(format!("bench burst: {what}"), why.to_string())
 }
@@ -146,7 +144,7 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
     if args.threads.is_empty() || args.threads.contains(&0) {
         return Err(CliError::usage(what, "--threads needs positive counts"));
     }
-    if args.runs == 0 || args.record_size == 0 || args.probe_threads == 0 {
+    if args.common.runs == 0 || args.record_size == 0 || args.probe_threads == 0 {
         return Err(CliError::usage(what, "counts and sizes must be positive"));
     }
     let budget = match (args.ops, args.seconds) {
@@ -157,19 +155,19 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
         (None, None) => Budget::Time(Duration::from_secs(3)),
     };
     let systems = System::parse_list(what, &args.systems, false)?;
-    let dir = args.dir.clone().unwrap_or_else(super::default_dir);
+    let dir = args.common.dir();
     let record = vec![b'b'; args.record_size];
 
     let mut targets = Vec::new();
     for &system in &systems {
-        targets.push(Target::prepare(system, &dir, args.size)?);
+        targets.push(Target::prepare(system, &dir, args.common.size)?);
     }
     let probed: Vec<&Target> = targets.iter().filter(|t| t.system.has_path()).collect();
-    let steps =
-        args.runs * args.threads.len() * targets.len() + if args.probe { probed.len() } else { 0 };
+    let steps = args.common.runs * args.threads.len() * targets.len()
+        + if args.probe { probed.len() } else { 0 };
     let bar = report::progress(steps, "burst");
     let mut cells = Vec::new();
-    for run in 0..args.runs {
+    for run in 0..args.common.runs {
         for &threads in &args.threads {
             for target in &targets {
                 bar.set_message(format!("{} x{threads}", target.system.name()));
@@ -195,7 +193,7 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
     if args.probe {
         print_probes(&probe_rows, &args);
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.common.json {
         let value = serde_json::json!({
             "benchmark": "burst",
             "record_size": args.record_size,
@@ -203,7 +201,7 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
                 Budget::Ops(n) => serde_json::json!({ "ops_per_thread": n }),
                 Budget::Time(d) => serde_json::json!({ "seconds": d.as_secs_f64() }),
             },
-            "runs": args.runs,
+            "runs": args.common.runs,
             "rows": rows,
             "cells": cells,
             "probe": probe_rows,
@@ -465,13 +463,7 @@ fn probe_rows(probes: Vec<(String, f64, Vec<u64>)>, storm_threads: usize) -> Vec
             p99_ratio_to_ext4_ordered: None,
         })
         .collect();
-    let base = rows
-        .iter()
-        .find(|r| r.system == System::BASELINE.name())
-        .map(|r| r.probe.p99_us as f64);
-    for row in &mut rows {
-        row.p99_ratio_to_ext4_ordered = report::ratio(row.probe.p99_us as f64, base);
-    }
+    report::set_ratios(&mut rows);
     rows
 }
 
@@ -508,13 +500,7 @@ fn aggregate(systems: &[System], threads: &[usize], cells: &mut [Cell]) -> Vec<R
                 ratio_to_ext4_ordered: None,
             });
         }
-        let base = block
-            .iter()
-            .find(|r| r.system == System::BASELINE.name())
-            .map(|r| r.ops_per_s);
-        for row in &mut block {
-            row.ratio_to_ext4_ordered = report::ratio(row.ops_per_s, base);
-        }
+        report::set_ratios(&mut block);
         rows.extend(block);
     }
     rows
@@ -533,11 +519,12 @@ fn print_rows(rows: &[Row], args: &BurstArgs, budget: Budget) {
          median of {} run(s); latency in ms",
         args.record_size,
         budget_text(budget),
-        args.runs
+        args.common.runs
     );
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
+    report::print_table(
+        "system|threads|ops/s|p50|p99|max|commits|dev B/op|flush/op|vs ext4:ordered",
+        rows,
+        |r| {
             vec![
                 r.system.clone(),
                 r.threads.to_string(),
@@ -550,22 +537,7 @@ fn print_rows(rows: &[Row], args: &BurstArgs, budget: Budget) {
                 format!("{:.2}", r.flushes_per_op),
                 report::ratio_cell(r.ratio_to_ext4_ordered),
             ]
-        })
-        .collect();
-    report::print_table(
-        &[
-            "system",
-            "threads",
-            "ops/s",
-            "p50",
-            "p99",
-            "max",
-            "commits",
-            "dev B/op",
-            "flush/op",
-            "vs ext4:ordered",
-        ],
-        &table,
+        },
     );
 }
 
@@ -576,9 +548,10 @@ fn print_probes(rows: &[ProbeRow], args: &BurstArgs) {
          every 1 ms, while {} threads run write + fdatasync; latency in ms",
         args.probe_entries, args.probe_threads
     );
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
+    report::print_table(
+        "system|probes|p50|p99|max|storm ops/s|p99 vs ext4:ordered",
+        rows,
+        |r| {
             vec![
                 r.system.clone(),
                 r.probe.count.to_string(),
@@ -588,18 +561,6 @@ fn print_probes(rows: &[ProbeRow], args: &BurstArgs) {
                 format!("{:.0}", r.storm_ops_per_s),
                 report::ratio_cell(r.p99_ratio_to_ext4_ordered),
             ]
-        })
-        .collect();
-    report::print_table(
-        &[
-            "system",
-            "probes",
-            "p50",
-            "p99",
-            "max",
-            "storm ops/s",
-            "p99 vs ext4:ordered",
-        ],
-        &table,
+        },
     );
 }

@@ -31,3 +31,31 @@ pub use recovery::{run, RecoveryBench};
 pub fn default_dir() -> PathBuf {
     Path::new("/var/tmp").join("tidefs-bench")
 }
+
+/// The default systems of the benchmarks that run programs on a mounted path.
+pub const PATH_SYSTEMS: &str = "tidefs:lightweight,tidefs:writeback,tidefs:ordered,tidefs:journal,\
+                                ext4:ordered,ext4:journal,ext4:writeback,fuse2fs";
+
+/// The options the comparison benchmarks (burst, postmark, sqlite) share.
+#[derive(clap::Args, Debug)]
+pub struct CommonArgs {
+    /// Rounds over every measurement; the tables show the median.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Size of each system's image.
+    #[arg(long, value_parser = crate::parse_size_arg, default_value = "1G")]
+    pub size: u64,
+    /// Directory for the images and mountpoints (default /var/tmp/tidefs-bench).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+impl CommonArgs {
+    /// Where the images go.
+    pub fn dir(&self) -> PathBuf {
+        self.dir.clone().unwrap_or_else(default_dir)
+    }
+}

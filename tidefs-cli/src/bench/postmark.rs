@@ -9,12 +9,11 @@
 //! divided by the wall time of the whole postmark run (pool creation, transactions, deletion),
 //! measured around the process.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
 use super::report;
-use super::systems::{find_tool, need_tool, run_tool, DeviceCounters, System, Target};
+use super::systems::{need_tool, run_tool, DeviceCounters, System, Target};
 use crate::CliError;
 
 /// Arguments of `tidefs bench postmark`.
@@ -40,23 +39,10 @@ pub struct PostmarkArgs {
     pub seed: u64,
     /// Systems, comma-separated (no embedded ones: postmark runs on a path). fuse2fs is left
     /// out with a note when it is in the default list but not installed.
-    #[arg(
-        long,
-        default_value = "tidefs:lightweight,tidefs:writeback,tidefs:ordered,tidefs:journal,ext4:ordered,ext4:journal,ext4:writeback,fuse2fs"
-    )]
+    #[arg(long, default_value = super::PATH_SYSTEMS)]
     pub systems: String,
-    /// Rounds over every system; the table shows the median.
-    #[arg(long, default_value_t = 1)]
-    pub runs: usize,
-    /// Size of each system's image.
-    #[arg(long, value_parser = crate::parse_size_arg, default_value = "1G")]
-    pub size: u64,
-    /// Directory for the images and mountpoints (default /var/tmp/tidefs-bench).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Also write the results as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: super::CommonArgs,
 }
 
 /// One postmark run on one system.
@@ -81,12 +67,16 @@ struct Row {
     ratio_to_ext4_ordered: Option<f64>,
 }
 
-const DEFAULT_SYSTEMS: &str = "tidefs:lightweight,tidefs:writeback,tidefs:ordered,tidefs:journal,ext4:ordered,ext4:journal,ext4:writeback,fuse2fs";
+report::compared!(Row, |r| r.transactions_per_s, ratio_to_ext4_ordered);
 
 /// Runs the benchmark and prints its table.
 pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
     let what = "bench postmark";
-    if args.files == 0 || args.transactions == 0 || args.runs == 0 || args.subdirectories == 0 {
+    if args.files == 0
+        || args.transactions == 0
+        || args.common.runs == 0
+        || args.subdirectories == 0
+    {
         return Err(CliError::usage(what, "counts must be positive"));
     }
     if args.min_size == 0 || args.min_size > args.max_size {
@@ -95,21 +85,15 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
             "sizes must be positive, --min-size at most --max-size",
         ));
     }
-    let mut systems = System::parse_list(what, &args.systems, true)?;
-    if args.systems == DEFAULT_SYSTEMS && find_tool("fuse2fs").is_none() {
-        eprintln!(
-            "tidefs: bench postmark: fuse2fs is not installed (Debian package fuse2fs); left out"
-        );
-        systems.retain(|s| *s != System::Fuse2fs);
-    }
+    let systems = System::parse_path_list(what, &args.systems)?;
     let postmark = need_tool("postmark", "postmark")?;
-    let dir = args.dir.clone().unwrap_or_else(super::default_dir);
+    let dir = args.common.dir();
     std::fs::create_dir_all(&dir)
         .map_err(|e| CliError::new(format!("{what}: {}", dir.display()), e.to_string()))?;
 
-    let bar = report::progress(args.runs * systems.len(), "postmark");
+    let bar = report::progress(args.common.runs * systems.len(), "postmark");
     let mut samples = Vec::new();
-    for run in 0..args.runs {
+    for run in 0..args.common.runs {
         for &system in &systems {
             bar.set_message(system.name());
             samples.push(one_run(&postmark, system, &args, &dir, run)?);
@@ -135,13 +119,7 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
             }
         })
         .collect();
-    let base = rows
-        .iter()
-        .find(|r| r.system == System::BASELINE.name())
-        .map(|r| r.transactions_per_s);
-    for row in &mut rows {
-        row.ratio_to_ext4_ordered = report::ratio(row.transactions_per_s, base);
-    }
+    report::set_ratios(&mut rows);
 
     println!(
         "postmark: {} files of {}-{} bytes in {} director{}, {} transactions, seed {}; \
@@ -153,11 +131,12 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
         if args.subdirectories == 1 { "y" } else { "ies" },
         args.transactions,
         args.seed,
-        args.runs
+        args.common.runs
     );
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
+    report::print_table(
+        "system|tx/s|total s|dev MB written|flushes|vs ext4:ordered",
+        &rows,
+        |r: &Row| {
             vec![
                 r.system.clone(),
                 format!("{:.0}", r.transactions_per_s),
@@ -166,20 +145,9 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
                 format!("{:.0}", r.device_flushes),
                 report::ratio_cell(r.ratio_to_ext4_ordered),
             ]
-        })
-        .collect();
-    report::print_table(
-        &[
-            "system",
-            "tx/s",
-            "total s",
-            "dev MB written",
-            "flushes",
-            "vs ext4:ordered",
-        ],
-        &table,
+        },
     );
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.common.json {
         let value = serde_json::json!({
             "benchmark": "postmark",
             "files": args.files,
@@ -188,7 +156,7 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
             "max_size": args.max_size,
             "subdirectories": args.subdirectories,
             "seed": args.seed,
-            "runs": args.runs,
+            "runs": args.common.runs,
             "rows": rows,
             "samples": samples,
         });
@@ -220,7 +188,7 @@ fn one_run(
     run: usize,
 ) -> Result<Sample, CliError> {
     let name = system.name();
-    let target = Target::prepare(system, dir, args.size)?;
+    let target = Target::prepare(system, dir, args.common.size)?;
     // OK to unwrap: parse_list refused the systems without a path.
     let root = target.root().expect("postmark systems have a path");
     let location = root.join("postmark");

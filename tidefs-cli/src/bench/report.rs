@@ -47,10 +47,54 @@ pub fn micros(d: Duration) -> u64 {
 }
 
 /// `value / base`, when there is a base to compare with.
-pub fn ratio(value: f64, base: Option<f64>) -> Option<f64> {
+fn ratio(value: f64, base: Option<f64>) -> Option<f64> {
     match base {
         Some(b) if b > 0.0 => Some(value / b),
         _ => None,
+    }
+}
+
+/// A table row compared with the baseline system's row of the same group.
+pub trait Compared {
+    /// The system's name.
+    fn system(&self) -> &str;
+    /// The figure compared.
+    fn figure(&self) -> f64;
+    /// Stores the ratio of the figure to the baseline's.
+    fn set_ratio(&mut self, ratio: Option<f64>);
+}
+
+/// Implements [`Compared`] for a row type with a `system: String` field: the figure is
+/// `$figure(row)`, the ratio goes to the field `$ratio`.
+macro_rules! compared {
+    ($row:ty, $figure:expr, $ratio:ident) => {
+        impl $crate::bench::report::Compared for $row {
+            fn system(&self) -> &str {
+                &self.system
+            }
+            fn figure(&self) -> f64 {
+                let figure: fn(&$row) -> f64 = $figure;
+                figure(self)
+            }
+            fn set_ratio(&mut self, ratio: Option<f64>) {
+                self.$ratio = ratio;
+            }
+        }
+    };
+}
+pub(crate) use compared;
+
+/// Sets every row's ratio to the row of `ext4:ordered` among `rows` (one group: the same
+/// thread count, journal mode or phase); `None` when the baseline is not among them.
+pub fn set_ratios<R: Compared>(rows: &mut [R]) {
+    let baseline = super::systems::System::BASELINE.name();
+    let base = rows
+        .iter()
+        .find(|r| r.system() == baseline)
+        .map(Compared::figure);
+    for row in rows {
+        let r = ratio(row.figure(), base);
+        row.set_ratio(r);
     }
 }
 
@@ -74,10 +118,13 @@ pub fn median(values: &mut [f64]) -> f64 {
     }
 }
 
-/// Prints a table with a header row; the first column is left-aligned, the others right.
-pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+/// Prints a table under the `|`-separated `headers`, one line of `cells(item)` per item; the
+/// first column is left-aligned, the others right.
+pub fn print_table<T>(headers: &str, items: &[T], cells: impl Fn(&T) -> Vec<String>) {
+    let headers: Vec<&str> = headers.split('|').collect();
+    let rows: Vec<Vec<String>> = items.iter().map(cells).collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.len());
         }
@@ -97,8 +144,8 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
             .collect::<Vec<_>>()
             .join("  ")
     };
-    println!("{}", line(headers.to_vec()));
-    for row in rows {
+    println!("{}", line(headers));
+    for row in &rows {
         println!("{}", line(row.iter().map(String::as_str).collect()));
     }
 }

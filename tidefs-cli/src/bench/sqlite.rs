@@ -9,13 +9,13 @@
 //! A run is a list of phases on one database per journal mode, so further statements (updates,
 //! deletes) are one more [`Phase`] each, and a system is anything [`Target`] can set up.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use rusqlite::Connection;
 
 use super::report;
-use super::systems::{find_tool, DeviceCounters, System, Target};
+use super::systems::{DeviceCounters, System, Target};
 use crate::CliError;
 
 /// Arguments of `tidefs bench sqlite`.
@@ -29,26 +29,11 @@ pub struct SqliteArgs {
     pub journal_modes: String,
     /// Systems, comma-separated (no embedded ones: SQLite opens a path). fuse2fs is left out
     /// with a note when it is in the default list but not installed.
-    #[arg(
-        long,
-        default_value = "tidefs:lightweight,tidefs:writeback,tidefs:ordered,tidefs:journal,ext4:ordered,ext4:journal,ext4:writeback,fuse2fs"
-    )]
+    #[arg(long, default_value = super::PATH_SYSTEMS)]
     pub systems: String,
-    /// Rounds over every system; the table shows the median.
-    #[arg(long, default_value_t = 1)]
-    pub runs: usize,
-    /// Size of each system's image.
-    #[arg(long, value_parser = crate::parse_size_arg, default_value = "1G")]
-    pub size: u64,
-    /// Directory for the images and mountpoints (default /var/tmp/tidefs-bench).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Also write the results as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: super::CommonArgs,
 }
-
-const DEFAULT_SYSTEMS: &str = "tidefs:lightweight,tidefs:writeback,tidefs:ordered,tidefs:journal,ext4:ordered,ext4:journal,ext4:writeback,fuse2fs";
 
 /// SQLite's journal mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,6 +128,8 @@ struct Row {
     ratio_to_ext4_ordered: Option<f64>,
 }
 
+report::compared!(Row, |r| r.transactions_per_s, ratio_to_ext4_ordered);
+
 fn err(what: &str, why: impl std::fmt::Display) -> CliError {
     CliError::new(format!("bench sqlite: {what}"), why.to_string())
 }
@@ -150,24 +137,18 @@ fn err(what: &str, why: impl std::fmt::Display) -> CliError {
 /// Runs the benchmark and prints its table.
 pub fn run(args: SqliteArgs) -> Result<(), CliError> {
     let what = "bench sqlite";
-    if args.ops == 0 || args.runs == 0 {
+    if args.ops == 0 || args.common.runs == 0 {
         return Err(CliError::usage(what, "counts must be positive"));
     }
     let modes = JournalMode::parse_list(&args.journal_modes)?;
-    let mut systems = System::parse_list(what, &args.systems, true)?;
-    if args.systems == DEFAULT_SYSTEMS && find_tool("fuse2fs").is_none() {
-        eprintln!(
-            "tidefs: bench sqlite: fuse2fs is not installed (Debian package fuse2fs); left out"
-        );
-        systems.retain(|s| *s != System::Fuse2fs);
-    }
-    let dir = args.dir.clone().unwrap_or_else(super::default_dir);
+    let systems = System::parse_path_list(what, &args.systems)?;
+    let dir = args.common.dir();
 
-    let bar = report::progress(args.runs * systems.len() * modes.len(), "sqlite");
+    let bar = report::progress(args.common.runs * systems.len() * modes.len(), "sqlite");
     let mut samples = Vec::new();
-    for run in 0..args.runs {
+    for run in 0..args.common.runs {
         for &system in &systems {
-            let target = Target::prepare(system, &dir, args.size)?;
+            let target = Target::prepare(system, &dir, args.common.size)?;
             for &mode in &modes {
                 bar.set_message(format!("{} {}", system.name(), mode.name()));
                 samples.extend(one_database(&target, mode, args.ops, run)?);
@@ -184,13 +165,7 @@ pub fn run(args: SqliteArgs) -> Result<(), CliError> {
                 .iter()
                 .map(|s| row(s.name(), mode, phase, &samples))
                 .collect();
-            let base = block
-                .iter()
-                .find(|r| r.system == System::BASELINE.name())
-                .map(|r| r.transactions_per_s);
-            for r in &mut block {
-                r.ratio_to_ext4_ordered = report::ratio(r.transactions_per_s, base);
-            }
+            report::set_ratios(&mut block);
             rows.extend(block);
         }
     }
@@ -200,11 +175,12 @@ pub fn run(args: SqliteArgs) -> Result<(), CliError> {
          median of {} run(s)",
         args.ops,
         rusqlite::version(),
-        args.runs
+        args.common.runs
     );
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
+    report::print_table(
+        "system|journal|phase|txn/s|dev B/txn|flush/txn|commits/txn|vs ext4:ordered",
+        &rows,
+        |r: &Row| {
             vec![
                 r.system.clone(),
                 r.journal_mode.to_string(),
@@ -216,28 +192,15 @@ pub fn run(args: SqliteArgs) -> Result<(), CliError> {
                     .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
                 report::ratio_cell(r.ratio_to_ext4_ordered),
             ]
-        })
-        .collect();
-    report::print_table(
-        &[
-            "system",
-            "journal",
-            "phase",
-            "txn/s",
-            "dev B/txn",
-            "flush/txn",
-            "commits/txn",
-            "vs ext4:ordered",
-        ],
-        &table,
+        },
     );
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.common.json {
         let value = serde_json::json!({
             "benchmark": "sqlite",
             "ops": args.ops,
             "synchronous": "FULL",
             "sqlite_version": rusqlite::version(),
-            "runs": args.runs,
+            "runs": args.common.runs,
             "rows": rows,
             "samples": samples,
         });

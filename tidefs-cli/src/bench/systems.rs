@@ -143,6 +143,20 @@ impl System {
         Ok(systems)
     }
 
+    /// Parses `--systems` for a benchmark that runs programs on a mounted path: no embedded
+    /// systems; fuse2fs is left out with a note when the default list names it and it is not
+    /// installed.
+    pub fn parse_path_list(what: &str, text: &str) -> Result<Vec<System>, CliError> {
+        let mut systems = System::parse_list(what, text, true)?;
+        if text == super::PATH_SYSTEMS && find_tool("fuse2fs").is_none() {
+            eprintln!(
+                "tidefs: {what}: fuse2fs is not installed (Debian package fuse2fs); left out"
+            );
+            systems.retain(|s| *s != System::Fuse2fs);
+        }
+        Ok(systems)
+    }
+
     /// Whether the system is reached through a path (everything but the embedded library).
     pub fn has_path(self) -> bool {
         !matches!(self, System::Embedded(_))
