@@ -166,82 +166,91 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-/// Draws `series` as lines with markers into an SVG file; the x axis is logarithmic when
-/// `log_x` (thread counts 1, 4, 16, 64 spread evenly).
+/// Line colours that stay apart on white, one per system.
+const COLORS: [RGBColor; 8] = [
+    RGBColor(214, 39, 40),
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(0, 0, 0),
+    RGBColor(23, 190, 207),
+    RGBColor(140, 86, 75),
+];
+
+/// Draws `series` as lines with markers into an SVG file. With `log2_x` the x axis is drawn in
+/// powers of two (thread counts 1, 4, 16, 64 spread evenly) and labelled with the counts.
 pub fn plot_lines(
     path: &Path,
     title: &str,
     (x_desc, y_desc): (&str, &str),
     series: &[Series],
-    log_x: bool,
+    log2_x: bool,
 ) -> Result<(), CliError> {
     let failed = |e: String| CliError::new(format!("bench: plot {}", path.display()), e);
-    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let x_of = |x: f64| {
+        if log2_x {
+            x.max(f64::MIN_POSITIVE).log2()
+        } else {
+            x
+        }
+    };
+    let xs = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| x_of(p.0)));
     let (x_lo, x_hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    if x_lo > x_hi {
+        return Err(failed("nothing to plot".into()));
+    }
+    let pad = ((x_hi - x_lo) * 0.05).max(0.5);
     let y_hi = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .fold(0.0_f64, f64::max);
-    if x_lo > x_hi {
-        return Err(failed("nothing to plot".into()));
-    }
-    let (x_lo, x_hi) = if x_lo == x_hi {
-        (x_lo * 0.5, x_hi * 2.0)
-    } else {
-        (x_lo, x_hi)
-    };
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(e.to_string()))?;
-    let mut builder = ChartBuilder::on(&root);
-    builder
+    let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(70);
-    let y_range = 0.0..(y_hi * 1.1).max(1.0);
-    // The two axis kinds have different types; draw through one generic helper.
-    if log_x {
-        let chart = builder
-            .build_cartesian_2d((x_lo..x_hi).log_scale(), y_range)
-            .map_err(|e| failed(e.to_string()))?;
-        draw_series(chart, (x_desc, y_desc), series).map_err(failed)?;
-    } else {
-        let chart = builder
-            .build_cartesian_2d(x_lo..x_hi, y_range)
-            .map_err(|e| failed(e.to_string()))?;
-        draw_series(chart, (x_desc, y_desc), series).map_err(failed)?;
-    }
-    root.present().map_err(|e| failed(e.to_string()))
-}
-
-fn draw_series<'a, X>(
-    mut chart: ChartContext<
-        'a,
-        SVGBackend<'a>,
-        Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
-    >,
-    (x_desc, y_desc): (&str, &str),
-    series: &[Series],
-) -> Result<(), String>
-where
-    X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
-{
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_lo - pad..x_hi + pad, 0.0..(y_hi * 1.1).max(1.0))
+        .map_err(|e| failed(e.to_string()))?;
+    let x_label = |x: &f64| {
+        if log2_x {
+            format!("{:.0}", x.exp2())
+        } else {
+            format!("{x:.0}")
+        }
+    };
     chart
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc(y_desc)
+        .x_labels(if log2_x {
+            (x_hi - x_lo) as usize + 2
+        } else {
+            10
+        })
+        .x_label_formatter(&x_label)
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| failed(e.to_string()))?;
     for (i, s) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = COLORS[i % COLORS.len()];
+        let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x_of(x), y)).collect();
         chart
-            .draw_series(LineSeries::new(s.points.clone(), color.stroke_width(2)))
-            .map_err(|e| e.to_string())?
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(|e| failed(e.to_string()))?
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart
-            .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-            .map_err(|e| e.to_string())?;
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )
+            .map_err(|e| failed(e.to_string()))?;
     }
     chart
         .configure_series_labels()
@@ -249,7 +258,8 @@ where
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| e.to_string())
+        .map_err(|e| failed(e.to_string()))?;
+    root.present().map_err(|e| failed(e.to_string()))
 }
 
 /// A progress bar over `total` steps on stderr; hidden when stderr is not a terminal.
