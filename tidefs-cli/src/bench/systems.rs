@@ -480,8 +480,8 @@ impl Target {
         }
     }
 
-    /// Journal commits so far, where the system counts them: tidefs' own counter, the kernel's
-    /// jbd2 statistics for ext4; `None` for fuse2fs.
+    /// Journal commits so far, where the system counts them: tidefs' own counter; for ext4 the
+    /// kernel's jbd2 transactions plus its fast commits; `None` for fuse2fs.
     pub fn commits(&self) -> Option<u64> {
         match &self.mounted {
             Mounted::Embedded(fs) => Some(fs.stats().commits),
@@ -491,11 +491,17 @@ impl Target {
                 reply["stats"]["commits"].as_u64()
             }
             Mounted::Kernel(_) => {
-                // First line: "N transactions (M requested), each up to B blocks".
-                let info =
-                    std::fs::read_to_string(format!("/proc/fs/jbd2/{}-8/info", self.device.name()))
-                        .ok()?;
-                info.split_whitespace().next()?.parse().ok()
+                let first_number = |path: String| -> Option<u64> {
+                    let text = std::fs::read_to_string(path).ok()?;
+                    text.split_whitespace().find_map(|w| w.parse().ok())
+                };
+                let device = self.device.name();
+                // jbd2's first line: "N transactions (M requested), each up to B blocks".
+                let full = first_number(format!("/proc/fs/jbd2/{device}-8/info"))?;
+                // Fast commits are not jbd2 transactions; ext4 counts them apart
+                // ("fc stats:" then "N commits").
+                let fast = first_number(format!("/proc/fs/ext4/{device}/fc_info")).unwrap_or(0);
+                Some(full + fast)
             }
             Mounted::Fuse2fs(..) => None,
         }
