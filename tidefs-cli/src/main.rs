@@ -413,9 +413,18 @@ fn run_bench(which: BenchCommand) -> Result<(), CliError> {
             };
             bench::run(&cfg)
         }
-        BenchCommand::Burst(args) => bench::burst::run(args),
-        BenchCommand::Postmark(args) => bench::postmark::run(args),
-        BenchCommand::Sqlite(args) => bench::sqlite::run(args),
+        BenchCommand::Burst(args) => {
+            bench::catch_interrupts()?;
+            bench::burst::run(args)
+        }
+        BenchCommand::Postmark(args) => {
+            bench::catch_interrupts()?;
+            bench::postmark::run(args)
+        }
+        BenchCommand::Sqlite(args) => {
+            bench::catch_interrupts()?;
+            bench::sqlite::run(args)
+        }
     }
 }
 

@@ -170,6 +170,7 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
     for run in 0..args.common.runs {
         for &threads in &args.threads {
             for target in &targets {
+                super::check_interrupt(what)?;
                 bar.set_message(format!("{} x{threads}", target.system.name()));
                 cells.push(measure(target, threads, budget, &record, run)?);
                 bar.inc(1);
@@ -179,6 +180,7 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
     let mut probes = Vec::new();
     if args.probe {
         for target in &probed {
+            super::check_interrupt(what)?;
             bar.set_message(format!("probe {}", target.system.name()));
             probes.push(probe(target, &args, budget, &record)?);
             bar.inc(1);
@@ -357,7 +359,7 @@ where
                     let mut op = op?;
                     let started = Instant::now();
                     let mut samples = Vec::new();
-                    while budget.more(samples.len() as u64, started) {
+                    while budget.more(samples.len() as u64, started) && !super::interrupted() {
                         let t = Instant::now();
                         op()?;
                         samples.push(report::micros(t.elapsed()));
@@ -398,6 +400,7 @@ fn probe(
     let dir = root.join("probe-dir");
     std::fs::create_dir(&dir).map_err(|e| failed(format!("mkdir: {e}")))?;
     for i in 0..args.probe_entries {
+        super::check_interrupt("bench burst")?;
         std::fs::File::create(dir.join(format!("e{i}")))
             .map_err(|e| failed(format!("create e{i}: {e}")))?;
     }

@@ -12,7 +12,9 @@
 //!
 //! Invariants:
 //! - Every mount and loop device a benchmark creates is owned by a guard whose `Drop` removes
-//!   it, so an error or a panic half-way leaves nothing mounted or attached.
+//!   it, so an error or a panic half-way leaves nothing mounted or attached. Ctrl-C (SIGINT),
+//!   SIGTERM and SIGHUP only raise a flag ([`catch_interrupts`]); the workloads stop at the next
+//!   operation and return an error, so the guards run then too. A second signal exits at once.
 //! - Tables compare systems measured in the same run, interleaved, never against numbers from
 //!   another run.
 
@@ -24,6 +26,9 @@ pub mod sqlite;
 mod systems;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::CliError;
 
 pub use recovery::{run, RecoveryBench};
 
@@ -58,4 +63,42 @@ impl CommonArgs {
     pub fn dir(&self) -> PathBuf {
         self.dir.clone().unwrap_or_else(default_dir)
     }
+}
+
+/// Set once a stop signal arrived ([`catch_interrupts`]).
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Turns SIGINT, SIGTERM and SIGHUP into the [`interrupted`] flag, so that a stopped benchmark
+/// still unmounts and detaches what it set up; a second signal exits at once (status 130).
+/// Call it before any thread exists: the signals are blocked in every thread but one that waits
+/// for them (child processes start with an empty mask, so postmark and the tools still stop).
+pub fn catch_interrupts() -> Result<(), CliError> {
+    let signals = crate::sys::STOP_SIGNALS;
+    crate::sys::block_signals(&signals)
+        .map_err(|e| CliError::new("bench: signals", e.to_string()))?;
+    std::thread::spawn(move || {
+        while crate::sys::wait_signal(&signals).is_ok() {
+            if INTERRUPTED.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+            eprintln!("tidefs: bench: interrupted; cleaning up (again to exit at once)");
+        }
+    });
+    Ok(())
+}
+
+/// Whether a stop signal arrived.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// An error once a stop signal arrived, for the loops of the workloads.
+pub fn check_interrupt(what: &str) -> Result<(), CliError> {
+    if interrupted() {
+        return Err(CliError {
+            code: 130,
+            ..CliError::new(what, "interrupted")
+        });
+    }
+    Ok(())
 }

@@ -95,6 +95,7 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
     let mut samples = Vec::new();
     for run in 0..args.common.runs {
         for &system in &systems {
+            super::check_interrupt(what)?;
             bar.set_message(system.name());
             samples.push(one_run(&postmark, system, &args, &dir, run)?);
             bar.inc(1);

@@ -253,6 +253,7 @@ fn one_database(
         let device_before = target.counters();
         let started = Instant::now();
         for i in 0..ops {
+            super::check_interrupt("bench sqlite")?;
             let value = format!("{i:0>100}");
             statement
                 .execute(rusqlite::params![
