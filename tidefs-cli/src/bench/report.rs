@@ -273,3 +273,41 @@ pub fn progress(total: usize, what: &str) -> indicatif::ProgressBar {
     bar.set_prefix(what.to_string());
     bar
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: percentiles pick the nearest-rank sample below. Method: 1..=100 shuffled.
+    #[test]
+    fn latency_percentiles() {
+        let mut samples: Vec<u64> = (1..=100).rev().collect();
+        let l = Latency::of(&mut samples);
+        assert_eq!((l.count, l.p50_us, l.p99_us, l.max_us), (100, 50, 99, 100));
+        let empty = Latency::of(&mut []);
+        assert_eq!((empty.count, empty.p50_us, empty.max_us), (0, 0, 0));
+    }
+
+    struct R {
+        system: String,
+        x: f64,
+        ratio: Option<f64>,
+    }
+    compared!(R, |r| r.x, ratio);
+
+    /// Goal: ratios are to ext4:ordered's row of the group, and absent without it.
+    #[test]
+    fn ratios_to_the_baseline() {
+        let row = |system: &str, x| R {
+            system: system.into(),
+            x,
+            ratio: None,
+        };
+        let mut rows = [row("tidefs:ordered", 50.0), row("ext4:ordered", 200.0)];
+        set_ratios(&mut rows);
+        assert_eq!(rows.map(|r| r.ratio), [Some(0.25), Some(1.0)]);
+        let mut alone = [row("tidefs:ordered", 50.0)];
+        set_ratios(&mut alone);
+        assert_eq!(alone[0].ratio, None);
+    }
+}

@@ -598,3 +598,33 @@ fn is_mounted(path: &Path) -> bool {
     std::fs::read_to_string("/proc/self/mountinfo")
         .is_ok_and(|info| info.lines().any(|l| l.split(' ').nth(4) == Some(&wanted)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: every system's name parses back to it; bad names and misplaced systems are usage
+    /// errors.
+    #[test]
+    fn system_names_round_trip() {
+        let all: Vec<System> = DataMode::ALL
+            .into_iter()
+            .flat_map(|m| [System::Tidefs(m), System::Embedded(m)])
+            .chain(Ext4Mode::ALL.map(System::Ext4))
+            .chain([System::Fuse2fs])
+            .collect();
+        let text: Vec<String> = all.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            System::parse_list("t", &text.join(","), false).ok(),
+            Some(all)
+        );
+        for bad in ["ext4", "tidefs:fast", "fuse2fs:x", "xfs:ordered"] {
+            let e = System::parse_list("t", bad, false).err();
+            assert_eq!(e.map(|e| e.code), Some(2), "{bad}");
+        }
+        assert!(System::parse_list("t", "tidefs-embedded:ordered", true).is_err());
+        assert_eq!(journal_size(1 << 30), 64 << 20);
+        assert_eq!(journal_size(128 << 20), 8 << 20);
+        assert_eq!(journal_size(16 << 20), 4 << 20);
+    }
+}
