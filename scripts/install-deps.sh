@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what tidefs needs to build, run and test on Debian/Ubuntu: FUSE 3, e2fsprogs (mke2fs,
-# e2fsck), fuse2fs (a peer for comparisons), pkg-config, a C toolchain for linking, and Rust (via
+# e2fsck), fuse2fs (a peer for comparisons), postmark (for `tidefs bench postmark`), pkg-config,
+# a C toolchain for linking and for SQLite's C source (`tidefs bench sqlite`), and Rust (via
 # rustup when reachable, else Debian's cargo). Quiet unless something fails. Safe to run again.
 set -euo pipefail
 
@@ -13,6 +14,7 @@ need_apt=()
 command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 command -v mke2fs >/dev/null 2>&1 || [ -x /sbin/mke2fs ] || [ -x /usr/sbin/mke2fs ] || need_apt+=(e2fsprogs)
 command -v fuse2fs >/dev/null 2>&1 || [ -x /sbin/fuse2fs ] || [ -x /usr/sbin/fuse2fs ] || need_apt+=(fuse2fs)
+command -v postmark >/dev/null 2>&1 || need_apt+=(postmark)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)

@@ -196,6 +196,14 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Threads each doing write(125 B) + fdatasync on their own file, on tidefs through FUSE,
+    /// tidefs in-process and the kernel's ext4, interleaved; `--probe` adds read latency under
+    /// the storm.
+    Burst(bench::burst::BurstArgs),
+    /// Debian's postmark, one configuration for tidefs (FUSE), the kernel's ext4 and fuse2fs.
+    Postmark(bench::postmark::PostmarkArgs),
+    /// SQLite autocommit transactions with synchronous=FULL, rollback journal and WAL.
+    Sqlite(bench::sqlite::SqliteArgs),
 }
 
 /// The data modes named by a `--mode` argument (`all` for every mode).
@@ -357,35 +365,9 @@ fn run(command: Command) -> Result<u8, CliError> {
             println!("{reply}");
             Ok(0)
         }
-        Command::Bench {
-            which:
-                BenchCommand::Recovery {
-                    threads,
-                    writes,
-                    record_size,
-                    runs,
-                    mode,
-                    dir,
-                    json,
-                },
-        } => {
-            if threads == 0 || writes == 0 || record_size == 0 || runs == 0 {
-                return Err(CliError::usage(
-                    "bench recovery",
-                    "counts and sizes must be positive",
-                ));
-            }
+        Command::Bench { which } => {
             quiet_library();
-            let cfg = bench::RecoveryBench {
-                threads,
-                writes,
-                record_size,
-                runs,
-                modes: parse_modes(&mode)?,
-                dir: dir.unwrap_or_else(bench::default_dir),
-                json,
-            };
-            bench::run(&cfg)?;
+            run_bench(which)?;
             Ok(0)
         }
         Command::Crashtest(args) => {
@@ -400,6 +382,50 @@ fn run(command: Command) -> Result<u8, CliError> {
         Command::Demo { image, size } => {
             demo::run(&image, size)?;
             Ok(0)
+        }
+    }
+}
+
+/// `tidefs bench ...`.
+fn run_bench(which: BenchCommand) -> Result<(), CliError> {
+    match which {
+        BenchCommand::Recovery {
+            threads,
+            writes,
+            record_size,
+            runs,
+            mode,
+            dir,
+            json,
+        } => {
+            if threads == 0 || writes == 0 || record_size == 0 || runs == 0 {
+                return Err(CliError::usage(
+                    "bench recovery",
+                    "counts and sizes must be positive",
+                ));
+            }
+            let cfg = bench::RecoveryBench {
+                threads,
+                writes,
+                record_size,
+                runs,
+                modes: parse_modes(&mode)?,
+                dir: dir.unwrap_or_else(bench::default_dir),
+                json,
+            };
+            bench::run(&cfg)
+        }
+        BenchCommand::Burst(args) => {
+            bench::catch_interrupts()?;
+            bench::burst::run(args)
+        }
+        BenchCommand::Postmark(args) => {
+            bench::catch_interrupts()?;
+            bench::postmark::run(args)
+        }
+        BenchCommand::Sqlite(args) => {
+            bench::catch_interrupts()?;
+            bench::sqlite::run(args)
         }
     }
 }

@@ -1,7 +1,8 @@
-//! Goal: `tidefs bench recovery` runs the recovery experiment for every data mode and reports
-//! each pass beside e2fsprogs' replay of the same journal. Method: a small run (few threads and
-//! writes) through the built binary; the JSON must name every mode, show that recovery replayed
-//! transactions, and carry the peer's time. No timing is asserted.
+//! Goal: every `tidefs bench` subcommand runs its systems side by side and reports the shape
+//! its documentation promises. Method: tiny runs through the built binary (recovery, burst with
+//! its probe, postmark, sqlite); the JSON and the printed table must name every system, thread
+//! count or journal mode, carry the ratio to ext4 `data=ordered`, and the SVG plot must exist.
+//! Bad `--systems` lists are usage errors. No timing is asserted.
 
 mod common;
 
@@ -62,4 +63,260 @@ fn recovery_bench_reports_every_mode_and_the_peer() {
     }
     let out = output(tidefs().args(["bench", "recovery", "--mode", "fast"]));
     assert_eq!(out.status.code(), Some(2), "stderr: {}", stderr(&out));
+}
+
+/// Why the benchmarks that set up loop devices and kernel mounts cannot run here, if they
+/// cannot (through [`skip`], which fails in CI).
+fn bench_skip(test: &str) -> bool {
+    if let Some(why) = mount_skip_reason() {
+        skip(test, &why);
+        return true;
+    }
+    if !need_root(test, "loop devices and kernel mounts") {
+        return true;
+    }
+    if tool("losetup").is_none() || tool("mkfs.ext4").is_none() {
+        skip(test, "losetup (util-linux mount) or mkfs.ext4 is missing");
+        return true;
+    }
+    false
+}
+
+/// Runs `tidefs bench ARGS` on 128 MiB images under `dir`, which must succeed; returns its
+/// table (stdout) and the JSON it wrote.
+fn run_bench(dir: &std::path::Path, args: &[&str]) -> (String, serde_json::Value) {
+    let json = dir.join("report.json");
+    let out = output(
+        tidefs()
+            .arg("bench")
+            .args(args)
+            .args(["--size", "128M", "--dir"])
+            .arg(dir.join("work"))
+            .arg("--json")
+            .arg(&json),
+    );
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    let text = std::fs::read_to_string(&json).expect("OK to unwrap: the bench wrote its JSON");
+    let report = serde_json::from_str(&text).expect("OK to unwrap: JSON");
+    (stdout(&out), report)
+}
+
+/// The strings at `key` of each element of `array`.
+fn names<'a>(array: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+    array
+        .as_array()
+        .expect("OK to unwrap: array")
+        .iter()
+        .map(|r| r[key].as_str().expect("OK to unwrap: string"))
+        .collect()
+}
+
+/// Every row has a positive `figure` and a ratio to ext4:ordered, which is 1 on its own row.
+fn assert_compared(rows: &serde_json::Value, figure: &str) {
+    for row in rows.as_array().expect("OK to unwrap: array") {
+        let value = row[figure].as_f64().expect("OK to unwrap: a number");
+        assert!(value > 0.0, "{row}");
+        let ratio = row["ratio_to_ext4_ordered"].as_f64();
+        assert!(ratio.is_some(), "{row}");
+        if row["system"] == "ext4:ordered" {
+            assert_eq!(ratio, Some(1.0), "{row}");
+        }
+    }
+}
+
+/// Goal: burst measures FUSE, embedded and kernel systems at each thread count in one run, and
+/// the probe compares FUSE with ext4. Method: 2 ops per thread at 1 and 2 threads, a probe
+/// directory of 50 names; table, JSON and SVG checked; no timing asserted.
+#[test]
+fn burst_reports_every_system_thread_count_and_probe() {
+    let test = "burst_reports_every_system_thread_count_and_probe";
+    if bench_skip(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let svg = dir.path().join("burst.svg");
+    let (text, report) = run_bench(
+        dir.path(),
+        &[
+            "burst",
+            "--threads",
+            "1,2",
+            "--ops",
+            "2",
+            "--systems",
+            "tidefs:ordered,tidefs-embedded:journal,ext4:ordered",
+            "--probe",
+            "--probe-threads",
+            "2",
+            "--probe-entries",
+            "50",
+            "--plot",
+            svg.to_str().expect("OK to unwrap: temp paths are UTF-8"),
+        ],
+    );
+    for header in [
+        "system",
+        "threads",
+        "ops/s",
+        "p99",
+        "commits",
+        "vs ext4:ordered",
+    ] {
+        assert!(text.contains(header), "no column {header}:\n{text}");
+    }
+    let rows = &report["rows"];
+    assert_eq!(
+        names(rows, "system"),
+        [
+            "tidefs:ordered",
+            "tidefs-embedded:journal",
+            "ext4:ordered",
+            "tidefs:ordered",
+            "tidefs-embedded:journal",
+            "ext4:ordered"
+        ]
+    );
+    for row in rows.as_array().expect("OK to unwrap: array") {
+        let threads = row["threads"].as_u64().expect("OK to unwrap: threads");
+        assert!(threads == 1 || threads == 2, "{row}");
+        // Every operation of every thread is counted and timed.
+        assert_eq!(row["latency"]["count"].as_u64(), Some(2 * threads), "{row}");
+        // tidefs and the kernel's jbd2 both count their commits.
+        assert!(row["commits"].as_u64().is_some(), "{row}");
+    }
+    assert_compared(rows, "ops_per_s");
+    // The embedded system has no path to probe.
+    assert_eq!(
+        names(&report["probe"], "system"),
+        ["tidefs:ordered", "ext4:ordered"]
+    );
+    for probe in report["probe"].as_array().expect("OK to unwrap: array") {
+        assert!(
+            probe["probe"]["count"]
+                .as_u64()
+                .expect("OK to unwrap: count")
+                > 0,
+            "{probe}"
+        );
+        assert!(
+            probe["p99_ratio_to_ext4_ordered"].as_f64().is_some(),
+            "{probe}"
+        );
+    }
+    let plot = std::fs::read_to_string(&svg).expect("OK to unwrap: the plot exists");
+    assert!(
+        plot.starts_with("<svg"),
+        "not an SVG: {}",
+        &plot[..plot.len().min(80)]
+    );
+    assert!(
+        plot.contains("tidefs-embedded:journal"),
+        "the legend names every system"
+    );
+}
+
+/// Goal: postmark runs one configuration on tidefs, the kernel's ext4 and fuse2fs and reports
+/// transactions/s, time, device bytes and the ratio. Method: 20 files, 50 transactions.
+#[test]
+fn postmark_reports_every_system() {
+    let test = "postmark_reports_every_system";
+    if bench_skip(test) {
+        return;
+    }
+    if tool("postmark").is_none() || tool("fuse2fs").is_none() {
+        skip(
+            test,
+            "postmark or fuse2fs is not installed (scripts/install-deps.sh)",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let (text, report) = run_bench(
+        dir.path(),
+        &[
+            "postmark",
+            "--files",
+            "20",
+            "--transactions",
+            "50",
+            "--systems",
+            "tidefs:writeback,ext4:ordered,fuse2fs",
+        ],
+    );
+    for header in ["tx/s", "total s", "dev MB written", "vs ext4:ordered"] {
+        assert!(text.contains(header), "no column {header}:\n{text}");
+    }
+    assert_eq!(
+        names(&report["rows"], "system"),
+        ["tidefs:writeback", "ext4:ordered", "fuse2fs"]
+    );
+    assert_compared(&report["rows"], "transactions_per_s");
+}
+
+/// Goal: sqlite times autocommit inserts in both journal modes on each system, with the ratio
+/// to ext4 `data=ordered` in the same mode. Method: 5 inserts.
+#[test]
+fn sqlite_reports_both_journal_modes() {
+    let test = "sqlite_reports_both_journal_modes";
+    if bench_skip(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let (text, report) = run_bench(
+        dir.path(),
+        &[
+            "sqlite",
+            "--ops",
+            "5",
+            "--systems",
+            "tidefs:ordered,ext4:ordered",
+        ],
+    );
+    assert!(text.contains("txn/s"), "{text}");
+    let rows = &report["rows"];
+    assert_eq!(
+        names(rows, "journal_mode"),
+        ["delete", "delete", "wal", "wal"]
+    );
+    assert_eq!(
+        names(rows, "system"),
+        [
+            "tidefs:ordered",
+            "ext4:ordered",
+            "tidefs:ordered",
+            "ext4:ordered"
+        ]
+    );
+    assert_eq!(names(rows, "phase"), ["insert"; 4]);
+    assert_compared(rows, "transactions_per_s");
+}
+
+/// Goal: a bad `--systems` list is a usage error (exit 2) naming the problem, before anything
+/// is set up. Method: an unknown name, an embedded system where a path is needed, an empty list.
+#[test]
+fn bench_systems_lists_are_checked() {
+    for (args, expected) in [
+        (
+            &["burst", "--systems", "ext5:ordered"][..],
+            "unknown system 'ext5:ordered'",
+        ),
+        (
+            &["postmark", "--systems", "tidefs-embedded:ordered"][..],
+            "mounted path",
+        ),
+        (&["sqlite", "--systems", ","][..], "names no system"),
+        (
+            &["sqlite", "--journal-modes", "truncate"][..],
+            "unknown journal mode",
+        ),
+        (&["burst", "--threads", "0"][..], "positive"),
+    ] {
+        let out = output(tidefs().arg("bench").args(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(expected),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
 }

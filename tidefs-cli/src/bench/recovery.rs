@@ -5,7 +5,7 @@
 //! same run is e2fsprogs replaying the same journal (`e2fsck -E journal_only`), on a copy of the
 //! same crashed image.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -233,9 +233,4 @@ pub fn run(cfg: &RecoveryBench) -> Result<(), CliError> {
     }
     println!("ratio = e2fsck replay time / tidefs open time (above 1: tidefs recovers faster)");
     Ok(())
-}
-
-/// The default place for benchmark images.
-pub fn default_dir() -> PathBuf {
-    Path::new("/var/tmp").join("tidefs-bench")
 }

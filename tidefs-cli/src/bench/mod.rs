@@ -1,0 +1,104 @@
+//! `tidefs bench`: benchmarks that run tidefs beside its peers in one run and print tables.
+//!
+//! - `recovery` ([`recovery`]): recovery time per pass after a crash with a full journal.
+//! - `burst` ([`burst`]): threads each doing write(125 B) + fdatasync on their own file, on
+//!   tidefs through FUSE, tidefs in-process and the kernel's ext4; plus a read-latency probe.
+//! - `postmark` ([`postmark`]): Debian's `postmark` with one configuration for every system.
+//! - `sqlite` ([`sqlite`]): SQLite autocommit transactions with `synchronous=FULL`.
+//!
+//! [`systems`] sets up each system on its own loop device with direct I/O (so that every system
+//! reaches the same backing disk the same way and the device's counters measure them all alike)
+//! and tears it down, also on error paths; [`report`] holds percentiles, tables, JSON and plots.
+//!
+//! Invariants:
+//! - Every mount and loop device a benchmark creates is owned by a guard whose `Drop` removes
+//!   it, so an error or a panic half-way leaves nothing mounted or attached. Ctrl-C (SIGINT),
+//!   SIGTERM and SIGHUP only raise a flag ([`catch_interrupts`]); the workloads stop at the next
+//!   operation and return an error, so the guards run then too. A second signal exits at once.
+//! - Tables compare systems measured in the same run, interleaved, never against numbers from
+//!   another run.
+
+pub mod burst;
+pub mod postmark;
+pub mod recovery;
+mod report;
+pub mod sqlite;
+mod systems;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::CliError;
+
+pub use recovery::{run, RecoveryBench};
+
+/// The default place for benchmark images.
+pub fn default_dir() -> PathBuf {
+    Path::new("/var/tmp").join("tidefs-bench")
+}
+
+/// The default systems of the benchmarks that run programs on a mounted path.
+pub const PATH_SYSTEMS: &str = "tidefs:lightweight,tidefs:writeback,tidefs:ordered,tidefs:journal,\
+                                ext4:ordered,ext4:journal,ext4:writeback,fuse2fs";
+
+/// The options the comparison benchmarks (burst, postmark, sqlite) share.
+#[derive(clap::Args, Debug)]
+pub struct CommonArgs {
+    /// Rounds over every measurement; the tables show the median.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Size of each system's image.
+    #[arg(long, value_parser = crate::parse_size_arg, default_value = "1G")]
+    pub size: u64,
+    /// Directory for the images and mountpoints (default /var/tmp/tidefs-bench).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+impl CommonArgs {
+    /// Where the images go.
+    pub fn dir(&self) -> PathBuf {
+        self.dir.clone().unwrap_or_else(default_dir)
+    }
+}
+
+/// Set once a stop signal arrived ([`catch_interrupts`]).
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Turns SIGINT, SIGTERM and SIGHUP into the [`interrupted`] flag, so that a stopped benchmark
+/// still unmounts and detaches what it set up; a second signal exits at once (status 130).
+/// Call it before any thread exists: the signals are blocked in every thread but one that waits
+/// for them (child processes start with an empty mask, so postmark and the tools still stop).
+pub fn catch_interrupts() -> Result<(), CliError> {
+    let signals = crate::sys::STOP_SIGNALS;
+    crate::sys::block_signals(&signals)
+        .map_err(|e| CliError::new("bench: signals", e.to_string()))?;
+    std::thread::spawn(move || {
+        while crate::sys::wait_signal(&signals).is_ok() {
+            if INTERRUPTED.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+            eprintln!("tidefs: bench: interrupted; cleaning up (again to exit at once)");
+        }
+    });
+    Ok(())
+}
+
+/// Whether a stop signal arrived.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// An error once a stop signal arrived, for the loops of the workloads.
+pub fn check_interrupt(what: &str) -> Result<(), CliError> {
+    if interrupted() {
+        return Err(CliError {
+            code: 130,
+            ..CliError::new(what, "interrupted")
+        });
+    }
+    Ok(())
+}

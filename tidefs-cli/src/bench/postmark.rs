@@ -1,0 +1,227 @@
+//! `tidefs bench postmark`: Debian's `postmark` (the NetApp mail-server benchmark: create a pool
+//! of small files, then transactions that each create or delete a file and read or append one,
+//! then delete the pool; no fsync) with one configuration and seed for every system, each on a
+//! fresh file system. Reported: transactions per second, total time, what the device received
+//! (bytes written and flushes, up to the end of the unmount, so that what a system only
+//! writes at unmount counts too), and the ratio to ext4 `data=ordered`.
+//!
+//! postmark's own timer counts whole seconds, so the rate here is the configured transactions
+//! divided by the wall time of the whole postmark run (pool creation, transactions, deletion),
+//! measured around the process.
+
+use std::process::Command;
+use std::time::Instant;
+
+use super::report;
+use super::systems::{need_tool, run_tool, DeviceCounters, System, Target};
+use crate::CliError;
+
+/// Arguments of `tidefs bench postmark`.
+#[derive(clap::Args, Debug)]
+pub struct PostmarkArgs {
+    /// Files in the initial pool (postmark `set number`).
+    #[arg(long, default_value_t = 500)]
+    pub files: u64,
+    /// Transactions (postmark `set transactions`).
+    #[arg(long, default_value_t = 10_000)]
+    pub transactions: u64,
+    /// Smallest file, bytes (postmark `set size MIN MAX`).
+    #[arg(long, default_value_t = 500)]
+    pub min_size: u64,
+    /// Largest file, bytes.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_size: u64,
+    /// Subdirectories the files spread over (postmark `set subdirectories`).
+    #[arg(long, default_value_t = 1)]
+    pub subdirectories: u64,
+    /// Seed of postmark's random choices (the same for every system).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Systems, comma-separated (no embedded ones: postmark runs on a path). fuse2fs is left
+    /// out with a note when it is in the default list but not installed.
+    #[arg(long, default_value = super::PATH_SYSTEMS)]
+    pub systems: String,
+    #[command(flatten)]
+    pub common: super::CommonArgs,
+}
+
+/// One postmark run on one system.
+#[derive(Debug, serde::Serialize)]
+struct Sample {
+    system: String,
+    run: usize,
+    seconds: f64,
+    transactions_per_s: f64,
+    /// What the device received, including the sync after the run.
+    device: DeviceCounters,
+}
+
+/// The table's row: one system over all runs (medians).
+#[derive(Debug, serde::Serialize)]
+struct Row {
+    system: String,
+    transactions_per_s: f64,
+    seconds: f64,
+    device_bytes_written: f64,
+    device_flushes: f64,
+    ratio_to_ext4_ordered: Option<f64>,
+}
+
+report::compared!(Row, |r| r.transactions_per_s, ratio_to_ext4_ordered);
+
+/// Runs the benchmark and prints its table.
+pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
+    let what = "bench postmark";
+    if args.files == 0
+        || args.transactions == 0
+        || args.common.runs == 0
+        || args.subdirectories == 0
+    {
+        return Err(CliError::usage(what, "counts must be positive"));
+    }
+    if args.min_size == 0 || args.min_size > args.max_size {
+        return Err(CliError::usage(
+            what,
+            "sizes must be positive, --min-size at most --max-size",
+        ));
+    }
+    let systems = System::parse_path_list(what, &args.systems)?;
+    let postmark = need_tool("postmark", "postmark")?;
+    let dir = args.common.dir();
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CliError::new(format!("{what}: {}", dir.display()), e.to_string()))?;
+
+    let bar = report::progress(args.common.runs * systems.len(), "postmark");
+    let mut samples = Vec::new();
+    for run in 0..args.common.runs {
+        for &system in &systems {
+            super::check_interrupt(what)?;
+            bar.set_message(system.name());
+            samples.push(one_run(&postmark, system, &args, &dir, run)?);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+
+    let mut rows: Vec<Row> = systems
+        .iter()
+        .map(|s| {
+            let mine: Vec<&Sample> = samples.iter().filter(|x| x.system == s.name()).collect();
+            let pick = |f: fn(&Sample) -> f64| {
+                report::median(&mut mine.iter().map(|x| f(x)).collect::<Vec<_>>())
+            };
+            Row {
+                system: s.name(),
+                transactions_per_s: pick(|x| x.transactions_per_s),
+                seconds: pick(|x| x.seconds),
+                device_bytes_written: pick(|x| x.device.bytes_written as f64),
+                device_flushes: pick(|x| x.device.flushes as f64),
+                ratio_to_ext4_ordered: None,
+            }
+        })
+        .collect();
+    report::set_ratios(&mut rows);
+
+    println!(
+        "postmark: {} files of {}-{} bytes in {} director{}, {} transactions, seed {}; \
+         tx/s = transactions / wall time of the whole run; median of {} run(s)",
+        args.files,
+        args.min_size,
+        args.max_size,
+        args.subdirectories,
+        if args.subdirectories == 1 { "y" } else { "ies" },
+        args.transactions,
+        args.seed,
+        args.common.runs
+    );
+    report::print_table(
+        "system|tx/s|total s|dev MB written|flushes|vs ext4:ordered",
+        &rows,
+        |r: &Row| {
+            vec![
+                r.system.clone(),
+                format!("{:.0}", r.transactions_per_s),
+                format!("{:.2}", r.seconds),
+                format!("{:.1}", r.device_bytes_written / 1e6),
+                format!("{:.0}", r.device_flushes),
+                report::ratio_cell(r.ratio_to_ext4_ordered),
+            ]
+        },
+    );
+    if let Some(path) = &args.common.json {
+        let value = serde_json::json!({
+            "benchmark": "postmark",
+            "files": args.files,
+            "transactions": args.transactions,
+            "min_size": args.min_size,
+            "max_size": args.max_size,
+            "subdirectories": args.subdirectories,
+            "seed": args.seed,
+            "runs": args.common.runs,
+            "rows": rows,
+            "samples": samples,
+        });
+        report::write_json(path, &value)?;
+    }
+    Ok(())
+}
+
+/// postmark's configuration: the same commands for every system but the location.
+fn config(args: &PostmarkArgs, location: &std::path::Path) -> String {
+    format!(
+        "set location {}\nset number {}\nset transactions {}\nset size {} {}\n\
+         set subdirectories {}\nset seed {}\nrun\nquit\n",
+        location.display(),
+        args.files,
+        args.transactions,
+        args.min_size,
+        args.max_size,
+        args.subdirectories,
+        args.seed
+    )
+}
+
+fn one_run(
+    postmark: &std::path::Path,
+    system: System,
+    args: &PostmarkArgs,
+    dir: &std::path::Path,
+    run: usize,
+) -> Result<Sample, CliError> {
+    let name = system.name();
+    let target = Target::prepare(system, dir, args.common.size)?;
+    // OK to unwrap: parse_list refused the systems without a path.
+    let root = target.root().expect("postmark systems have a path");
+    let location = root.join("postmark");
+    let failed =
+        |e: std::io::Error| CliError::new(format!("bench postmark: {name}"), e.to_string());
+    std::fs::create_dir(&location).map_err(failed)?;
+    let config_path = dir.join(format!("postmark-{}.cfg", name.replace(':', "-")));
+    std::fs::write(&config_path, config(args, &location)).map_err(failed)?;
+    target.sync()?;
+    let before = target.counters();
+    let started = Instant::now();
+    let out = run_tool(
+        Command::new(postmark).arg(&config_path),
+        &format!("postmark on {name}"),
+    );
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&config_path);
+    let out = out?;
+    // postmark reports a failed file operation on stderr and still exits 0; its summary is
+    // what shows that the run went through.
+    if !out.contains("Deleting files...Done") {
+        return Err(CliError::new(
+            format!("bench postmark: {name}"),
+            format!("postmark did not finish:\n{out}"),
+        ));
+    }
+    let device = target.finish().since(before);
+    Ok(Sample {
+        system: name,
+        run,
+        seconds,
+        transactions_per_s: args.transactions as f64 / seconds.max(1e-9),
+        device,
+    })
+}

@@ -1,0 +1,313 @@
+//! What the benchmarks print and write: latency percentiles, ratios, aligned text tables, JSON
+//! files, SVG line plots (plotters) and progress bars (indicatif, shown only on a terminal).
+
+use std::path::Path;
+use std::time::Duration;
+
+use plotters::prelude::*;
+
+use crate::CliError;
+
+/// Percentiles of a set of latencies, in microseconds.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Latency {
+    /// How many samples.
+    pub count: usize,
+    /// Median.
+    pub p50_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// Largest.
+    pub max_us: u64,
+}
+
+impl Latency {
+    /// Summarises `samples` (sorted here).
+    pub fn of(samples: &mut [u64]) -> Latency {
+        samples.sort_unstable();
+        let at = |p: usize| -> u64 {
+            if samples.is_empty() {
+                0
+            } else {
+                samples[(samples.len() - 1) * p / 100]
+            }
+        };
+        Latency {
+            count: samples.len(),
+            p50_us: at(50),
+            p99_us: at(99),
+            max_us: samples.last().copied().unwrap_or(0),
+        }
+    }
+}
+
+/// Microseconds of a duration, saturating.
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `value / base`, when there is a base to compare with.
+fn ratio(value: f64, base: Option<f64>) -> Option<f64> {
+    match base {
+        Some(b) if b > 0.0 => Some(value / b),
+        _ => None,
+    }
+}
+
+/// A table row compared with the baseline system's row of the same group.
+pub trait Compared {
+    /// The system's name.
+    fn system(&self) -> &str;
+    /// The figure compared.
+    fn figure(&self) -> f64;
+    /// Stores the ratio of the figure to the baseline's.
+    fn set_ratio(&mut self, ratio: Option<f64>);
+}
+
+/// Implements [`Compared`] for a row type with a `system: String` field: the figure is
+/// `$figure(row)`, the ratio goes to the field `$ratio`.
+macro_rules! compared {
+    ($row:ty, $figure:expr, $ratio:ident) => {
+        impl $crate::bench::report::Compared for $row {
+            fn system(&self) -> &str {
+                &self.system
+            }
+            fn figure(&self) -> f64 {
+                let figure: fn(&$row) -> f64 = $figure;
+                figure(self)
+            }
+            fn set_ratio(&mut self, ratio: Option<f64>) {
+                self.$ratio = ratio;
+            }
+        }
+    };
+}
+pub(crate) use compared;
+
+/// Sets every row's ratio to the row of `ext4:ordered` among `rows` (one group: the same
+/// thread count, journal mode or phase); `None` when the baseline is not among them.
+pub fn set_ratios<R: Compared>(rows: &mut [R]) {
+    let baseline = super::systems::System::BASELINE.name();
+    let base = rows
+        .iter()
+        .find(|r| r.system() == baseline)
+        .map(Compared::figure);
+    for row in rows {
+        let r = ratio(row.figure(), base);
+        row.set_ratio(r);
+    }
+}
+
+/// A ratio cell: `0.52x`, or `-` when there is no base.
+pub fn ratio_cell(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x"))
+}
+
+/// A latency cell in milliseconds with two decimals (`1.25`).
+pub fn ms_cell(us: u64) -> String {
+    format!("{:.2}", us as f64 / 1000.0)
+}
+
+/// The median of `values` (sorted here); 0 when empty.
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    if values.is_empty() {
+        0.0
+    } else {
+        values[values.len() / 2]
+    }
+}
+
+/// Prints a table under the `|`-separated `headers`, one line of `cells(item)` per item; the
+/// first column is left-aligned, the others right.
+pub fn print_table<T>(headers: &str, items: &[T], cells: impl Fn(&T) -> Vec<String>) {
+    let headers: Vec<&str> = headers.split('|').collect();
+    let rows: Vec<Vec<String>> = items.iter().map(cells).collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, w))| {
+                if i == 0 {
+                    format!("{cell:<w$}")
+                } else {
+                    format!("{cell:>w$}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    println!("{}", line(headers));
+    for row in &rows {
+        println!("{}", line(row.iter().map(String::as_str).collect()));
+    }
+}
+
+/// Writes `value` as pretty JSON to `path`.
+pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), CliError> {
+    // OK to unwrap: a serde_json::Value always serializes.
+    let text = serde_json::to_string_pretty(value).expect("JSON value serializes");
+    std::fs::write(path, text + "\n")
+        .map_err(|e| CliError::new(format!("bench: {}", path.display()), e.to_string()))
+}
+
+/// One line of a plot: a name and its (x, y) points.
+pub struct Series {
+    /// The legend entry.
+    pub name: String,
+    /// Points in x order.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Line colours that stay apart on white, one per system.
+const COLORS: [RGBColor; 8] = [
+    RGBColor(214, 39, 40),
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(0, 0, 0),
+    RGBColor(23, 190, 207),
+    RGBColor(140, 86, 75),
+];
+
+/// Draws `series` as lines with markers into an SVG file. With `log2_x` the x axis is drawn in
+/// powers of two (thread counts 1, 4, 16, 64 spread evenly) and labelled with the counts.
+pub fn plot_lines(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+    log2_x: bool,
+) -> Result<(), CliError> {
+    let failed = |e: String| CliError::new(format!("bench: plot {}", path.display()), e);
+    let x_of = |x: f64| {
+        if log2_x {
+            x.max(f64::MIN_POSITIVE).log2()
+        } else {
+            x
+        }
+    };
+    let xs = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| x_of(p.0)));
+    let (x_lo, x_hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    if x_lo > x_hi {
+        return Err(failed("nothing to plot".into()));
+    }
+    let pad = ((x_hi - x_lo) * 0.05).max(0.5);
+    let y_hi = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0_f64, f64::max);
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_lo - pad..x_hi + pad, 0.0..(y_hi * 1.1).max(1.0))
+        .map_err(|e| failed(e.to_string()))?;
+    let x_label = |x: &f64| {
+        if log2_x {
+            format!("{:.0}", x.exp2())
+        } else {
+            format!("{x:.0}")
+        }
+    };
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_labels(if log2_x {
+            (x_hi - x_lo) as usize + 2
+        } else {
+            10
+        })
+        .x_label_formatter(&x_label)
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()
+        .map_err(|e| failed(e.to_string()))?;
+    for (i, s) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x_of(x), y)).collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(|e| failed(e.to_string()))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| failed(e.to_string()))?;
+    root.present().map_err(|e| failed(e.to_string()))
+}
+
+/// A progress bar over `total` steps on stderr; hidden when stderr is not a terminal.
+pub fn progress(total: usize, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(u64::try_from(total).unwrap_or(u64::MAX));
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{prefix} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_prefix(what.to_string());
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: percentiles pick the nearest-rank sample below. Method: 1..=100 shuffled.
+    #[test]
+    fn latency_percentiles() {
+        let mut samples: Vec<u64> = (1..=100).rev().collect();
+        let l = Latency::of(&mut samples);
+        assert_eq!((l.count, l.p50_us, l.p99_us, l.max_us), (100, 50, 99, 100));
+        let empty = Latency::of(&mut []);
+        assert_eq!((empty.count, empty.p50_us, empty.max_us), (0, 0, 0));
+    }
+
+    struct R {
+        system: String,
+        x: f64,
+        ratio: Option<f64>,
+    }
+    compared!(R, |r| r.x, ratio);
+
+    /// Goal: ratios are to ext4:ordered's row of the group, and absent without it.
+    #[test]
+    fn ratios_to_the_baseline() {
+        let row = |system: &str, x| R {
+            system: system.into(),
+            x,
+            ratio: None,
+        };
+        let mut rows = [row("tidefs:ordered", 50.0), row("ext4:ordered", 200.0)];
+        set_ratios(&mut rows);
+        assert_eq!(rows.map(|r| r.ratio), [Some(0.25), Some(1.0)]);
+        let mut alone = [row("tidefs:ordered", 50.0)];
+        set_ratios(&mut alone);
+        assert_eq!(alone[0].ratio, None);
+    }
+}
