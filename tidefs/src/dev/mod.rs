@@ -54,10 +54,9 @@ pub trait BlockDevice: Send + Sync {
         Ok(())
     }
 
-    /// Writes `buf` at `offset` and returns once these bytes are durable (a "forced unit
-    /// access" write). It orders nothing else: writes not yet flushed stay volatile. The
-    /// default is a write followed by a flush; `FileDev` uses `pwritev2(RWF_DSYNC)`, which
-    /// the kernel turns into a FUA write on an `O_DIRECT` descriptor.
+    /// Writes `buf` at `offset` and returns once these bytes are durable. The default (and
+    /// `FileDev`) is a write followed by a flush; a device with a cheaper way (a true FUA
+    /// write) may override it.
     fn write_durable(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
         self.write_at(offset, buf)?;
         self.flush()
@@ -67,7 +66,8 @@ pub trait BlockDevice: Send + Sync {
 /// What a flush does, chosen at mount (`-o barrier=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Barrier {
-    /// Trust the device's cache flush: `flush` is `fdatasync`, durable writes use FUA.
+    /// Trust the device's cache flush: `flush` is `fdatasync`, a durable write is followed by
+    /// one.
     #[default]
     Flush,
     /// **Unsafe, for benchmarks only**: flushes do nothing and durable writes are plain
@@ -109,7 +109,7 @@ pub struct IoCounters {
     pub bytes_read: AtomicU64,
     /// Flushes issued.
     pub flushes: AtomicU64,
-    /// Durable (FUA) writes issued.
+    /// Durable writes issued (each a write and a flush on `FileDev`).
     pub durable_writes: AtomicU64,
 }
 

@@ -121,6 +121,8 @@ struct Inner {
     meta: Mutex<Meta>,
     /// Serialises commits: at most one transaction is being committed at a time.
     gate: CommitGate,
+    /// When the running transaction opened (the previous one closed).
+    running_since: Mutex<Instant>,
     /// Tid of the last transaction that is durable.
     committed_tid: AtomicU32,
     /// Set once a commit, checkpoint or in-place write failed: the file system is then in
@@ -491,6 +493,7 @@ impl Fs {
             io,
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
+            running_since: Mutex::new(Instant::now()),
             committed_tid: AtomicU32::new(tid.wrapping_sub(1)),
             errored: AtomicBool::new(false),
             first_error: Mutex::new(None),
@@ -1337,11 +1340,16 @@ impl Inner {
         let Some(_gate) = gate else {
             unreachable!("the gate is refused only once the target is settled");
         };
-        // Group commit: when other threads are fsyncing too, give them about one commit's time
-        // to add their changes to this transaction, as jbd2 does for multiple sync writers.
+        // Group commit: when other threads are fsyncing too, let the running transaction grow
+        // to about one commit's age before closing it, as jbd2 does for multiple sync writers:
+        // a transaction that opened while the previous commit ran is old enough already, so
+        // back-to-back commits under load never sleep.
         if self.counters.fsync_active.load(Ordering::SeqCst) > 1 {
             let avg = Duration::from_nanos(self.counters.avg_commit_ns.load(Ordering::Relaxed));
-            std::thread::sleep(avg.min(MAX_BATCH_WAIT));
+            let age = self.running_since.lock().elapsed();
+            if let Some(wait) = avg.min(MAX_BATCH_WAIT).checked_sub(age) {
+                std::thread::sleep(wait);
+            }
         }
         let started = Instant::now();
         let (req, freed, tid, in_place, late_frees, home, changed) = {
@@ -1394,6 +1402,7 @@ impl Inner {
             let late_frees = std::mem::take(&mut m.late_frees);
             let tid = m.tid;
             m.tid = m.tid.wrapping_add(1);
+            *self.running_since.lock() = Instant::now();
             (
                 CommitRequest { blocks, revoked },
                 freed,

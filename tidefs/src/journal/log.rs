@@ -346,7 +346,7 @@ pub struct JournalStats {
     pub journal_flushes: u64,
     /// Flushes the journal issued on the home device when it is not the journal device.
     pub home_flushes: u64,
-    /// Durable (FUA) writes the journal issued: commit blocks and superblock tail updates.
+    /// Durable writes the journal issued: commit blocks and superblock tail updates.
     pub durable_writes: u64,
     /// Transactions committed.
     pub commits: u64,
@@ -611,7 +611,7 @@ impl JournalCore {
         self.write_sb_as(state, false)
     }
 
-    /// Writes the in-memory superblock to its block and returns once it is durable (FUA):
+    /// Writes the in-memory superblock to its block and returns once it is durable:
     /// it orders nothing else.
     pub(super) fn write_sb_durable(&self, state: &mut LogState) -> Result<()> {
         self.write_sb_as(state, true)
@@ -734,7 +734,7 @@ impl JournalCore {
     /// escaped copies, the block copies, revoke block(s), then one flush of `home` and the
     /// journal device (the ordering point that makes the body, and ordered-mode data already
     /// written home, durable before the commit record), then the commit block as a durable
-    /// (FUA) write. An internal journal thus costs one flush and one FUA write per commit.
+    /// write. An internal journal thus costs a flush before the commit block and one after it.
     ///
     /// If the log lacks room, waits for a checkpoint (running one itself if none is running);
     /// that is the only time a commit waits for checkpoint I/O, besides one batch of home

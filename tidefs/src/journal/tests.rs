@@ -1030,11 +1030,12 @@ fn a_revoked_block_is_never_overwritten_by_its_checkpointed_copy() {
     assert_eq!(&rig.home(96)[..], &block(6, 0)[..]);
 }
 
-/// Goal: an internal journal costs one flush and one durable (FUA) write per commit; an
-/// external one two flushes (home, then journal) and one durable write. Method: count the
+/// Goal: an internal journal asks for one flush and one durable write per commit (the durable
+/// write of the commit block is itself a write and a flush on `FileDev`); an external one two
+/// flushes (home, then journal) and one durable write. Method: count the
 /// devices' flushes over ten commits with background checkpoints held.
 #[test]
-fn one_flush_per_commit_with_an_internal_journal() {
+fn one_flush_and_one_durable_write_per_commit_with_an_internal_journal() {
     use crate::dev::CountingDevice;
     use std::sync::atomic::Ordering::Relaxed;
     let rig = Rig::new(96, 0, 0);
