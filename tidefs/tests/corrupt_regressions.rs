@@ -144,11 +144,15 @@ fn bitmap_with_cleared_bits_and_bad_checksum_is_not_trusted() {
     clear_bitmap_bits(&img, false, &bits);
     let fs = open(&img);
     let g = fs.create(ROOT_INO, b"g", 0o100644, 0, Creds::ROOT).unwrap();
-    let e = fs.write(g.ino, 0, &vec![0xCD; 8 * BS]).unwrap_err();
+    // The write lands in the page cache; allocation happens at write-back, where the damaged
+    // bitmap is found. The only group is damaged, so the commit fails and names it, and the
+    // file system stops taking changes.
+    fs.write(g.ino, 0, &vec![0xCD; 8 * BS]).unwrap();
+    let e = fs.fsync(g.ino, false).unwrap_err();
     assert!(matches!(e, FsError::Corrupt(_)), "{e:?}");
     assert!(e.to_string().contains("block bitmap"), "{e}");
     assert!(e.to_string().contains("group 0"), "{e}");
-    fs.unmount().unwrap();
+    assert!(fs.unmount().is_err(), "unmount must report the error");
     drop(fs);
     let fs = open(&img);
     let data = fs.read(u64::from(ino), 0, (8 * BS) as u32).unwrap();

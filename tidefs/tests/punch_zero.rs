@@ -47,9 +47,12 @@ struct Model {
 }
 
 impl Model {
+    /// A file whose data is written back (allocated on disk), so the range operations act on
+    /// real blocks; `cached` below covers data still in the page cache.
     fn create(fs: &Fs, name: &'static [u8], bytes: Vec<u8>) -> Result<Model, FsError> {
         let f = fs.create(ROOT_INO, name, 0o100644, 0, Creds::ROOT)?;
         fs.write(f.ino, 0, &bytes)?;
+        fs.fsync(f.ino, true)?;
         Ok(Model {
             ino: f.ino,
             name,
@@ -137,6 +140,21 @@ fn punch_in_mode(mode: DataMode) -> TestResult {
     // 48 data blocks plus one extent-tree leaf.
     assert_eq!(a.blocks, 49 * SECTORS, "{}", what("comb blocks"));
 
+    // Data still in the page cache (delayed allocation): the punched pages are dropped and
+    // their reserved blocks returned; what is left is allocated at the next commit.
+    let f = fs.create(ROOT_INO, b"cached", 0o100644, 0, Creds::ROOT)?;
+    let mut cached = Model {
+        ino: f.ino,
+        name: b"cached",
+        bytes: pattern(9, 8 * BS as usize),
+    };
+    fs.write(cached.ino, 0, &cached.bytes)?;
+    fs.punch_hole(cached.ino, BS + 10, 3 * BS)?;
+    cached.zero(BS as usize + 10, 3 * BS as usize);
+    assert_eq!(cached.check(&fs, &what("cached"))?.blocks, 6 * SECTORS);
+    fs.fsync(cached.ino, false)?;
+    assert_eq!(cached.check(&fs, &what("cached"))?.blocks, 6 * SECTORS);
+
     assert!(matches!(
         fs.punch_hole(mid.ino, 0, 0),
         Err(FsError::Invalid(_))
@@ -150,7 +168,7 @@ fn punch_in_mode(mode: DataMode) -> TestResult {
     drop(fs);
     common::assert_fsck_clean(&img);
     let fs = Fs::open(&img, &options(mode))?;
-    for m in [&mid, &edges, &small, &whole, &tail, &comb] {
+    for m in [&mid, &edges, &small, &whole, &tail, &comb, &cached] {
         let found = fs.lookup(ROOT_INO, m.name)?;
         assert_eq!(found.ino, m.ino);
         m.check(&fs, &what("after remount"))?;

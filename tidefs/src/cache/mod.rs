@@ -9,11 +9,27 @@
 //!   removal of each block saves what the cache held before, so a failed operation is taken
 //!   back whole and never reaches a commit half done.
 //!
-//! File data passes through this cache only in `journal` mode, where data blocks join the
-//! running transaction like metadata; the other modes write it home directly
-//! (docs/DESIGN.md §2.3).
+//! - each dirty block knows which of its bytes changed since the last commit (`ByteRanges`):
+//!   an operation's changes are found by comparing each block it touched with its pre-image
+//!   when the operation ends, so the code that edits a block needs no bookkeeping of its own.
+//!
+//! File data is cached separately (`fs/datacache.rs`); it joins this cache at commit in
+//! `journal` mode, where data blocks are logged like metadata (docs/DESIGN.md §2.3).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+pub mod ranges;
+
+pub use ranges::ByteRanges;
+
+/// A block of the transaction being closed: its number, its content, and the bytes that
+/// changed since the previous commit.
+pub struct DirtyBlock {
+    pub nr: u64,
+    pub data: Arc<[u8]>,
+    pub changed: ByteRanges,
+}
 
 /// Cached metadata blocks and the set of blocks the running transaction has modified.
 pub struct BlockCache {
@@ -26,6 +42,9 @@ pub struct BlockCache {
     undo: Option<HashMap<u64, Option<PreImage>>>,
     /// The open operation changed or removed a block (loading clean blocks does not count).
     undo_changed: bool,
+    /// Bytes of each dirty block changed since the last commit, as of the last finished
+    /// operation.
+    changed: HashMap<u64, ByteRanges>,
 }
 
 /// A cached block as it was before an operation changed it: its bytes and whether it was dirty.
@@ -40,6 +59,7 @@ impl BlockCache {
             max_blocks: max_blocks.max(64),
             undo: None,
             undo_changed: false,
+            changed: HashMap::new(),
         }
     }
 
@@ -55,9 +75,31 @@ impl BlockCache {
         self.undo_changed
     }
 
-    /// Ends the operation, keeping its changes.
+    /// Ends the operation, keeping its changes: each dirty block it touched adds the bytes
+    /// that differ from its pre-image to its changed ranges (a block that had no pre-image
+    /// changed whole).
     pub fn end_undo(&mut self) {
-        self.undo = None;
+        let Some(undo) = self.undo.take() else {
+            return;
+        };
+        for (nr, before) in undo {
+            if !self.dirty.contains(&nr) {
+                continue;
+            }
+            let Some(now) = self.blocks.get(&nr) else {
+                continue;
+            };
+            let ranges = self.changed.entry(nr).or_default();
+            match before {
+                Some((old, _)) if old.len() == now.len() => ranges.add_diff(&old, now),
+                _ => ranges.add(0, block_len(now)),
+            }
+        }
+    }
+
+    /// Bytes of dirty block `nr` changed since the last commit (empty for a clean block).
+    pub fn changed_ranges(&self, nr: u64) -> ByteRanges {
+        self.changed.get(&nr).cloned().unwrap_or_default()
     }
 
     /// Ends the operation and takes back every change it made; returns the blocks restored.
@@ -74,11 +116,13 @@ impl BlockCache {
                         self.dirty.insert(nr);
                     } else {
                         self.dirty.remove(&nr);
+                        self.changed.remove(&nr);
                     }
                 }
                 None => {
                     self.blocks.remove(&nr);
                     self.dirty.remove(&nr);
+                    self.changed.remove(&nr);
                 }
             }
             touched.push(nr);
@@ -140,6 +184,10 @@ impl BlockCache {
         self.undo_changed |= self.undo.is_some();
         let b = self.blocks.get_mut(&nr)?;
         self.dirty.insert(nr);
+        if self.undo.is_none() {
+            // No pre-image to compare with when the operation ends: count the whole block.
+            self.changed.entry(nr).or_default().add(0, block_len(b));
+        }
         Some(&mut b[..])
     }
 
@@ -149,6 +197,7 @@ impl BlockCache {
         self.undo_changed |= self.undo.is_some() && self.blocks.contains_key(&nr);
         self.blocks.remove(&nr);
         self.dirty.remove(&nr);
+        self.changed.remove(&nr);
     }
 
     /// Number of dirty blocks in the running transaction.
@@ -161,19 +210,33 @@ impl BlockCache {
         self.dirty.contains(&nr)
     }
 
-    /// Copies of every dirty block, and clears the dirty set: the running transaction closes.
-    pub fn take_dirty(&mut self) -> Vec<(u64, std::sync::Arc<[u8]>)> {
+    /// Copies of every dirty block with the bytes that changed, and clears the dirty set: the
+    /// running transaction closes.
+    pub fn take_dirty(&mut self) -> Vec<DirtyBlock> {
         debug_assert!(self.undo.is_none(), "commit inside an operation");
         let dirty = std::mem::take(&mut self.dirty);
+        let mut changed = std::mem::take(&mut self.changed);
         dirty
             .into_iter()
             .filter_map(|nr| {
-                self.blocks
-                    .get(&nr)
-                    .map(|b| (nr, std::sync::Arc::from(&b[..])))
+                let b = self.blocks.get(&nr)?;
+                Some(DirtyBlock {
+                    nr,
+                    data: Arc::from(&b[..]),
+                    changed: changed.remove(&nr).unwrap_or_else(|| {
+                        let mut all = ByteRanges::new();
+                        all.add(0, block_len(b));
+                        all
+                    }),
+                })
             })
             .collect()
     }
+}
+
+/// A block's length as a byte offset (block sizes are at most 64 KiB).
+fn block_len(b: &[u8]) -> u32 {
+    u32::try_from(b.len()).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
@@ -194,7 +257,7 @@ mod tests {
         assert!(c.blocks.len() <= 64);
         let snap = c.take_dirty();
         assert_eq!(snap.len(), 1);
-        assert_eq!(snap[0].0, 3);
+        assert_eq!(snap[0].nr, 3);
         assert_eq!(c.dirty_count(), 0);
     }
 
@@ -225,5 +288,42 @@ mod tests {
         c.end_undo();
         assert_eq!(c.rollback(), Vec::<u64>::new());
         assert_eq!(c.get(1).unwrap()[0], 7);
+    }
+
+    #[test]
+    fn each_dirty_block_knows_the_bytes_changed_since_the_last_commit() {
+        let mut c = BlockCache::new(64);
+        c.insert(1, vec![0u8; 64].into_boxed_slice());
+        c.insert(2, vec![0u8; 64].into_boxed_slice());
+        c.begin_undo();
+        c.get_mut(1).unwrap()[10] = 1;
+        c.get_mut(1).unwrap()[11] = 1;
+        c.end_undo();
+        // A second operation on the same block adds to its ranges; writing a byte with the
+        // value it already had changes nothing.
+        c.begin_undo();
+        let b = c.get_mut(1).unwrap();
+        b[40] = 5;
+        b[0] = 0;
+        c.end_undo();
+        // A rolled-back operation adds nothing.
+        c.begin_undo();
+        c.get_mut(2).unwrap()[5] = 9;
+        c.rollback();
+        // A block inserted during an operation changed whole.
+        c.begin_undo();
+        c.insert(3, vec![7u8; 64].into_boxed_slice());
+        c.get_mut(3).unwrap()[0] = 1;
+        c.end_undo();
+        let ranges = |r: &ByteRanges| r.iter().map(|x| (x.start, x.end)).collect::<Vec<_>>();
+        assert_eq!(ranges(&c.changed_ranges(1)), vec![(10, 12), (40, 41)]);
+        assert!(c.changed_ranges(2).is_empty());
+        let mut snap = c.take_dirty();
+        snap.sort_by_key(|d| d.nr);
+        assert_eq!(snap.len(), 2);
+        assert_eq!(ranges(&snap[0].changed), vec![(10, 12), (40, 41)]);
+        assert_eq!((snap[1].nr, ranges(&snap[1].changed)), (3, vec![(0, 64)]));
+        // The next transaction starts from nothing.
+        assert!(c.changed_ranges(1).is_empty());
     }
 }

@@ -236,7 +236,8 @@ pub struct MountOptions {
     pub commit_interval: Duration,
     /// External journal device, when the image's journal is not internal.
     pub journal_device: Option<PathBuf>,
-    /// Upper bound of the metadata buffer cache, in bytes.
+    /// Memory bound of the caches, in bytes: half for metadata blocks, half for file pages
+    /// (dirty pages are written back when they fill half of theirs).
     pub cache_size_bytes: usize,
     /// How file data is journaled.
     pub data_mode: DataMode,
@@ -280,4 +281,7 @@ pub struct Stats {
     pub fsync_p99_us: u64,
     /// Checkpoints run.
     pub checkpoints: u64,
+    /// Bytes of the committed metadata blocks that had really changed: what byte-range
+    /// records would log instead of whole blocks.
+    pub changed_metadata_bytes: u64,
 }

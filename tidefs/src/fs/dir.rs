@@ -8,8 +8,6 @@
 //!   no stale index is ever left behind;
 //! - `DirIndex::names` holds exactly the live records of the directory, with their positions.
 
-use std::collections::HashMap;
-
 use crate::format::ext4::dirent::{
     self, init_empty_block, is_index_block, parse_block, rec_size, records_end, set_tail_checksum,
     verify_dx_checksum, verify_tail_checksum, write_record, DirRecord,
@@ -18,27 +16,9 @@ use crate::format::ext4::inode::{flags, Inode};
 use crate::format::ext4::inode_csum_seed;
 use crate::{FsError, Result};
 
+pub(crate) use super::dir_index::{DirIndex, DirSlot};
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
-
-/// Where a name lives in its directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct DirSlot {
-    pub ino: u32,
-    pub file_type: u8,
-    pub lblk: u32,
-    pub offset: u32,
-}
-
-/// The in-memory index of one directory.
-#[derive(Debug, Default)]
-pub(crate) struct DirIndex {
-    pub names: HashMap<Vec<u8>, DirSlot>,
-    /// Largest record that fits in each block.
-    pub space: Vec<usize>,
-    /// Whether the on-disk directory still carries an htree index.
-    pub indexed: bool,
-}
 
 fn block_space(recs: &[DirRecord]) -> usize {
     recs.iter()

@@ -247,9 +247,9 @@ pub(crate) struct Meta {
     /// The superblock's free counts changed and must be copied into its block.
     pub sb_dirty: bool,
     /// Block maps of inodes in use, loaded on first access.
-    pub maps: HashMap<u32, super::extents::ExtentMap>,
+    pub maps: HashMap<u32, super::extent_map::ExtentMap>,
     /// Name indexes of directories, built on first access.
-    pub dirs: HashMap<u32, super::dir::DirIndex>,
+    pub dirs: HashMap<u32, super::dir_index::DirIndex>,
     /// Open handles per inode.
     pub open: HashMap<u32, u32>,
     /// Next inode generation number.
@@ -268,6 +268,42 @@ pub(crate) struct Meta {
     pub bitmap_blocks: HashSet<u64>,
     /// The blocks file data may use; set from the group descriptors by `load_groups`.
     pub layout: Arc<Layout>,
+    /// File data not yet written back (delayed allocation).
+    pub data: super::datacache::DataCache,
+    /// For each inode changed by a transaction not known durable yet, the tids of its last
+    /// change and of its last change that fdatasync must wait for (anything but timestamps).
+    pub ino_tids: HashMap<u32, InodeTids>,
+}
+
+/// The transactions that hold an inode's last changes (see [`Meta::ino_tids`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct InodeTids {
+    /// Last change of any kind (fsync waits for it).
+    pub any: u32,
+    /// Last change other than timestamps (fdatasync waits for it), if any.
+    pub data: Option<u32>,
+}
+
+/// Byte ranges of an on-disk inode that hold only timestamps and the checksum (which follows
+/// them): a change confined to these needs no commit for fdatasync. Offsets from the ext4
+/// inode layout: i_atime, i_ctime, i_mtime at 0x08..0x14, l_i_checksum_lo at 0x7C..0x7E,
+/// i_checksum_hi at 0x82..0x84, i_ctime_extra/i_mtime_extra/i_atime_extra at 0x84..0x90.
+const INODE_TIME_FIELDS: [(usize, usize); 3] = [(0x08, 0x14), (0x7C, 0x7E), (0x82, 0x90)];
+
+/// Whether inodes `a` and `b` differ only in timestamps (and so in checksum).
+fn only_times_differ(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut at = 0;
+    for &(lo, hi) in &INODE_TIME_FIELDS {
+        let (lo, hi) = (lo.min(a.len()), hi.min(a.len()));
+        if a[at..lo] != b[at..lo] {
+            return false;
+        }
+        at = hi;
+    }
+    a[at..] == b[at..]
 }
 
 impl Meta {
@@ -334,6 +370,7 @@ impl Meta {
     pub fn begin_op(&mut self) {
         debug_assert!(self.op_undo.is_none(), "operations do not nest");
         self.cache.begin_undo();
+        self.data.begin_undo();
         self.op_undo = Some(OpUndo {
             sb: self.sb.clone(),
             sb_dirty: self.sb_dirty,
@@ -350,6 +387,7 @@ impl Meta {
     /// Ends an operation that succeeded: its changes stay in the running transaction.
     pub fn end_op(&mut self) {
         self.cache.end_undo();
+        self.data.end_undo();
         self.op_undo = None;
     }
 
@@ -361,6 +399,7 @@ impl Meta {
             return;
         };
         let changed = self.cache.undo_has_changes()
+            || self.data.undo_has_changes()
             || self.sb != u.sb
             || self.sb_dirty != u.sb_dirty
             || !u.groups.is_empty()
@@ -372,9 +411,11 @@ impl Meta {
             // A failure before any change (a lookup that finds nothing, a refused argument):
             // nothing to take back, and the derived caches stay valid.
             self.cache.end_undo();
+            self.data.end_undo();
             return;
         }
         self.cache.rollback();
+        self.data.rollback();
         self.sb = u.sb;
         self.sb_dirty = u.sb_dirty;
         self.block_cursor = u.block_cursor;
@@ -420,9 +461,11 @@ impl Meta {
         }
     }
 
-    /// Whether frees wait for a commit before their blocks can be allocated again.
+    /// Whether a commit may make room: frees wait for it before their blocks can be
+    /// allocated again, or cached data holds reservations (with their margin for extent-tree
+    /// growth) that write-back turns into exact allocations.
     pub fn frees_pending(&self) -> bool {
-        !self.quarantine.is_empty() || !self.late_frees.is_empty()
+        !self.quarantine.is_empty() || !self.late_frees.is_empty() || self.data.reserved() > 0
     }
 
     /// Applies frees held back by lightweight mode (their transaction's in-place writes are
@@ -437,12 +480,24 @@ impl Meta {
         Ok(())
     }
 
+    /// Forgets the inode tids that transaction `tid` made durable.
+    pub fn forget_durable_tids(&mut self, tid: u32) {
+        let after = |t: u32| t.wrapping_sub(tid).wrapping_sub(1) < (1 << 31);
+        self.ino_tids.retain(|_, t| {
+            if t.data.is_some_and(|d| !after(d)) {
+                t.data = None;
+            }
+            after(t.any)
+        });
+    }
+
     /// Whether the running transaction holds anything a commit must write.
     pub fn has_uncommitted_changes(&self) -> bool {
         self.cache.dirty_count() > 0
             || !self.revoked.is_empty()
             || !self.freed_running.is_empty()
             || self.sb_dirty
+            || self.data.dirty_count() > 0
             || !self.late_frees.is_empty()
     }
 
@@ -604,8 +659,8 @@ impl Meta {
     }
 
     /// Sets the superblock's free block and inode counts from the group descriptors, which
-    /// are journaled with every allocation: the superblock's own counts may be stale (a
-    /// backup superblock, a lightweight crash), as the kernel also assumes.
+    /// are journaled with every allocation: the superblock's own counts are stale after any
+    /// crash (they are written only at mount and unmount), as the kernel also assumes.
     pub fn sum_free_counts(&mut self) {
         let blocks: u64 = self.groups.iter().map(|g| u64::from(g.free_blocks)).sum();
         let inodes: u64 = self.groups.iter().map(|g| u64::from(g.free_inodes)).sum();
@@ -658,7 +713,8 @@ impl Meta {
             gi.inode_bitmap_csum = c & mask;
             gi.verified |= VERIFIED_INODE_BITMAP;
         }
-        self.sb_dirty = true;
+        // The superblock's free counts are not logged with each allocation: like the kernel,
+        // tidefs sums them from the descriptors at mount and writes them at unmount.
         Ok(())
     }
 
@@ -774,11 +830,12 @@ impl Meta {
         self.sb.free_blocks_count()
     }
 
-    /// Free blocks that may be allocated now: free, less those freed by transactions that have
-    /// not committed yet.
+    /// Free blocks that may be promised now: free, less those freed by transactions that have
+    /// not committed yet and those reserved for file data not yet written back.
     pub fn allocatable_blocks(&self) -> u64 {
         self.free_blocks()
             .saturating_sub(self.quarantine.len() as u64)
+            .saturating_sub(self.data.reserved())
     }
 
     /// Allocates one block, searching from `goal`. Fails with `NoSpace`.
@@ -793,6 +850,9 @@ impl Meta {
         };
         let start_group = self.geo.group_of_block(goal.max(self.geo.first_data_block));
         let groups = self.geo.groups;
+        // A group found damaged is skipped (and never used again); its error is returned only
+        // when no other group has room.
+        let mut damaged = None;
         for step in 0..=groups {
             let g = (start_group + step) % groups;
             if self.groups[g as usize].free_blocks == 0 || self.groups[g as usize].bad {
@@ -805,7 +865,14 @@ impl Meta {
             } else {
                 0
             };
-            self.prepare_block_bitmap(io, g)?;
+            match self.prepare_block_bitmap(io, g) {
+                Err(FsError::Corrupt(c)) if self.groups[g as usize].bad => {
+                    log::error!("{c}");
+                    damaged = Some(c);
+                    continue;
+                }
+                r => r?,
+            }
             let bb = self.groups[g as usize].block_bitmap;
             let found = {
                 self.load(io, bb)?;
@@ -845,10 +912,13 @@ impl Meta {
             let b = first + i as u64;
             if let Err(why) = self.layout.check_run(b, 1) {
                 self.groups[g as usize].bad = true;
-                return Err(FsError::corrupt(format!(
+                let c = crate::Corrupt::new(format!(
                     "group {g}: the block bitmap marks block {b} free, but {why}; the group is \
                      no longer used for allocation"
-                )));
+                ));
+                log::error!("{c}");
+                damaged = Some(c);
+                continue;
             }
             let len = self.block_bitmap_len();
             let seed = self.geo.csum_seed;
@@ -864,7 +934,7 @@ impl Meta {
             self.cache.forget(b);
             return Ok(b);
         }
-        Err(FsError::NoSpace)
+        Err(damaged.map_or(FsError::NoSpace, FsError::Corrupt))
     }
 
     /// Frees block `b`. `journaled` says whether it held journaled metadata (then a revoke
@@ -1089,13 +1159,24 @@ impl Meta {
         Ok(())
     }
 
-    /// Stores inode `ino` with a fresh checksum.
+    /// Stores inode `ino` with a fresh checksum, and notes which transaction fsync and
+    /// fdatasync of the inode must now wait for.
     pub fn write_inode(&mut self, io: &Io, ino: u32, inode: &mut Inode) -> Result<()> {
         let (nr, off) = self.inode_location(ino)?;
         inode.update_checksum(self.geo.csum_seed, ino);
         let isz = self.geo.inode_size as usize;
+        let tid = self.tid;
         let b = self.block_mut(io, nr)?;
+        let times_only = only_times_differ(&b[off..off + isz], inode.as_bytes());
         b[off..off + isz].copy_from_slice(inode.as_bytes());
+        let t = self.ino_tids.entry(ino).or_insert(InodeTids {
+            any: tid,
+            data: None,
+        });
+        t.any = tid;
+        if !times_only {
+            t.data = Some(tid);
+        }
         Ok(())
     }
 }

@@ -15,11 +15,15 @@
 
 mod api;
 mod audit;
+mod datacache;
 mod dir;
+mod dir_index;
+mod extent_map;
 mod extents;
 mod layout;
 mod meta;
 mod ops;
+mod writeback;
 
 pub use api::*;
 pub use audit::AllocationAudit;
@@ -48,6 +52,7 @@ use crate::{FsError, Result};
 
 use layout::Layout;
 use meta::{Geometry, Io, Meta};
+use writeback::{write_home, Scope};
 
 /// Live counters kept by the fs layer (the journal keeps its own).
 #[derive(Default)]
@@ -55,6 +60,8 @@ struct Counters {
     fsyncs: AtomicU64,
     commits: AtomicU64,
     committed_blocks: AtomicU64,
+    /// Bytes of committed metadata blocks that had changed (what byte-range records log).
+    changed_metadata_bytes: AtomicU64,
     /// Recent fsync latencies in microseconds (a bounded window).
     fsync_us: Mutex<Vec<u32>>,
     /// Threads inside fsync right now.
@@ -399,7 +406,24 @@ impl Fs {
         // read-only recovery keeps the replayed copy in the journal's pending map.
         let sb = match &recovery {
             None => sb,
-            Some(_) if !ro => read_superblock(dev.as_ref(), ro, true)?,
+            // The superblock is logged only at mount and unmount, so replay may not hold it: a
+            // primary still damaged after replay is replaced by the backup in group 1.
+            Some(_) if !ro => match read_superblock(dev.as_ref(), ro, true) {
+                Ok(sb) => sb,
+                Err(FsError::Corrupt(c)) if c.what.starts_with("superblock checksum mismatch") => {
+                    match read_backup_superblock(dev.as_ref(), &sb) {
+                        Some((backup, at)) => {
+                            log::warn!(
+                                "the primary superblock is damaged ({c}); using the backup at \
+                                 block {at}"
+                            );
+                            backup
+                        }
+                        None => return Err(FsError::Corrupt(c)),
+                    }
+                }
+                Err(e) => return Err(e),
+            },
             Some(_) => {
                 let bs = u64::from(geo.block_size);
                 match journal.pending(SUPERBLOCK_OFFSET / bs) {
@@ -423,7 +447,8 @@ impl Fs {
             internal_journal,
         };
         let tid = io.journal.next_tid();
-        let cache_blocks = opts.cache_size_bytes / geo.bs();
+        // The memory bound is shared: half for metadata blocks, half for file pages.
+        let cache_blocks = opts.cache_size_bytes / geo.bs() / 2;
         let mut meta = Meta {
             geo,
             sb,
@@ -446,6 +471,8 @@ impl Fs {
             op_undo: None,
             late_frees: Vec::new(),
             layout: Arc::default(),
+            data: datacache::DataCache::new(cache_blocks),
+            ino_tids: HashMap::new(),
         };
         meta.load_groups(&io)?;
         meta.sum_free_counts();
@@ -592,8 +619,15 @@ impl Fs {
                     m.rollback_op();
                 }
                 m.trim_derived_caches();
-                let big = m.cache.dirty_count() + m.revoked.len()
-                    >= inner.io.journal.max_transaction_blocks() / 2;
+                // Journal-mode pages join the transaction at write-back.
+                let journaled_pages = if m.default_mode == DataMode::Journal {
+                    m.data.dirty_count()
+                } else {
+                    0
+                };
+                let big = m.cache.dirty_count() + m.revoked.len() + journaled_pages
+                    >= inner.io.journal.max_transaction_blocks() / 2
+                    || m.data.dirty_count() >= m.data.dirty_limit();
                 (r, big, m.frees_pending())
             };
             if write && (big || matches!(r, Err(FsError::NoSpace)) && waiting_frees) {
@@ -823,14 +857,15 @@ impl Fs {
         self.change_range(ino, |m, io, n| m.zero_range(io, n, offset, len, keep_size))
     }
 
-    /// Makes the file durable (only its data and the metadata needed to read it if `datasync`).
+    /// Makes the file durable (only its data and the metadata needed to read it if `datasync`):
+    /// waits for the commit that holds the file's last change (fdatasync: its last change
+    /// other than timestamps), committing the running transaction only when that change is in
+    /// it. Cached data that overwrites blocks already on disk goes home without a commit.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
-        let _ = datasync;
         let start = Instant::now();
-        self.getattr(ino)?;
         let c = &self.inner.counters;
         c.fsync_active.fetch_add(1, Ordering::SeqCst);
-        let r = self.inner.sync_all();
+        let r = self.inner.fsync_inode(ino, datasync);
         c.fsync_active.fetch_sub(1, Ordering::SeqCst);
         let us = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
         c.fsyncs.fetch_add(1, Ordering::Relaxed);
@@ -895,7 +930,7 @@ impl Fs {
     pub fn statfs(&self) -> Result<StatFs> {
         self.with_meta(false, |m, _| {
             let sb = &m.sb;
-            let free = sb.free_blocks_count();
+            let free = sb.free_blocks_count().saturating_sub(m.data.reserved());
             Ok(StatFs {
                 blocks: sb.blocks_count(),
                 blocks_free: free,
@@ -1004,6 +1039,7 @@ impl Fs {
             fsync_p50_us: pct(50),
             fsync_p99_us: pct(99),
             checkpoints: j.checkpoints,
+            changed_metadata_bytes: c.changed_metadata_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -1167,6 +1203,68 @@ impl Inner {
         Ok(())
     }
 
+    /// fsync/fdatasync of one inode (see [`Fs::fsync`]).
+    fn fsync_inode(&self, ino: Ino, datasync: bool) -> Result<()> {
+        let (n, target, dirty) = {
+            let mut m = self.meta.lock();
+            let n = m.ino32(ino)?;
+            m.live_inode(&self.io, n)?;
+            if self.errored.load(Ordering::SeqCst) {
+                // After an error nothing more becomes durable: every fsync reports it.
+                return Err(self.error_result());
+            }
+            if m.read_only && self.read_only {
+                return Ok(());
+            }
+            let durable = self.committed_tid.load(Ordering::SeqCst);
+            let target = m
+                .ino_tids
+                .get(&n)
+                .and_then(|t| if datasync { t.data } else { Some(t.any) })
+                .filter(|&t| !tid_ge(durable, t));
+            (n, target, m.data.dirty_count_of(n) > 0)
+        };
+        match target {
+            // The commit writes every dirty page back as well.
+            Some(t) => self.commit_up_to(t),
+            None if dirty => self.write_back_overwrites(n),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends the dirty pages of `ino` that overwrite blocks already on disk home and flushes
+    /// them, without a commit (they change no metadata). If the file also has dirty pages that
+    /// need metadata (allocation, unwritten extents, journal mode), commits instead.
+    fn write_back_overwrites(&self, ino: u32) -> Result<()> {
+        let gate = self.gate.enter(|| false);
+        if self.errored.load(Ordering::SeqCst) {
+            return Err(self.error_result());
+        }
+        let (writes, needs_commit) = {
+            let mut m = self.meta.lock();
+            m.begin_op();
+            match m.writeback(&self.io, Scope::Overwrites(ino)) {
+                Ok(w) => {
+                    m.end_op();
+                    let rest = m.data.dirty_count_of(ino) > w.len();
+                    (w, rest)
+                }
+                Err(e) => {
+                    m.rollback_op();
+                    return Err(e);
+                }
+            }
+        };
+        if needs_commit {
+            drop(gate);
+            return self.commit_running();
+        }
+        write_home(&self.io, &writes)?;
+        self.io.dev.flush().map_err(FsError::Io)?;
+        self.meta.lock().finish_home_writes(&writes);
+        Ok(())
+    }
+
     /// Commits the running transaction if it holds anything.
     fn commit_running(&self) -> Result<()> {
         let t = self.meta.lock().tid;
@@ -1228,7 +1326,7 @@ impl Inner {
             std::thread::sleep(avg.min(MAX_BATCH_WAIT));
         }
         let started = Instant::now();
-        let (req, freed, tid, in_place, late_frees) = {
+        let (req, freed, tid, in_place, late_frees, home, changed) = {
             let mut m = self.meta.lock();
             // We hold the gate, so nobody else committed since the checks above: the running
             // transaction is `target` or, when `target` was already closed, the next one.
@@ -1238,12 +1336,27 @@ impl Inner {
                 // transaction is already durable, or the error state would have stopped us.
                 return Ok(());
             }
+            // Write-back: cached file data gets its blocks in this transaction.
+            m.begin_op();
+            let home = match m.writeback(&self.io, Scope::All) {
+                Ok(h) => {
+                    m.end_op();
+                    h
+                }
+                Err(e) => {
+                    m.rollback_op();
+                    return Err(self.fail(&mut m, "write-back", e));
+                }
+            };
             if m.sb_dirty {
                 if let Err(e) = m.flush_sb_to_cache(&self.io) {
                     return Err(self.fail(&mut m, "commit", e));
                 }
             }
-            let mut blocks = m.cache.take_dirty();
+            let dirty = m.cache.take_dirty();
+            let changed: u64 = dirty.iter().map(|d| d.changed.bytes()).sum();
+            let mut blocks: Vec<(u64, Arc<[u8]>)> =
+                dirty.into_iter().map(|d| (d.nr, d.data)).collect();
             let revoked: Vec<u64> = std::mem::take(&mut m.revoked).into_iter().collect();
             let freed = std::mem::take(&mut m.freed_running);
             m.committing = blocks.iter().map(|(nr, b)| (*nr, b.clone())).collect();
@@ -1269,12 +1382,19 @@ impl Inner {
                 tid,
                 in_place,
                 late_frees,
+                home,
+                changed,
             )
         };
         let nblocks = req.blocks.len() as u64;
-        let mut r = self.io.journal.commit(req).map(|t| {
-            debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
-        });
+        // File data goes home before the commit record that maps it (ordered mode's promise;
+        // the journal's flush before the commit record makes it durable first).
+        let mut r = write_home(&self.io, &home);
+        if r.is_ok() {
+            r = self.io.journal.commit(req).map(|t| {
+                debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
+            });
+        }
         if r.is_ok() && !in_place.is_empty() {
             // Lightweight: the allocations these blocks point at are durable in the journal
             // now, so a crash from here on can only leak; write them home and make them durable
@@ -1286,6 +1406,8 @@ impl Inner {
         match r {
             Ok(()) => {
                 self.committed_tid.store(tid, Ordering::SeqCst);
+                m.finish_home_writes(&home);
+                m.forget_durable_tids(tid);
                 for b in freed {
                     m.quarantine.remove(&b);
                 }
@@ -1301,6 +1423,9 @@ impl Inner {
                 self.counters
                     .committed_blocks
                     .fetch_add(nblocks, Ordering::Relaxed);
+                self.counters
+                    .changed_metadata_bytes
+                    .fetch_add(changed, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => Err(self.fail(&mut m, &format!("commit of transaction {tid}"), e)),

@@ -8,9 +8,7 @@ use crate::format::ext4::inode::{self, flags, mode, Inode, InodeTime};
 use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
 
-use super::api::{
-    Attr, Creds, DataMode, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode,
-};
+use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode};
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
 
@@ -142,7 +140,9 @@ impl Meta {
         Attr {
             ino: u64::from(ino),
             size: i.size(),
-            blocks: i.blocks_512(self.geo.block_size),
+            // Blocks reserved for cached data count already, as with ext4's delayed allocation.
+            blocks: i.blocks_512(self.geo.block_size)
+                + self.data.reserved_of(ino) * u64::from(self.geo.block_size / 512),
             atime: to_ts(i.atime()),
             mtime: to_ts(i.mtime()),
             ctime: to_ts(i.ctime()),
@@ -361,7 +361,8 @@ impl Meta {
             let mut map = ExtentMap::default();
             let goal = inode_goal(&map, self, ino);
             let pblk = self.alloc_block(io, goal)?;
-            self.put_data(io, ino, pblk, 0, target, true)?;
+            // A slow symlink's block is logged like metadata, in every mode.
+            self.new_block_mut(pblk)[..target.len()].copy_from_slice(target);
             map.insert(0, pblk, false);
             map.store(self, io, ino, &mut i)?;
             self.maps.insert(ino, map);
@@ -395,9 +396,7 @@ impl Meta {
         let Some((pblk, _)) = map.map(0) else {
             return Err(FsError::corrupt_inode(ino, "symlink without a block"));
         };
-        let mut buf = vec![0u8; size];
-        io.dev.read_at(pblk * bs as u64, &mut buf)?;
-        Ok(buf)
+        Ok(self.block(io, pblk)?[..size].to_vec())
     }
 
     /// Adds a hard link.
@@ -458,12 +457,16 @@ impl Meta {
     /// Releases everything an unused inode holds, and the inode.
     pub(crate) fn free_inode_fully(&mut self, io: &Io, ino: u32) -> Result<()> {
         let mut i = self.read_inode(io, ino)?;
+        // Data still in the page cache never reaches the device.
+        self.data.drop_file(ino);
         let is_dir = i.is_dir();
+        // Directory and slow-symlink blocks are logged like metadata: they need revokes.
+        let logged = is_dir || i.is_symlink();
         if i.flags() & flags::EXTENTS != 0 {
             let mut map = self.extent_map(io, ino, &i)?.clone();
             for (start, len) in map.truncate_from(0) {
                 for b in start..start + u64::from(len) {
-                    self.free_block(io, b, is_dir)?;
+                    self.free_block(io, b, logged)?;
                 }
             }
             for b in std::mem::take(&mut map.tree_blocks) {
@@ -788,46 +791,43 @@ impl Meta {
 
     // ----- file data -----
 
-    /// Puts `bytes` at `offset` inside data block `pblk` of inode `ino`, as its data mode says:
-    /// journal mode changes the cached block inside the running transaction; the other modes
-    /// write home now (ordered mode thereby before the transaction that maps the block commits).
-    /// A `fresh` block (just allocated, or unwritten until now) reads as zeros elsewhere.
+    /// Reads file block `home` (a block written on disk) as it is now: the newest copy not yet
+    /// at home (journal-mode data in the buffer cache or the journal), else the home location.
+    fn read_data_block(&self, io: &Io, home: u64) -> Result<Box<[u8]>> {
+        if let Some(copy) = self.unsettled_copy(io, home) {
+            return Ok(Box::from(&copy[..]));
+        }
+        let bs = self.geo.bs();
+        let mut buf = vec![0u8; bs].into_boxed_slice();
+        io.dev.read_at(home * bs as u64, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Puts `bytes` at `offset` of file block `lblk` of `ino` through the page cache. A block
+    /// written on disk is read into its page first unless the change covers it whole; a hole
+    /// or an unwritten block starts as zeros (a hole's page holds a reserved block).
     fn put_data(
         &mut self,
         io: &Io,
         ino: u32,
-        pblk: u64,
+        lblk: u32,
+        home: Option<(u64, bool)>,
         offset: usize,
         bytes: &[u8],
-        fresh: bool,
     ) -> Result<()> {
-        let mode = self.data_mode(ino);
-        if mode == DataMode::Journal {
-            let b = if fresh {
-                self.new_block_mut(pblk)
-            } else {
-                self.block_mut(io, pblk)?
+        if self.data.get(ino, lblk).is_none() {
+            let bs = self.geo.bs();
+            let page = match home {
+                Some((p, false)) if bytes.len() < bs => self.read_data_block(io, p)?,
+                _ => vec![0u8; bs].into_boxed_slice(),
             };
-            b[offset..offset + bytes.len()].copy_from_slice(bytes);
-            return Ok(());
+            self.data.insert(ino, lblk, page, home.is_none());
         }
-        let bs = self.geo.bs();
-        let (at, whole);
-        let out: &[u8] = if fresh {
-            let mut buf = vec![0u8; bs];
-            buf[offset..offset + bytes.len()].copy_from_slice(bytes);
-            whole = buf;
-            at = pblk * bs as u64;
-            &whole
-        } else {
-            at = pblk * bs as u64 + offset as u64;
-            bytes
-        };
-        io.dev.write_at(at, out)?;
+        self.data.write(ino, lblk, offset, bytes);
         Ok(())
     }
 
-    /// Plans a read: segments of device bytes or zeros, clipped to the file size.
+    /// Plans a read: segments of device bytes, cached bytes or zeros, clipped to the file size.
     pub(crate) fn read_plan(
         &mut self,
         io: &Io,
@@ -856,19 +856,21 @@ impl Meta {
                 Some((p, false)) => Some(p),
                 _ => None,
             };
-            pieces.push((home, in_block, len));
+            pieces.push((lblk, home, in_block as usize, len as usize));
             pos += len;
         }
         let mut segs: Vec<ReadSegment> = Vec::new();
-        for (home, in_block, len) in pieces {
-            let source = match home {
-                None => ReadSource::Zeros,
-                Some(p) => match self.unsettled_copy(io, p) {
-                    Some(copy) => ReadSource::Bytes(
-                        copy[in_block as usize..(in_block + len) as usize].to_vec(),
-                    ),
-                    None => ReadSource::Device(p * bs + in_block),
-                },
+        for (lblk, home, in_block, len) in pieces {
+            let source = if let Some(page) = self.data.get(ino, lblk) {
+                ReadSource::Bytes(page.bytes[in_block..in_block + len].to_vec())
+            } else {
+                match home {
+                    None => ReadSource::Zeros,
+                    Some(p) => match self.unsettled_copy(io, p) {
+                        Some(copy) => ReadSource::Bytes(copy[in_block..in_block + len].to_vec()),
+                        None => ReadSource::Device(p * bs + in_block as u64),
+                    },
+                }
             };
             // Merge with the previous segment when contiguous.
             if let Some(last) = segs.last_mut() {
@@ -878,19 +880,19 @@ impl Meta {
                     _ => false,
                 };
                 if merged {
-                    last.len += len as usize;
+                    last.len += len;
                     continue;
                 }
             }
-            segs.push(ReadSegment {
-                len: len as usize,
-                source,
-            });
+            segs.push(ReadSegment { len, source });
         }
         Ok(segs)
     }
 
-    /// Writes file data home (ordered mode: before the transaction that maps it commits).
+    /// Writes file data into the page cache (delayed allocation: blocks are allocated and
+    /// data reaches the device at write-back, `fs/writeback.rs`). Pages over holes reserve a
+    /// block each; when space runs out part-way, the blocks that fit are written and the
+    /// write is short, as POSIX allows.
     pub(crate) fn write(&mut self, io: &Io, ino: u32, offset: u64, data: &[u8]) -> Result<u32> {
         let mut i = self.live_inode(io, ino)?;
         if i.is_dir() {
@@ -906,65 +908,33 @@ impl Meta {
         if end.div_ceil(bs) > self.geo.max_file_blocks() {
             return Err(FsError::FileTooBig);
         }
-        let mut map = self.extent_map(io, ino, &i)?.clone();
+        // The bound above keeps logical block numbers within u32.
+        let (first, last) = ((offset / bs) as u32, ((end - 1) / bs) as u32);
+        let map = self.extent_map(io, ino, &i)?;
+        let homes: Vec<Option<(u64, bool)>> = (first..=last).map(|l| map.map(l)).collect();
+        // Blocks that may still be promised, keeping a margin for extent-tree growth at
+        // write-back.
+        let margin = 8 + self.data.reserved() / 64;
+        let mut room = self.allocatable_blocks().saturating_sub(margin);
         let mut pos = offset;
         let mut written = 0usize;
-        let mut new_blocks = 0u64;
-        let mut result = Ok(());
-        while pos < end {
-            let lblk = (pos / bs) as u32;
+        for (k, home) in homes.into_iter().enumerate() {
+            let lblk = first + k as u32;
+            if home.is_none() && self.data.get(ino, lblk).is_none() {
+                if room == 0 {
+                    break;
+                }
+                room -= 1;
+            }
             let in_block = (pos % bs) as usize;
             let len = ((bs as usize) - in_block).min((end - pos) as usize);
-            let chunk = &data[written..written + len];
-            // A data write that fails ends the request here: what landed before it is kept
-            // and reported as a short write, as POSIX allows; nothing after it is mapped.
-            match map.map(lblk) {
-                Some((p, false)) => {
-                    if let Err(e) = self.put_data(io, ino, p, in_block, chunk, false) {
-                        result = Err(e);
-                        break;
-                    }
-                }
-                Some((p, true)) => {
-                    if let Err(e) = self.put_data(io, ino, p, in_block, chunk, true) {
-                        result = Err(e);
-                        break;
-                    }
-                    map.mark_written(lblk);
-                }
-                None => {
-                    if self.allocatable_blocks() < 8 {
-                        result = Err(FsError::NoSpace);
-                        break;
-                    }
-                    let goal = inode_goal(&map, self, ino);
-                    let goal = map.map(lblk.wrapping_sub(1)).map_or(goal, |(p, _)| p + 1);
-                    let p = match self.alloc_block(io, goal) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            result = Err(e);
-                            break;
-                        }
-                    };
-                    if let Err(e) = self.put_data(io, ino, p, in_block, chunk, true) {
-                        self.free_block(io, p, false)?;
-                        result = Err(e);
-                        break;
-                    }
-                    map.insert(lblk, p, false);
-                    new_blocks += 1;
-                }
-            }
+            self.put_data(io, ino, lblk, home, in_block, &data[written..written + len])?;
             pos += len as u64;
             written += len;
         }
         if written == 0 {
-            // Nothing landed: the whole request fails (and its changes are rolled back).
-            return result.map(|()| 0);
+            return Err(FsError::NoSpace);
         }
-        map.store(self, io, ino, &mut i)?;
-        self.maps.insert(ino, map);
-        i.set_blocks_512(i.blocks_512(self.geo.block_size) + new_blocks * (bs / 512));
         if pos > i.size() {
             i.set_size(pos);
         }
@@ -972,11 +942,8 @@ impl Meta {
         i.set_mtime(t);
         i.set_ctime(t);
         self.write_inode(io, ino, &mut i)?;
-        match (written, result) {
-            (0, Err(e)) => Err(e),
-            // `written` is at most the request, itself at most u32::MAX from FUSE.
-            (n, _) => Ok(n as u32),
-        }
+        // At most the request, itself at most u32::MAX from FUSE.
+        Ok(written as u32)
     }
 
     /// Sets the size of a regular file: frees blocks past the end and zeroes the tail of the
@@ -987,11 +954,12 @@ impl Meta {
             return Err(FsError::FileTooBig);
         }
         let old = i.size();
+        // Cached pages past the new end never reach the device.
+        self.data.drop_range(ino, size.div_ceil(bs), u64::MAX);
         let mut map = self.extent_map(io, ino, i)?.clone();
-        let tail = match map.map((size / bs) as u32) {
-            Some((p, false)) if size < old && size % bs != 0 => Some(p),
-            _ => None,
-        };
+        // The bound above keeps it within u32.
+        let tail_lblk = (size / bs) as u32;
+        let tail_home = map.map(tail_lblk);
         // Drop blocks past the new end (also unwritten ones past EOF when shrinking).
         if size <= old {
             let freed = map.truncate_from(size.div_ceil(bs) as u32);
@@ -1010,11 +978,11 @@ impl Meta {
         }
         self.maps.insert(ino, map);
         i.set_size(size);
-        // Zero the tail of the new last block last: in the modes that write data in place this
-        // cannot be rolled back, so everything that can fail comes first.
-        if let Some(p) = tail {
+        // Zero the tail of the new last block, so a later extension reads zeros.
+        let cached = self.data.get(ino, tail_lblk).is_some();
+        if size < old && size % bs != 0 && (cached || matches!(tail_home, Some((_, false)))) {
             let zeros = vec![0u8; (bs - size % bs) as usize];
-            self.put_data(io, ino, p, (size % bs) as usize, &zeros, false)?;
+            self.put_data(io, ino, tail_lblk, tail_home, (size % bs) as usize, &zeros)?;
         }
         Ok(())
     }
@@ -1067,8 +1035,9 @@ impl Meta {
     }
 
     /// Zeroes the bytes of `[offset, end)` that fall in the partial blocks at its two edges,
-    /// where those blocks hold written data, through the file's data path (journal mode thus
-    /// journals the zeros like any write). Holes and unwritten blocks read as zeros already.
+    /// where those blocks hold data (cached, or written on disk), through the page cache.
+    /// Holes and unwritten blocks read as zeros already. `map` is the file's map before the
+    /// range operation changed it.
     fn zero_partial_edges(
         &mut self,
         io: &Io,
@@ -1085,34 +1054,15 @@ impl Meta {
         if end % bs != 0 && (offset % bs == 0 || end / bs != offset / bs) {
             edges.push((end / bs, 0, end % bs));
         }
-        // Written blocks at the edges (blocks past the 32-bit logical space cannot be mapped).
-        let targets: Vec<(u64, usize, usize)> = edges
-            .into_iter()
-            .filter_map(
-                |(lblk, from, to)| match map.map(u32::try_from(lblk).ok()?) {
-                    Some((p, false)) => Some((p, from as usize, to as usize)),
-                    _ => None,
-                },
-            )
-            .collect();
-        // In the modes that write data in place, keep what the edges held: if the second edge
-        // cannot be written, the first is put back, so a failed call changes no byte.
-        let in_place = self.data_mode(ino) != DataMode::Journal;
-        let mut before = Vec::with_capacity(targets.len());
-        if in_place {
-            for &(p, from, to) in &targets {
-                let mut old = vec![0u8; to - from];
-                io.dev.read_at(p * bs + from as u64, &mut old)?;
-                before.push(old);
-            }
-        }
-        for (k, &(p, from, to)) in targets.iter().enumerate() {
-            let zeros = vec![0u8; to - from];
-            if let Err(e) = self.put_data(io, ino, p, from, &zeros, false) {
-                for (&(p, from, _), old) in targets[..k].iter().zip(&before) {
-                    io.dev.write_at(p * bs + from as u64, old)?;
-                }
-                return Err(e);
+        for (lblk, from, to) in edges {
+            // Blocks past the 32-bit logical space cannot hold data.
+            let Ok(lblk) = u32::try_from(lblk) else {
+                continue;
+            };
+            let home = map.map(lblk);
+            if self.data.get(ino, lblk).is_some() || matches!(home, Some((_, false))) {
+                let zeros = vec![0u8; (to - from) as usize];
+                self.put_data(io, ino, lblk, home, from as usize, &zeros)?;
             }
         }
         Ok(())
@@ -1141,6 +1091,7 @@ impl Meta {
         self.ensure_space(4)?;
         let mut map = self.extent_map(io, ino, &i)?.clone();
         let edges = map.clone();
+        self.data.drop_range(ino, offset.div_ceil(bs), end / bs);
         let freed = map.remove_range(offset.div_ceil(bs), end / bs);
         let mut n = 0u64;
         for (start, run) in freed {
@@ -1159,7 +1110,6 @@ impl Meta {
         i.set_mtime(t);
         i.set_ctime(t);
         self.write_inode(io, ino, &mut i)?;
-        // Last: in the modes that write data in place, the edges' zeros cannot be rolled back.
         self.zero_partial_edges(io, ino, &edges, offset, end)
     }
 
@@ -1184,6 +1134,8 @@ impl Meta {
         // The bound above keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
         let edges = map.clone();
+        // Whole blocks become unwritten: what their pages hold is zeroed, not written back.
+        self.data.drop_range(ino, offset.div_ceil(bs), end / bs);
         map.mark_unwritten_range(offset.div_ceil(bs), end / bs);
         let missing = self.allocate_unwritten(io, ino, &mut map, first, last, 4)?;
         map.store(self, io, ino, &mut i)?;
@@ -1196,7 +1148,6 @@ impl Meta {
         i.set_mtime(t);
         i.set_ctime(t);
         self.write_inode(io, ino, &mut i)?;
-        // Last: in the modes that write data in place, the edges' zeros cannot be rolled back.
         self.zero_partial_edges(io, ino, &edges, offset, end)
     }
 

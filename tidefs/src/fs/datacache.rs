@@ -1,0 +1,395 @@
+//! File data between `write()` and the device: the daemon's page cache, with delayed
+//! allocation.
+//!
+//! A `write()` lands here, one page per file block, and returns; nothing reaches the device
+//! until write-back (`fs/writeback.rs`), which runs at every commit (before the commit record,
+//! so ordered mode's promise holds), on fsync of the file, and when dirty data passes its
+//! memory bound. Blocks are allocated only then, so a file written in one go gets contiguous
+//! extents, and a file created and deleted between two commits never costs a device write.
+//!
+//! Invariants:
+//! - a page holds the whole current content of its file block (a partial write into a block
+//!   that exists on disk reads the block first), so write-back writes whole blocks;
+//! - a dirty page is never evicted; a clean page may be dropped at any time;
+//! - every dirty page over a hole carries one reserved block (`reserved`), and the allocator
+//!   never hands out reserved blocks to anything else (`Meta::allocatable_blocks` subtracts
+//!   them), so write-back cannot run out of space;
+//! - a page's `gen` changes with every change, so write-back marks a page clean only if nothing
+//!   wrote to it while its bytes were on their way to the device;
+//! - while an operation runs (`begin_undo`), the first change to each page saves its old state,
+//!   so a failed operation takes its data changes back with its metadata changes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::cache::ByteRanges;
+
+/// One cached file block.
+#[derive(Clone, Debug)]
+pub(crate) struct Page {
+    pub bytes: Box<[u8]>,
+    /// Changed since the last write-back.
+    pub dirty: bool,
+    /// Holds a reserved block: the page is over a hole and not yet allocated.
+    pub reserved: bool,
+    /// Changes with every write to the page.
+    pub gen: u64,
+    /// Bytes written since the last write-back (what byte-range journaling logs).
+    pub changed: ByteRanges,
+}
+
+/// A dirty page as write-back sees it.
+pub(crate) struct DirtyPage {
+    pub lblk: u32,
+    pub gen: u64,
+    pub bytes: Arc<[u8]>,
+}
+
+/// The pages of one file, with its counts.
+#[derive(Default)]
+struct FilePages {
+    pages: BTreeMap<u32, Page>,
+    dirty: usize,
+    reserved: u64,
+}
+
+/// The pages of every file, keyed by inode and logical block.
+pub(crate) struct DataCache {
+    files: HashMap<u32, FilePages>,
+    pages: usize,
+    dirty: usize,
+    reserved: u64,
+    max_pages: usize,
+    next_gen: u64,
+    /// While an operation runs: the pages it touched as they were before (or `None`).
+    undo: Option<HashMap<(u32, u32), Option<Page>>>,
+}
+
+impl DataCache {
+    /// A cache of at most about `max_pages` pages (dirty pages are never evicted; the fs
+    /// writes them back when they pass half of that).
+    pub fn new(max_pages: usize) -> DataCache {
+        DataCache {
+            files: HashMap::new(),
+            pages: 0,
+            dirty: 0,
+            reserved: 0,
+            max_pages: max_pages.max(64),
+            next_gen: 1,
+            undo: None,
+        }
+    }
+
+    /// Dirty pages past which the file system writes data back without waiting for a commit.
+    pub fn dirty_limit(&self) -> usize {
+        self.max_pages / 2
+    }
+
+    /// Pages waiting for write-back.
+    pub fn dirty_count(&self) -> usize {
+        self.dirty
+    }
+
+    /// Blocks reserved for pages over holes.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// Blocks reserved for the pages of `ino` (counted in its `st_blocks`, as ext4 counts
+    /// delayed allocations).
+    pub fn reserved_of(&self, ino: u32) -> u64 {
+        self.files.get(&ino).map_or(0, |f| f.reserved)
+    }
+
+    /// The page of `(ino, lblk)`, if cached.
+    pub fn get(&self, ino: u32, lblk: u32) -> Option<&Page> {
+        self.files.get(&ino)?.pages.get(&lblk)
+    }
+
+    /// Dirty pages of `ino`.
+    pub fn dirty_count_of(&self, ino: u32) -> usize {
+        self.files.get(&ino).map_or(0, |f| f.dirty)
+    }
+
+    /// Files with dirty pages, in inode order.
+    pub fn dirty_files(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .files
+            .iter()
+            .filter(|(_, f)| f.dirty > 0)
+            .map(|(i, _)| *i)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The dirty pages of `ino`, in block order.
+    pub fn dirty_pages(&self, ino: u32) -> Vec<DirtyPage> {
+        self.files.get(&ino).map_or_else(Vec::new, |f| {
+            f.pages
+                .iter()
+                .filter(|(_, p)| p.dirty)
+                .map(|(l, p)| DirtyPage {
+                    lblk: *l,
+                    gen: p.gen,
+                    bytes: Arc::from(&p.bytes[..]),
+                })
+                .collect()
+        })
+    }
+
+    /// Starts recording the old state of every page the operation touches.
+    pub fn begin_undo(&mut self) {
+        self.undo = Some(HashMap::new());
+    }
+
+    /// Ends the operation, keeping its changes.
+    pub fn end_undo(&mut self) {
+        self.undo = None;
+    }
+
+    /// Whether the open operation touched any page.
+    pub fn undo_has_changes(&self) -> bool {
+        self.undo.as_ref().is_some_and(|u| !u.is_empty())
+    }
+
+    /// Ends the operation and puts back every page it touched.
+    pub fn rollback(&mut self) {
+        let Some(undo) = self.undo.take() else {
+            return;
+        };
+        for ((ino, lblk), before) in undo {
+            self.remove_page(ino, lblk);
+            if let Some(p) = before {
+                self.put_page(ino, lblk, p);
+            }
+        }
+    }
+
+    fn note(&mut self, ino: u32, lblk: u32) {
+        let old = self.get(ino, lblk).cloned();
+        if let Some(u) = &mut self.undo {
+            u.entry((ino, lblk)).or_insert(old);
+        }
+    }
+
+    /// Takes a page out, keeping the counters right.
+    fn remove_page(&mut self, ino: u32, lblk: u32) -> Option<Page> {
+        let f = self.files.get_mut(&ino)?;
+        let p = f.pages.remove(&lblk)?;
+        f.dirty -= usize::from(p.dirty);
+        f.reserved -= u64::from(p.reserved);
+        if f.pages.is_empty() {
+            self.files.remove(&ino);
+        }
+        self.pages -= 1;
+        self.dirty -= usize::from(p.dirty);
+        self.reserved -= u64::from(p.reserved);
+        Some(p)
+    }
+
+    /// Puts a page in, keeping the counters right (the slot must be empty).
+    fn put_page(&mut self, ino: u32, lblk: u32, p: Page) {
+        self.pages += 1;
+        self.dirty += usize::from(p.dirty);
+        self.reserved += u64::from(p.reserved);
+        let f = self.files.entry(ino).or_default();
+        f.dirty += usize::from(p.dirty);
+        f.reserved += u64::from(p.reserved);
+        f.pages.insert(lblk, p);
+    }
+
+    /// Caches the content of a block as a clean page (read for a partial write, or loaded to
+    /// be changed); `reserved` when the block does not exist yet.
+    pub fn insert(&mut self, ino: u32, lblk: u32, bytes: Box<[u8]>, reserved: bool) {
+        if self.pages >= self.max_pages {
+            self.evict();
+        }
+        self.note(ino, lblk);
+        self.remove_page(ino, lblk);
+        self.put_page(
+            ino,
+            lblk,
+            Page {
+                bytes,
+                dirty: false,
+                reserved,
+                gen: 0,
+                changed: ByteRanges::new(),
+            },
+        );
+    }
+
+    /// Writes `data` at byte `offset` of cached page `(ino, lblk)`, which becomes dirty.
+    /// Returns false if the page is not cached.
+    pub fn write(&mut self, ino: u32, lblk: u32, offset: usize, data: &[u8]) -> bool {
+        if self.get(ino, lblk).is_none() {
+            return false;
+        }
+        self.note(ino, lblk);
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        let Some(f) = self.files.get_mut(&ino) else {
+            return false;
+        };
+        let Some(p) = f.pages.get_mut(&lblk) else {
+            return false;
+        };
+        p.bytes[offset..offset + data.len()].copy_from_slice(data);
+        let newly_dirty = !p.dirty;
+        p.dirty = true;
+        p.gen = gen;
+        // Offsets inside a block fit in u32.
+        p.changed.add(offset as u32, (offset + data.len()) as u32);
+        f.dirty += usize::from(newly_dirty);
+        self.dirty += usize::from(newly_dirty);
+        true
+    }
+
+    /// After write-back put the page's bytes of generation `gen` where they belong: the page
+    /// is clean unless it changed since, and its reservation (if any) is used up.
+    pub fn written_back(&mut self, ino: u32, lblk: u32, gen: u64) {
+        let Some(f) = self.files.get_mut(&ino) else {
+            return;
+        };
+        let Some(p) = f.pages.get_mut(&lblk) else {
+            return;
+        };
+        if p.gen == gen && p.dirty {
+            p.dirty = false;
+            p.changed.clear();
+            f.dirty -= 1;
+            self.dirty -= 1;
+        }
+    }
+
+    /// The block of page `(ino, lblk)` has been allocated: its reservation is used up.
+    pub fn allocated(&mut self, ino: u32, lblk: u32) {
+        if !self.get(ino, lblk).is_some_and(|p| p.reserved) {
+            return;
+        }
+        self.note(ino, lblk);
+        if let Some(f) = self.files.get_mut(&ino) {
+            if let Some(p) = f.pages.get_mut(&lblk) {
+                p.reserved = false;
+                f.reserved -= 1;
+                self.reserved -= 1;
+            }
+        }
+    }
+
+    /// Drops the pages of `ino` for blocks in `[from, to)` (truncate, punch, zero range,
+    /// delete): their data never reaches the device and their reservations are returned.
+    pub fn drop_range(&mut self, ino: u32, from: u64, to: u64) {
+        let Some(f) = self.files.get(&ino) else {
+            return;
+        };
+        if from >= to {
+            return;
+        }
+        let lo = u32::try_from(from).unwrap_or(u32::MAX);
+        let victims: Vec<u32> = f
+            .pages
+            .range(lo..)
+            .map(|(l, _)| *l)
+            .filter(|l| u64::from(*l) < to)
+            .collect();
+        for l in victims {
+            self.note(ino, l);
+            self.remove_page(ino, l);
+        }
+    }
+
+    /// Drops every page of `ino`.
+    pub fn drop_file(&mut self, ino: u32) {
+        self.drop_range(ino, 0, u64::MAX);
+    }
+
+    /// Drops clean pages until the cache is back to three quarters of its bound.
+    fn evict(&mut self) {
+        let target = self.max_pages * 3 / 4;
+        let mut excess = self.pages.saturating_sub(target);
+        if excess == 0 {
+            return;
+        }
+        let mut victims = Vec::new();
+        'files: for (ino, f) in &self.files {
+            for (l, p) in &f.pages {
+                if excess == 0 {
+                    break 'files;
+                }
+                let touched = self
+                    .undo
+                    .as_ref()
+                    .is_some_and(|u| u.contains_key(&(*ino, *l)));
+                if !p.dirty && !touched {
+                    victims.push((*ino, *l));
+                    excess -= 1;
+                }
+            }
+        }
+        for (ino, l) in victims {
+            self.remove_page(ino, l);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_count_dirty_pages_and_reservations() {
+        let mut c = DataCache::new(64);
+        c.insert(5, 0, vec![0u8; 16].into(), true);
+        c.insert(5, 1, vec![1u8; 16].into(), false);
+        assert!(c.write(5, 0, 2, b"ab"));
+        assert!(c.write(5, 1, 0, b"z"));
+        assert!(!c.write(5, 9, 0, b"z"));
+        assert_eq!((c.dirty_count(), c.reserved(), c.reserved_of(5)), (2, 1, 1));
+        assert_eq!(c.dirty_count_of(5), 2);
+        let pages = c.dirty_pages(5);
+        assert_eq!(pages.len(), 2);
+        assert_eq!(&pages[0].bytes[..4], &[0, 0, b'a', b'b']);
+        // A write after the snapshot keeps the page dirty.
+        c.write(5, 1, 1, b"y");
+        c.allocated(5, 0);
+        c.written_back(5, 0, pages[0].gen);
+        c.written_back(5, 1, pages[1].gen);
+        assert_eq!((c.dirty_count(), c.reserved()), (1, 0));
+        assert_eq!(c.dirty_files(), vec![5]);
+        c.drop_file(5);
+        assert_eq!((c.dirty_count(), c.reserved(), c.pages), (0, 0, 0));
+    }
+
+    #[test]
+    fn rollback_restores_pages_and_reservations() {
+        let mut c = DataCache::new(64);
+        c.insert(1, 0, vec![0u8; 8].into(), false);
+        c.begin_undo();
+        c.write(1, 0, 0, b"x");
+        c.insert(1, 1, vec![0u8; 8].into(), true);
+        c.write(1, 1, 0, b"y");
+        c.drop_range(1, 0, 1);
+        c.rollback();
+        assert_eq!(c.get(1, 0).unwrap().bytes[0], 0);
+        assert!(!c.get(1, 0).unwrap().dirty);
+        assert!(c.get(1, 1).is_none());
+        assert_eq!((c.dirty_count(), c.reserved(), c.pages), (0, 0, 1));
+    }
+
+    #[test]
+    fn eviction_keeps_dirty_pages() {
+        let mut c = DataCache::new(64);
+        for l in 0..64 {
+            c.insert(1, l, vec![0u8; 8].into(), true);
+            c.write(1, l, 0, b"d");
+        }
+        for l in 64..200 {
+            c.insert(2, l, vec![0u8; 8].into(), false);
+        }
+        assert_eq!(c.dirty_count(), 64);
+        assert!((0..64).all(|l| c.get(1, l).is_some()));
+        assert!(c.pages <= 64 + 48);
+    }
+}

@@ -1,0 +1,152 @@
+//! Write-back: dirty file pages (`fs/datacache.rs`) get their blocks and leave memory.
+//!
+//! Write-back runs inside one operation of the running transaction, at commit (every dirty
+//! file) or at fsync of one file. For each file it allocates the blocks of pages over holes
+//! (one goal after the other, so a file written in one go gets one extent), turns unwritten
+//! extents under dirty pages into written ones, stores the extent tree and the inode's block
+//! count, and then either
+//! - in `journal` mode, copies each page into the buffer cache as a dirty block of the running
+//!   transaction (the data is logged with the metadata that maps it), or
+//! - in the other modes, returns the page as a `HomeWrite` that the caller writes to its home
+//!   location before the transaction's commit record (ordered mode's promise; writeback and
+//!   lightweight modes keep the same order, it costs them nothing).
+//!
+//! Pages become clean only once their bytes are at home (`Meta::finish_home_writes`), and only
+//! if no write changed them meanwhile.
+
+use std::sync::Arc;
+
+use super::api::DataMode;
+use super::extents::inode_goal;
+use super::meta::{Io, Meta};
+use crate::Result;
+
+/// One file block on its way home.
+pub(crate) struct HomeWrite {
+    /// Byte offset on the file-system device.
+    pub at: u64,
+    pub bytes: Arc<[u8]>,
+    pub ino: u32,
+    pub lblk: u32,
+    pub gen: u64,
+}
+
+/// Which pages a write-back takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// Every dirty page of every file (commit).
+    All,
+    /// The dirty pages of one file that overwrite blocks already written on disk, in a mode
+    /// that writes data in place: they need no metadata change, so fdatasync can send them
+    /// home without a commit.
+    Overwrites(u32),
+}
+
+impl Meta {
+    /// Allocates, maps and collects the dirty pages in `scope` (see the module comment).
+    /// Must run inside an operation (`begin_op`): a failure takes back every change.
+    pub(crate) fn writeback(&mut self, io: &Io, scope: Scope) -> Result<Vec<HomeWrite>> {
+        let files = match scope {
+            Scope::All => self.data.dirty_files(),
+            Scope::Overwrites(ino) => vec![ino],
+        };
+        let bs = u64::from(self.geo.block_size);
+        let mut out = Vec::new();
+        for ino in files {
+            let pages = self.data.dirty_pages(ino);
+            if pages.is_empty() {
+                continue;
+            }
+            let mut inode = self.read_inode(io, ino)?;
+            let journaled = self.data_mode(ino) == DataMode::Journal;
+            if journaled && scope != Scope::All {
+                continue;
+            }
+            let mut map = self.extent_map(io, ino, &inode)?.clone();
+            let mut goal = inode_goal(&map, self, ino);
+            let mut new_blocks = 0u64;
+            let mut map_changed = false;
+            for page in pages {
+                let pblk = match map.map(page.lblk) {
+                    Some((p, false)) => p,
+                    _ if scope != Scope::All => continue,
+                    Some((p, true)) => {
+                        map.mark_written(page.lblk);
+                        map_changed = true;
+                        p
+                    }
+                    None => {
+                        let near = page
+                            .lblk
+                            .checked_sub(1)
+                            .and_then(|l| map.map(l))
+                            .map_or(goal, |(p, _)| p + 1);
+                        let p = self.alloc_block(io, near)?;
+                        map.insert(page.lblk, p, false);
+                        goal = p + 1;
+                        new_blocks += 1;
+                        map_changed = true;
+                        p
+                    }
+                };
+                self.data.allocated(ino, page.lblk);
+                if journaled {
+                    // The page joins the transaction as a whole block; the buffer cache owns
+                    // it from here, so the page is clean at once.
+                    self.new_block_mut(pblk).copy_from_slice(&page.bytes);
+                    self.data.written_back(ino, page.lblk, page.gen);
+                } else {
+                    out.push(HomeWrite {
+                        at: pblk * bs,
+                        bytes: page.bytes,
+                        ino,
+                        lblk: page.lblk,
+                        gen: page.gen,
+                    });
+                }
+            }
+            if map_changed {
+                map.store(self, io, ino, &mut inode)?;
+                self.maps.insert(ino, map);
+                let blocks = inode.blocks_512(self.geo.block_size) + new_blocks * (bs / 512);
+                inode.set_blocks_512(blocks);
+                self.write_inode(io, ino, &mut inode)?;
+            }
+        }
+        out.sort_unstable_by_key(|w| w.at);
+        Ok(out)
+    }
+
+    /// Marks the pages of `writes` clean now that their bytes are at home (those changed
+    /// since stay dirty for the next write-back).
+    pub(crate) fn finish_home_writes(&mut self, writes: &[HomeWrite]) {
+        for w in writes {
+            self.data.written_back(w.ino, w.lblk, w.gen);
+        }
+    }
+}
+
+/// Writes `writes` (sorted by offset) to the device, merging runs of adjacent blocks into one
+/// write each.
+pub(crate) fn write_home(io: &Io, writes: &[HomeWrite]) -> Result<()> {
+    let mut i = 0;
+    while i < writes.len() {
+        let mut j = i + 1;
+        let mut end = writes[i].at + writes[i].bytes.len() as u64;
+        while j < writes.len() && writes[j].at == end && j - i < 256 {
+            end += writes[j].bytes.len() as u64;
+            j += 1;
+        }
+        if j == i + 1 {
+            io.dev.write_at(writes[i].at, &writes[i].bytes)?;
+        } else {
+            let mut buf = Vec::with_capacity((end - writes[i].at) as usize);
+            for w in &writes[i..j] {
+                buf.extend_from_slice(&w.bytes);
+            }
+            io.dev.write_at(writes[i].at, &buf)?;
+        }
+        i = j;
+    }
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! Goal: the page cache with delayed allocation and the per-inode fsync rules do what they
+//! promise: data written and deleted between commits never reaches the device; files written
+//! in turns still get one extent each; fdatasync of an overwrite sends the data home without a
+//! commit and that data survives a crash; fsync of a file whose last change is already durable
+//! does not commit somebody else's changes; fdatasync commits when the size changed.
+//! Method: fresh `mkfs.ext4` images opened with the library, the commit timer far away so that
+//! only the calls under test commit; commits and device bytes counted through `Fs::stats`;
+//! extents read back with the real `debugfs`; crashes made with `Fs::crash()` and checked after
+//! the next open (journal replay), never on the live mount.
+
+mod common;
+
+use std::time::Duration;
+
+use tidefs::fs::{Creds, DataMode, Fs, MountOptions, ROOT_INO};
+
+const BS: usize = 4096;
+
+fn options(mode: DataMode) -> MountOptions {
+    MountOptions {
+        data_mode: mode,
+        commit_interval: Duration::from_secs(3600),
+        ..MountOptions::default()
+    }
+}
+
+const IN_PLACE_MODES: [DataMode; 3] = [
+    DataMode::Lightweight,
+    DataMode::Writeback,
+    DataMode::Ordered,
+];
+
+#[test]
+fn a_file_created_and_deleted_between_commits_costs_no_data_write() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    for mode in [DataMode::Ordered, DataMode::Journal] {
+        let dir = tempfile::tempdir().unwrap();
+        let img = common::mkimage(dir.path(), "w.img", 64, &[]);
+        let fs = Fs::open(&img, &options(mode)).unwrap();
+        let before = fs.stats();
+        for k in 0..20u8 {
+            let name = [b'f', b'0' + k];
+            let f = fs
+                .create(ROOT_INO, &name, 0o100644, 0, Creds::ROOT)
+                .unwrap();
+            fs.write(f.ino, 0, &vec![k; 256 * 1024]).unwrap();
+            fs.unlink(ROOT_INO, &name).unwrap();
+        }
+        fs.sync().unwrap();
+        let after = fs.stats();
+        let written =
+            (after.home_bytes - before.home_bytes) + (after.journal_bytes - before.journal_bytes);
+        // 5 MiB were written and deleted; only metadata (a few blocks) may reach the device.
+        assert!(
+            written < 128 * 1024,
+            "{mode:?}: {written} bytes reached the device for data that was deleted"
+        );
+        fs.unmount().unwrap();
+        drop(fs);
+        common::assert_fsck_clean(&img);
+    }
+}
+
+/// Extents of `/name` as `debugfs -R "ex /name"` lists them: one line per extent.
+fn extent_count(img: &std::path::Path, name: &str) -> usize {
+    let out = common::run_ok(
+        "debugfs",
+        &["-R", &format!("ex /{name}"), img.to_str().unwrap()],
+    );
+    out.lines()
+        .filter(|l| {
+            let l = l.trim_start();
+            l.starts_with(|c: char| c.is_ascii_digit()) && l.contains(" - ")
+        })
+        .count()
+}
+
+#[test]
+fn files_written_in_turns_get_one_extent_each() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "e.img", 64, &[]);
+    let fs = Fs::open(&img, &options(DataMode::Ordered)).unwrap();
+    let a = fs.create(ROOT_INO, b"a", 0o100644, 0, Creds::ROOT).unwrap();
+    let b = fs.create(ROOT_INO, b"b", 0o100644, 0, Creds::ROOT).unwrap();
+    // Allocating at write time would interleave the two files block by block.
+    for k in 0..64u64 {
+        fs.write(a.ino, k * BS as u64, &[1u8; BS]).unwrap();
+        fs.write(b.ino, k * BS as u64, &[2u8; BS]).unwrap();
+    }
+    assert_eq!(
+        fs.getattr(a.ino).unwrap().blocks,
+        64 * 8,
+        "reserved blocks count"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    common::assert_fsck_clean(&img);
+    assert_eq!(extent_count(&img, "a"), 1, "a is fragmented");
+    assert_eq!(extent_count(&img, "b"), 1, "b is fragmented");
+}
+
+#[test]
+fn fdatasync_of_an_overwrite_needs_no_commit_and_survives_a_crash() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    for mode in IN_PLACE_MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let img = common::mkimage(dir.path(), "o.img", 64, &[]);
+        let fs = Fs::open(&img, &options(mode)).unwrap();
+        let f = fs.create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT).unwrap();
+        fs.write(f.ino, 0, &[b'a'; 3 * BS]).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+        let commits = fs.stats().commits;
+        // Overwrites change only the timestamps: fdatasync writes the data home and flushes.
+        for k in 0..10u64 {
+            fs.write(f.ino, k * 100, b"overwritten").unwrap();
+            fs.fsync(f.ino, true).unwrap();
+        }
+        assert_eq!(fs.stats().commits, commits, "{mode:?}: fdatasync committed");
+        // Another file's change waits in the running transaction; fsync of a file whose last
+        // change is durable does not commit it.
+        let g = fs.create(ROOT_INO, b"g", 0o100644, 0, Creds::ROOT).unwrap();
+        fs.write(g.ino, 0, b"not promised").unwrap();
+        fs.fsync(f.ino, true).unwrap();
+        assert_eq!(
+            fs.stats().commits,
+            commits,
+            "{mode:?}: fsync committed another file"
+        );
+        // An append changes the size: fdatasync must commit.
+        fs.write(f.ino, 3 * BS as u64, b"appended").unwrap();
+        fs.fsync(f.ino, true).unwrap();
+        assert_eq!(
+            fs.stats().commits,
+            commits + 1,
+            "{mode:?}: append not committed"
+        );
+        fs.write(f.ino, 5, b"last overwrite").unwrap();
+        fs.fsync(f.ino, true).unwrap();
+        fs.crash();
+        drop(fs);
+
+        let fs = Fs::open(&img, &options(mode)).unwrap();
+        let a = fs.lookup(ROOT_INO, b"f").unwrap();
+        let got = fs.read(a.ino, 0, 4 * BS as u32).unwrap();
+        let mut want = vec![b'a'; 3 * BS];
+        for k in 0..10usize {
+            want[k * 100..k * 100 + 11].copy_from_slice(b"overwritten");
+        }
+        want[5..19].copy_from_slice(b"last overwrite");
+        want.extend_from_slice(b"appended");
+        assert!(got == want, "{mode:?}: fdatasync'd data lost in the crash");
+        fs.unmount().unwrap();
+        drop(fs);
+        common::assert_fsck_clean(&img);
+    }
+}
+
+#[test]
+fn fsync_of_cached_data_over_holes_commits_its_allocation() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    for mode in [DataMode::Ordered, DataMode::Journal, DataMode::Writeback] {
+        let dir = tempfile::tempdir().unwrap();
+        let img = common::mkimage(dir.path(), "h.img", 64, &[]);
+        let fs = Fs::open(&img, &options(mode)).unwrap();
+        let f = fs.create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT).unwrap();
+        fs.fsync(f.ino, false).unwrap();
+        // Writes into a hole inside the size: only the page cache knows the data, and the
+        // inode's size does not change, yet fdatasync must allocate and commit.
+        fs.setattr(
+            f.ino,
+            &tidefs::fs::SetAttr {
+                size: Some(10 * BS as u64),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        fs.fsync(f.ino, false).unwrap();
+        fs.write(f.ino, 4 * BS as u64 + 7, b"in the hole").unwrap();
+        fs.fsync(f.ino, true).unwrap();
+        fs.crash();
+        drop(fs);
+        let fs = Fs::open(&img, &options(mode)).unwrap();
+        let a = fs.lookup(ROOT_INO, b"f").unwrap();
+        assert_eq!(a.size, 10 * BS as u64);
+        let got = fs.read(a.ino, 4 * BS as u64, 32).unwrap();
+        assert_eq!(&got[7..18], b"in the hole", "{mode:?}");
+        assert!(got[..7].iter().all(|b| *b == 0), "{mode:?}");
+        fs.unmount().unwrap();
+        drop(fs);
+        common::assert_fsck_clean(&img);
+    }
+}
