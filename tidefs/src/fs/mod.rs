@@ -13,6 +13,7 @@
 //! puts the file system in the error state (`Inner::fail`: EROFS for changes, EIO for every
 //! fsync not yet durable, the error recorded in both superblocks).
 
+mod alloc;
 mod api;
 mod audit;
 mod datacache;
@@ -20,6 +21,8 @@ mod dir;
 mod dir_index;
 mod extent_map;
 mod extents;
+mod geometry;
+mod inode_table;
 mod layout;
 mod meta;
 mod ops;

@@ -1,0 +1,588 @@
+//! The allocator: group descriptors and their in-memory summaries, block and inode bitmaps,
+//! and allocation and freeing of blocks and inodes, all inside the running transaction.
+//!
+//! Invariants:
+//! - `groups[g]` always equals group descriptor `g` as stored in its cached GDT block;
+//! - descriptors were checked at load: counts fit the group, bitmaps and inode tables lie
+//!   inside the file system and overlap neither each other, the superblock copies nor the
+//!   journal (`layout` records them all);
+//! - a bitmap is used only after it matched its descriptor checksum (`GroupInfo::verified`);
+//!   a group whose bitmap failed is `bad` and never allocated from again;
+//! - a block freed by a transaction that has not committed is never handed out again (it sits
+//!   in `quarantine`), so ordered-mode data never overwrites a block that the last committed
+//!   metadata still points to.
+
+use crate::format::ext4::group_desc::{
+    bitmap_checksum, GroupDesc, GroupDescRef, BG_BLOCK_UNINIT, BG_INODE_UNINIT,
+};
+use crate::{FsError, Result};
+
+use super::api::DataMode;
+use std::sync::Arc;
+
+use super::layout::{FixedRun, Layout};
+use super::meta::{GroupInfo, Io, LateFree, Meta};
+
+/// `GroupInfo::verified` bit: the block bitmap matched its descriptor checksum.
+const VERIFIED_BLOCK_BITMAP: u8 = 1;
+/// `GroupInfo::verified` bit: the inode bitmap matched its descriptor checksum.
+const VERIFIED_INODE_BITMAP: u8 = 2;
+
+impl Meta {
+    /// Applies frees held back by lightweight mode (their transaction's in-place writes are
+    /// durable now); they join the running transaction.
+    pub fn apply_late_frees(&mut self, io: &Io, frees: Vec<LateFree>) -> Result<()> {
+        for f in frees {
+            match f {
+                LateFree::Block { nr, journaled } => self.free_block_now(io, nr, journaled)?,
+                LateFree::Inode { ino, is_dir } => self.free_inode_now(io, ino, is_dir)?,
+            }
+        }
+        Ok(())
+    }
+
+    // ----- group descriptors -----
+
+    /// Reads every group descriptor (checksum verified), checks that its counts fit the group
+    /// and that the fixed metadata (superblock copies, GDT, bitmaps, inode tables, internal
+    /// journal) lies inside the file system without overlaps, and builds the data layout.
+    pub fn load_groups(&mut self, io: &Io) -> Result<()> {
+        let mut groups = Vec::with_capacity(self.geo.groups as usize);
+        let mut runs = Vec::new();
+        let mask = self.geo.bitmap_csum_mask();
+        let itable_blocks = self.geo.itable_blocks();
+        let ipg = self.geo.inodes_per_group;
+        for g in 0..self.geo.groups {
+            let (nr, off) = self.geo.desc_location(g);
+            let ds = self.geo.desc_size as usize;
+            let seed = self.geo.csum_seed;
+            let b = self.block(io, nr)?;
+            let d = GroupDescRef::new(&b[off..off + ds]);
+            if let Some(seed) = seed {
+                if d.checksum() != d.compute_checksum(seed, g) {
+                    return Err(FsError::corrupt(format!(
+                        "group descriptor {g} checksum mismatch"
+                    )));
+                }
+            }
+            let info = GroupInfo {
+                block_bitmap: d.block_bitmap(),
+                inode_bitmap: d.inode_bitmap(),
+                inode_table: d.inode_table(),
+                free_blocks: d.free_blocks(),
+                free_inodes: d.free_inodes(),
+                used_dirs: d.used_dirs(),
+                flags: d.flags(),
+                itable_unused: d.itable_unused(),
+                block_bitmap_csum: d.block_bitmap_csum() & mask,
+                inode_bitmap_csum: d.inode_bitmap_csum() & mask,
+                verified: 0,
+                bad: false,
+            };
+            let blocks = self.geo.blocks_in_group(g);
+            for (what, count, limit) in [
+                ("free blocks", info.free_blocks, blocks),
+                ("free inodes", info.free_inodes, ipg),
+                ("directories", info.used_dirs, ipg),
+                ("unused inodes", info.itable_unused, ipg),
+            ] {
+                if count > limit {
+                    return Err(FsError::corrupt(format!(
+                        "group {g}: {count} {what}, but the group has only {limit}"
+                    )));
+                }
+            }
+            let end_of_table = info.inode_table.checked_add(itable_blocks).ok_or_else(|| {
+                FsError::corrupt(format!(
+                    "group {g}: inode table at block {} overflows",
+                    info.inode_table
+                ))
+            })?;
+            for (what, start, end) in [
+                (
+                    "block bitmap",
+                    info.block_bitmap,
+                    info.block_bitmap.saturating_add(1),
+                ),
+                (
+                    "inode bitmap",
+                    info.inode_bitmap,
+                    info.inode_bitmap.saturating_add(1),
+                ),
+                ("inode table", info.inode_table, end_of_table),
+            ] {
+                runs.push(FixedRun {
+                    start,
+                    end,
+                    what,
+                    group: Some(g),
+                });
+            }
+            groups.push(info);
+        }
+        runs.extend(self.geo.sb_copy_runs(&self.sb));
+        if io.internal_journal {
+            for (start, len) in io.journal.device_runs() {
+                runs.push(FixedRun {
+                    start,
+                    end: start.saturating_add(len),
+                    what: "journal",
+                    group: None,
+                });
+            }
+        }
+        let layout = Layout::build(self.geo.first_data_block, self.geo.blocks_count, runs)?;
+        self.layout = Arc::new(layout);
+        self.bitmap_blocks = groups
+            .iter()
+            .flat_map(|g| [g.block_bitmap, g.inode_bitmap])
+            .collect();
+        self.groups = groups;
+        Ok(())
+    }
+
+    /// Sets the superblock's free block and inode counts from the group descriptors, which
+    /// are journaled with every allocation: the superblock's own counts are stale after any
+    /// crash (they are written only at mount and unmount), as the kernel also assumes.
+    pub fn sum_free_counts(&mut self) {
+        let blocks: u64 = self.groups.iter().map(|g| u64::from(g.free_blocks)).sum();
+        let inodes: u64 = self.groups.iter().map(|g| u64::from(g.free_inodes)).sum();
+        if self.sb.free_blocks_count() != blocks {
+            self.sb.set_free_blocks_count(blocks);
+            self.sb_dirty = true;
+        }
+        let inodes = u32::try_from(inodes).unwrap_or(u32::MAX);
+        if self.sb.free_inodes_count() != inodes {
+            self.sb.set_free_inodes_count(inodes);
+            self.sb_dirty = true;
+        }
+    }
+
+    /// Writes `groups[g]` into its descriptor, with bitmap checksums `bb`/`ib` if given.
+    fn store_group(
+        &mut self,
+        io: &Io,
+        g: u32,
+        bb_csum: Option<u32>,
+        ib_csum: Option<u32>,
+    ) -> Result<()> {
+        let info = self.groups[g as usize];
+        let (nr, off) = self.geo.desc_location(g);
+        let ds = self.geo.desc_size as usize;
+        let seed = self.geo.csum_seed;
+        let b = self.block_mut(io, nr)?;
+        let mut d = GroupDesc::new(&mut b[off..off + ds]);
+        d.set_free_blocks(info.free_blocks);
+        d.set_free_inodes(info.free_inodes);
+        d.set_used_dirs(info.used_dirs);
+        d.set_flags(info.flags);
+        d.set_itable_unused(info.itable_unused);
+        if let Some(c) = bb_csum {
+            d.set_block_bitmap_csum(c);
+        }
+        if let Some(c) = ib_csum {
+            d.set_inode_bitmap_csum(c);
+        }
+        if let Some(seed) = seed {
+            d.update_checksum(seed, g);
+        }
+        let mask = self.geo.bitmap_csum_mask();
+        let gi = self.group_mut(g);
+        if let Some(c) = bb_csum {
+            gi.block_bitmap_csum = c & mask;
+            gi.verified |= VERIFIED_BLOCK_BITMAP;
+        }
+        if let Some(c) = ib_csum {
+            gi.inode_bitmap_csum = c & mask;
+            gi.verified |= VERIFIED_INODE_BITMAP;
+        }
+        // The superblock's free counts are not logged with each allocation: like the kernel,
+        // tidefs sums them from the descriptors at mount and writes them at unmount.
+        Ok(())
+    }
+
+    // ----- bitmaps -----
+
+    /// Computes the block bitmap of a BLOCK_UNINIT group: group metadata that lies inside it.
+    pub(super) fn init_block_bitmap(&self, g: u32) -> Vec<u8> {
+        let bs = self.geo.bs();
+        let mut bm = vec![0u8; bs];
+        let first = self.geo.group_first_block(g);
+        let n = u64::from(self.geo.blocks_in_group(g));
+        let mut mark = |b: u64| {
+            if b >= first && b < first + n {
+                let i = (b - first) as usize;
+                bm[i / 8] |= 1 << (i % 8);
+            }
+        };
+        for b in first..first + self.geo.sb_copy_blocks(&self.sb, g) {
+            mark(b);
+        }
+        let itable_blocks = self.geo.itable_blocks();
+        for h in &self.groups {
+            mark(h.block_bitmap);
+            mark(h.inode_bitmap);
+            for b in h.inode_table..h.inode_table + itable_blocks {
+                mark(b);
+            }
+        }
+        for i in n as usize..bs * 8 {
+            bm[i / 8] |= 1 << (i % 8);
+        }
+        bm
+    }
+
+    fn block_bitmap_len(&self) -> usize {
+        (self.geo.blocks_per_group / 8) as usize
+    }
+
+    fn inode_bitmap_len(&self) -> usize {
+        (self.geo.inodes_per_group / 8) as usize
+    }
+
+    /// Verifies group `g`'s block bitmap (`inode == false`) or inode bitmap against the
+    /// checksum in its descriptor, once per mount, as the kernel does before trusting a bitmap
+    /// (`ext4_block_bitmap_csum_verify`). An uninitialised bitmap is computed, not read, and
+    /// needs no check. A mismatch marks the group bad: it is skipped by the allocators from
+    /// then on, and this call fails with a message naming the group and block.
+    fn verify_bitmap(&mut self, io: &Io, g: u32, inode: bool) -> Result<()> {
+        let info = self.groups[g as usize];
+        let (bit, uninit, nr, stored, len, what) = if inode {
+            (
+                VERIFIED_INODE_BITMAP,
+                BG_INODE_UNINIT,
+                info.inode_bitmap,
+                info.inode_bitmap_csum,
+                self.inode_bitmap_len(),
+                "inode",
+            )
+        } else {
+            (
+                VERIFIED_BLOCK_BITMAP,
+                BG_BLOCK_UNINIT,
+                info.block_bitmap,
+                info.block_bitmap_csum,
+                self.block_bitmap_len(),
+                "block",
+            )
+        };
+        if info.bad {
+            return Err(FsError::corrupt(format!(
+                "group {g}: a bitmap failed its checksum earlier; the group is not used"
+            )));
+        }
+        if info.verified & bit != 0 || info.flags & uninit != 0 {
+            return Ok(());
+        }
+        if let Some(seed) = self.geo.csum_seed {
+            let mask = self.geo.bitmap_csum_mask();
+            let computed = bitmap_checksum(seed, self.block(io, nr)?, len) & mask;
+            if computed != stored {
+                self.groups[g as usize].bad = true;
+                return Err(FsError::corrupt(format!(
+                    "group {g}: {what} bitmap at block {nr} fails its checksum (stored \
+                     {stored:#x}, computed {computed:#x}); the group is no longer used for \
+                     allocation"
+                )));
+            }
+        }
+        self.groups[g as usize].verified |= bit;
+        Ok(())
+    }
+
+    /// Makes sure group `g`'s block bitmap is initialised in the cache and verified.
+    fn prepare_block_bitmap(&mut self, io: &Io, g: u32) -> Result<()> {
+        let info = self.groups[g as usize];
+        if info.flags & BG_BLOCK_UNINIT == 0 {
+            return self.verify_bitmap(io, g, false);
+        }
+        let bm = self.init_block_bitmap(g);
+        self.new_block_mut(info.block_bitmap).copy_from_slice(&bm);
+        self.group_mut(g).flags &= !BG_BLOCK_UNINIT;
+        let c = self
+            .geo
+            .csum_seed
+            .map(|s| bitmap_checksum(s, &bm, self.block_bitmap_len()));
+        self.store_group(io, g, c, None)?;
+        self.group_mut(g).verified |= VERIFIED_BLOCK_BITMAP;
+        Ok(())
+    }
+
+    /// Free blocks in the whole file system.
+    pub fn free_blocks(&self) -> u64 {
+        self.sb.free_blocks_count()
+    }
+
+    /// Free blocks that may be promised now: free, less those freed by transactions that have
+    /// not committed yet and those reserved for file data not yet written back.
+    pub fn allocatable_blocks(&self) -> u64 {
+        self.free_blocks()
+            .saturating_sub(self.quarantine.len() as u64)
+            .saturating_sub(self.data.reserved())
+    }
+
+    /// Allocates one block, searching from `goal`. Fails with `NoSpace`.
+    pub fn alloc_block(&mut self, io: &Io, goal: u64) -> Result<u64> {
+        if self.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        let goal = if goal < self.geo.first_data_block || goal >= self.geo.blocks_count {
+            self.block_cursor
+        } else {
+            goal
+        };
+        let start_group = self.geo.group_of_block(goal.max(self.geo.first_data_block));
+        let groups = self.geo.groups;
+        // A group found damaged is skipped (and never used again); its error is returned only
+        // when no other group has room.
+        let mut damaged = None;
+        for step in 0..=groups {
+            let g = (start_group + step) % groups;
+            if self.groups[g as usize].free_blocks == 0 || self.groups[g as usize].bad {
+                continue;
+            }
+            let first = self.geo.group_first_block(g);
+            let n = self.geo.blocks_in_group(g) as usize;
+            let from = if step == 0 && goal >= first {
+                (goal - first) as usize
+            } else {
+                0
+            };
+            match self.prepare_block_bitmap(io, g) {
+                Err(FsError::Corrupt(c)) if self.groups[g as usize].bad => {
+                    log::error!("{c}");
+                    damaged = Some(c);
+                    continue;
+                }
+                r => r?,
+            }
+            let bb = self.groups[g as usize].block_bitmap;
+            let found = {
+                self.load(io, bb)?;
+                let quarantine = &self.quarantine;
+                // OK to unwrap: loaded just above.
+                let bm = self.cache.get(bb).expect("bitmap loaded");
+                let mut found = None;
+                for pass in 0..2 {
+                    let (lo, hi) = if pass == 0 {
+                        (from, n)
+                    } else {
+                        (0, from.min(n))
+                    };
+                    let mut i = lo;
+                    while i < hi {
+                        if bm[i / 8] == 0xFF && i % 8 == 0 {
+                            i += 8;
+                            continue;
+                        }
+                        if bm[i / 8] & (1 << (i % 8)) == 0
+                            && !quarantine.contains(&(first + i as u64))
+                        {
+                            found = Some(i);
+                            break;
+                        }
+                        i += 1;
+                    }
+                    if found.is_some() {
+                        break;
+                    }
+                }
+                found
+            };
+            let Some(i) = found else { continue };
+            // A bitmap that passes its checksum can still be wrong: never hand out a block of
+            // fixed metadata (the kernel's "allocating blocks which overlap fs metadata").
+            let b = first + i as u64;
+            if let Err(why) = self.layout.check_run(b, 1) {
+                self.groups[g as usize].bad = true;
+                let c = crate::Corrupt::new(format!(
+                    "group {g}: the block bitmap marks block {b} free, but {why}; the group is \
+                     no longer used for allocation"
+                ));
+                log::error!("{c}");
+                damaged = Some(c);
+                continue;
+            }
+            let len = self.block_bitmap_len();
+            let seed = self.geo.csum_seed;
+            let bm = self.block_mut(io, bb)?;
+            bm[i / 8] |= 1 << (i % 8);
+            let c = seed.map(|s| bitmap_checksum(s, bm, len));
+            self.group_mut(g).free_blocks -= 1;
+            self.store_group(io, g, c, None)?;
+            let free = self.sb.free_blocks_count().saturating_sub(1);
+            self.sb.set_free_blocks_count(free);
+            self.block_cursor = b + 1;
+            // Whatever the block held before is gone: no cached copy may shadow its new use.
+            self.cache.forget(b);
+            return Ok(b);
+        }
+        Err(damaged.map_or(FsError::NoSpace, FsError::Corrupt))
+    }
+
+    /// Frees block `b`. `journaled` says whether it held journaled metadata (then a revoke
+    /// record keeps replay from overwriting its next use).
+    pub fn free_block(&mut self, io: &Io, b: u64, journaled: bool) -> Result<()> {
+        if b < self.geo.first_data_block || b >= self.geo.blocks_count {
+            return Err(FsError::corrupt(format!(
+                "freeing block {b} outside the file system"
+            )));
+        }
+        if self.default_mode == DataMode::Lightweight {
+            let journaled = journaled || self.cache.is_dirty(b) || self.committing.contains_key(&b);
+            self.cache.forget(b);
+            self.late_frees.push(LateFree::Block { nr: b, journaled });
+            return Ok(());
+        }
+        self.free_block_now(io, b, journaled)
+    }
+
+    /// Clears block `b` in its bitmap, in the running transaction.
+    fn free_block_now(&mut self, io: &Io, b: u64, journaled: bool) -> Result<()> {
+        let g = self.geo.group_of_block(b);
+        self.prepare_block_bitmap(io, g)?;
+        let bb = self.groups[g as usize].block_bitmap;
+        let i = (b - self.geo.group_first_block(g)) as usize;
+        let len = self.block_bitmap_len();
+        let seed = self.geo.csum_seed;
+        let bm = self.block_mut(io, bb)?;
+        if bm[i / 8] & (1 << (i % 8)) == 0 {
+            return Err(FsError::corrupt(format!("block {b} freed twice")));
+        }
+        bm[i / 8] &= !(1 << (i % 8));
+        let c = seed.map(|s| bitmap_checksum(s, bm, len));
+        let gi = self.group_mut(g);
+        gi.free_blocks = gi.free_blocks.saturating_add(1);
+        self.store_group(io, g, c, None)?;
+        let free = self.sb.free_blocks_count().saturating_add(1);
+        self.sb.set_free_blocks_count(free);
+        // A block that may sit in the journal gets a revoke record, so replay cannot write its
+        // old content over its next use; the revoke takes effect at commit, so until then the
+        // block is not handed out again. Plain data blocks wait for the commit too, in every
+        // mode as in ext4: until the free commits, a crash brings back the file that owned the
+        // block, and its contents must still be its own.
+        let in_journal = journaled
+            || self.cache.is_dirty(b)
+            || self.committing.contains_key(&b)
+            || io.journal.pending(b).is_some();
+        self.cache.forget(b);
+        if in_journal && self.revoked.insert(b) {
+            if let Some(u) = &mut self.op_undo {
+                u.revoked.push((b, false));
+            }
+        }
+        if self.quarantine.insert(b) {
+            if let Some(u) = &mut self.op_undo {
+                u.quarantined.push(b);
+            }
+        }
+        self.freed_running.push(b);
+        Ok(())
+    }
+
+    /// Allocates an inode near group `near`. Directories prefer the emptiest group.
+    pub fn alloc_inode(&mut self, io: &Io, near: u32, is_dir: bool) -> Result<u32> {
+        if self.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        let groups = self.geo.groups;
+        let start = if is_dir {
+            // Spread directories: the group with the most free inodes, ties to the nearest.
+            (0..groups)
+                .max_by_key(|g| {
+                    (
+                        self.groups[*g as usize].free_inodes,
+                        u32::MAX - g.abs_diff(near),
+                    )
+                })
+                .unwrap_or(0)
+        } else {
+            near % groups
+        };
+        let ipg = self.geo.inodes_per_group;
+        for step in 0..groups {
+            let g = (start + step) % groups;
+            if self.groups[g as usize].free_inodes == 0 || self.groups[g as usize].bad {
+                continue;
+            }
+            self.verify_bitmap(io, g, true)?;
+            let info = self.groups[g as usize];
+            let len = self.inode_bitmap_len();
+            let seed = self.geo.csum_seed;
+            if info.flags & BG_INODE_UNINIT != 0 {
+                let bs = self.geo.bs();
+                let bm = self.new_block_mut(info.inode_bitmap);
+                for i in ipg as usize..bs * 8 {
+                    bm[i / 8] |= 1 << (i % 8);
+                }
+                self.group_mut(g).flags &= !BG_INODE_UNINIT;
+            }
+            let first_usable = if g == 0 { self.geo.first_ino - 1 } else { 0 };
+            let bm = self.block_mut(io, info.inode_bitmap)?;
+            let mut found = None;
+            for i in first_usable as usize..ipg as usize {
+                if bm[i / 8] & (1 << (i % 8)) == 0 {
+                    found = Some(i);
+                    break;
+                }
+            }
+            let Some(i) = found else {
+                // The descriptor said free inodes exist but the bitmap disagrees.
+                return Err(FsError::corrupt(format!(
+                    "group {g}: free inode count disagrees with its bitmap"
+                )));
+            };
+            bm[i / 8] |= 1 << (i % 8);
+            let c = seed.map(|s| bitmap_checksum(s, bm, len));
+            let gi = self.group_mut(g);
+            gi.free_inodes -= 1;
+            if is_dir {
+                gi.used_dirs = gi.used_dirs.saturating_add(1);
+            }
+            let used_end = ipg.saturating_sub(gi.itable_unused);
+            if i as u32 >= used_end {
+                gi.itable_unused = ipg - i as u32 - 1;
+            }
+            self.store_group(io, g, None, c)?;
+            let free = self.sb.free_inodes_count().saturating_sub(1);
+            self.sb.set_free_inodes_count(free);
+            return Ok(g * ipg + i as u32 + 1);
+        }
+        Err(FsError::NoSpace)
+    }
+
+    /// Frees inode `ino`.
+    pub fn free_inode(&mut self, io: &Io, ino: u32, is_dir: bool) -> Result<()> {
+        if self.default_mode == DataMode::Lightweight {
+            self.late_frees.push(LateFree::Inode { ino, is_dir });
+            return Ok(());
+        }
+        self.free_inode_now(io, ino, is_dir)
+    }
+
+    /// Clears inode `ino` in its bitmap, in the running transaction.
+    fn free_inode_now(&mut self, io: &Io, ino: u32, is_dir: bool) -> Result<()> {
+        let ipg = self.geo.inodes_per_group;
+        let g = (ino - 1) / ipg;
+        let i = ((ino - 1) % ipg) as usize;
+        self.verify_bitmap(io, g, true)?;
+        let info = self.groups[g as usize];
+        let len = self.inode_bitmap_len();
+        let seed = self.geo.csum_seed;
+        let bm = self.block_mut(io, info.inode_bitmap)?;
+        if bm[i / 8] & (1 << (i % 8)) == 0 {
+            return Err(FsError::corrupt(format!("inode {ino} freed twice")));
+        }
+        bm[i / 8] &= !(1 << (i % 8));
+        let c = seed.map(|s| bitmap_checksum(s, bm, len));
+        let gi = self.group_mut(g);
+        gi.free_inodes = gi.free_inodes.saturating_add(1);
+        if is_dir {
+            gi.used_dirs = gi.used_dirs.saturating_sub(1);
+        }
+        self.store_group(io, g, None, c)?;
+        let free = self.sb.free_inodes_count().saturating_add(1);
+        self.sb.set_free_inodes_count(free);
+        Ok(())
+    }
+}
