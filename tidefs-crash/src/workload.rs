@@ -743,7 +743,8 @@ pub fn record(
         pos,
         promises: model.promises(&Op::Sync),
     });
-    // Keep events sorted by position: truncates were pushed while their op ran.
+    // Keep events sorted by position: truncates were pushed while their op ran, and each writer
+    // thread's events were appended as one block.
     events.sort_by_key(|e| match e {
         Event::OpStart { pos, .. } | Event::Promise { pos, .. } | Event::Truncate { pos, .. } => {
             *pos

@@ -30,7 +30,7 @@ use tidefs_crash::{Config, FreshImage, Harness, ImageShape, Report};
 
 /// Crash states per mode of the ACE and random families. A debug build checks about 30 of them
 /// a second per core (torn writes on), and the modes share two cores with the rest of this file:
-/// the whole file takes about 4.5 CPU-minutes.
+/// the whole file takes about five CPU-minutes.
 const STATES_PER_MODE: u64 = 2000;
 /// Crash states per mode of the `threads` family (about two workloads; their states are slower:
 /// larger image, longer log).
