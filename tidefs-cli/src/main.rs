@@ -510,7 +510,7 @@ fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
 
 /// The human form of the counters.
 pub fn stats_table(s: &tidefs::fs::Stats) -> String {
-    let rows: [(&str, String); 10] = [
+    let rows: [(&str, String); 11] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),
         ("commits", s.commits.to_string()),
@@ -524,6 +524,7 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("fsync_p99", format!("{} us", s.fsync_p99_us)),
         ("checkpoints", s.checkpoints.to_string()),
         ("flushes", s.flushes.to_string()),
+        ("changed_metadata_bytes", bytes(s.changed_metadata_bytes)),
     ];
     rows.iter()
         .map(|(k, v)| format!("{k:<24}{v:>20}\n"))
