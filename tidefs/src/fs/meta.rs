@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::cache::BlockCache;
 use crate::dev::BlockDevice;
 use crate::format::ext4::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE};
-use crate::journal::Journal;
+use crate::journal::CommitLog;
 
 use super::api::DataMode;
 use super::layout::Layout;
@@ -24,7 +24,8 @@ use crate::{FsError, Result};
 /// Devices and journal, shared outside the lock.
 pub(crate) struct Io {
     pub dev: Arc<dyn BlockDevice>,
-    pub journal: Journal,
+    /// The commit log (today the jbd2 journal; any `CommitLog` fits).
+    pub journal: Box<dyn CommitLog>,
     /// Byte counters of the fs device.
     pub counted: Arc<crate::dev::CountingDevice>,
     /// Whether the journal lives on the fs device (its writes are then counted there too).

@@ -450,7 +450,8 @@ impl Fs {
         let internal_journal = sb.journal_inum() != 0;
         let io = Io {
             dev,
-            journal,
+            // From here on the file system sees only the commit-log seam.
+            journal: Box::new(journal),
             counted,
             internal_journal,
         };
@@ -1486,7 +1487,8 @@ impl Inner {
                 continue;
             }
             let j = &self.io.journal;
-            if !self.hold_checkpoints && j.used_blocks() > j.len_blocks() / 2 {
+            let space = j.space();
+            if !self.hold_checkpoints && space.used > space.capacity / 2 {
                 if let Err(e) = j.checkpoint() {
                     let mut m = self.meta.lock();
                     self.fail(&mut m, "checkpoint", e);

@@ -71,6 +71,9 @@ pub trait CommitLog: Send + Sync {
     /// Device blocks of the file-system device the log occupies, as (first, count) runs, which
     /// file data must never use.
     fn device_runs(&self) -> Vec<(u64, u64)>;
+    /// Stops all background work for good (the file system stops as at a power cut): from
+    /// then on the log writes only when called.
+    fn stop_background(&self);
 }
 
 impl CommitLog for Journal {
@@ -117,6 +120,9 @@ impl CommitLog for Journal {
     }
     fn device_runs(&self) -> Vec<(u64, u64)> {
         super::log::JournalCore::device_runs(self)
+    }
+    fn stop_background(&self) {
+        Journal::stop_background(self)
     }
 }
 
