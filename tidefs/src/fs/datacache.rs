@@ -166,10 +166,17 @@ impl DataCache {
         }
     }
 
+    /// Saves page `(ino, lblk)` as it is, if an operation is open and has not touched it yet.
     fn note(&mut self, ino: u32, lblk: u32) {
+        let Some(u) = &self.undo else {
+            return;
+        };
+        if u.contains_key(&(ino, lblk)) {
+            return;
+        }
         let old = self.get(ino, lblk).cloned();
         if let Some(u) = &mut self.undo {
-            u.entry((ino, lblk)).or_insert(old);
+            u.insert((ino, lblk), old);
         }
     }
 

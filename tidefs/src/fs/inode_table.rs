@@ -4,6 +4,7 @@
 //! Invariant: no inode read through `read_inode` has a size past the format's limits.
 
 use crate::format::ext4::inode::Inode;
+use crate::journal::tid_geq;
 use crate::{FsError, Result};
 
 use super::meta::{InodeTids, Io, Meta, MAX_DIR_BYTES};
@@ -33,12 +34,11 @@ fn only_times_differ(a: &[u8], b: &[u8]) -> bool {
 impl Meta {
     /// Forgets the inode tids that transaction `tid` made durable.
     pub fn forget_durable_tids(&mut self, tid: u32) {
-        let after = |t: u32| t.wrapping_sub(tid).wrapping_sub(1) < (1 << 31);
         self.ino_tids.retain(|_, t| {
-            if t.data.is_some_and(|d| !after(d)) {
+            if t.data.is_some_and(|d| tid_geq(tid, d)) {
                 t.data = None;
             }
-            after(t.any)
+            !tid_geq(tid, t.any)
         });
     }
 

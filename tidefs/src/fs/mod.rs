@@ -49,7 +49,7 @@ use crate::format::ext4::superblock::{
     SUPERBLOCK_SIZE,
 };
 use crate::journal::{
-    CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, RecoveryReport,
+    tid_geq, CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, RecoveryReport,
 };
 use crate::{FsError, Result};
 
@@ -1243,7 +1243,7 @@ impl Inner {
                 .ino_tids
                 .get(&n)
                 .and_then(|t| if datasync { t.data } else { Some(t.any) })
-                .filter(|&t| !tid_ge(durable, t));
+                .filter(|&t| !tid_geq(durable, t));
             (n, target, m.data.dirty_count_of(n) > 0)
         };
         match target {
@@ -1329,7 +1329,7 @@ impl Inner {
     /// caller learns the result of the commit that covered `target`: after a failed commit,
     /// nothing from that transaction on can become durable, and all of them get EIO.
     fn commit_up_to(&self, target: u32) -> Result<()> {
-        let durable = || tid_ge(self.committed_tid.load(Ordering::SeqCst), target);
+        let durable = || tid_geq(self.committed_tid.load(Ordering::SeqCst), target);
         let settled = || durable() || self.errored.load(Ordering::SeqCst);
         let gate = self.gate.enter(settled);
         if durable() {
@@ -1357,7 +1357,7 @@ impl Inner {
             let mut m = self.meta.lock();
             // We hold the gate, so nobody else committed since the checks above: the running
             // transaction is `target` or, when `target` was already closed, the next one.
-            debug_assert!(tid_ge(m.tid, target), "commit target is in the future");
+            debug_assert!(tid_geq(m.tid, target), "commit target is in the future");
             if !m.has_uncommitted_changes() {
                 // Nothing to commit (the timer fired on an idle file system); every closed
                 // transaction is already durable, or the error state would have stopped us.
@@ -1496,11 +1496,6 @@ impl Inner {
             }
         }
     }
-}
-
-/// Whether tid `a` is at or after `b` in wrapping tid order.
-fn tid_ge(a: u32, b: u32) -> bool {
-    a.wrapping_sub(b) < (1 << 31)
 }
 
 /// Marks the superblock at home with the error state, straight on the device (the journal is

@@ -53,15 +53,15 @@ impl Meta {
         let bs = u64::from(self.geo.block_size);
         let mut out = Vec::new();
         for ino in files {
+            let journaled = self.data_mode(ino) == DataMode::Journal;
+            if journaled && scope != Scope::All {
+                continue;
+            }
             let pages = self.data.dirty_pages(ino);
             if pages.is_empty() {
                 continue;
             }
             let mut inode = self.read_inode(io, ino)?;
-            let journaled = self.data_mode(ino) == DataMode::Journal;
-            if journaled && scope != Scope::All {
-                continue;
-            }
             let mut map = self.extent_map(io, ino, &inode)?.clone();
             let mut goal = inode_goal(&map, self, ino);
             let mut new_blocks = 0u64;

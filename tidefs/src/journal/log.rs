@@ -484,7 +484,7 @@ pub struct JournalCore {
 pub(super) const CHECKPOINT_BATCH_BLOCKS: usize = 1024;
 
 /// True when tid `a` is `b` or later, modulo wrap-around (kernel `tid_geq`).
-pub(super) fn tid_geq(a: Tid, b: Tid) -> bool {
+pub fn tid_geq(a: Tid, b: Tid) -> bool {
     a.wrapping_sub(b) < 0x8000_0000
 }
 

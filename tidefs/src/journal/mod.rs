@@ -27,6 +27,7 @@ mod recovery;
 mod tests;
 
 pub use commit_log::{CommitLog, LogSpace};
+pub use log::tid_geq;
 pub use log::{
     CommitRequest, Journal, JournalCore, JournalExtent, JournalGeometry, JournalOptions,
     JournalStats, Tid,
