@@ -200,7 +200,7 @@ impl Meta {
 
     /// Starts an operation: from here until [`Meta::end_op`] or [`Meta::rollback_op`], every
     /// change it makes can be taken back.
-    pub fn begin_op(&mut self) {
+    fn begin_op(&mut self) {
         debug_assert!(self.op_undo.is_none(), "operations do not nest");
         self.cache.begin_undo();
         self.data.begin_undo();
@@ -217,8 +217,20 @@ impl Meta {
         });
     }
 
+    /// Runs `f` as one operation: kept whole if it succeeds, taken back whole if it fails.
+    pub fn run_op<T>(&mut self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+        self.begin_op();
+        let r = f(self);
+        if r.is_ok() {
+            self.end_op();
+        } else {
+            self.rollback_op();
+        }
+        r
+    }
+
     /// Ends an operation that succeeded: its changes stay in the running transaction.
-    pub fn end_op(&mut self) {
+    fn end_op(&mut self) {
         self.cache.end_undo();
         self.data.end_undo();
         self.op_undo = None;
@@ -227,7 +239,7 @@ impl Meta {
     /// Ends an operation that failed: takes back every change it made, so the running
     /// transaction holds exactly what it held before the operation began. Block maps and
     /// directory indexes are derived from blocks, so they are dropped and rebuilt on next use.
-    pub fn rollback_op(&mut self) {
+    fn rollback_op(&mut self) {
         let Some(u) = self.op_undo.take() else {
             return;
         };

@@ -622,13 +622,7 @@ impl Fs {
                 if write && m.read_only {
                     return Err(FsError::ReadOnly);
                 }
-                m.begin_op();
-                let r = f(&mut m, &inner.io);
-                if r.is_ok() {
-                    m.end_op();
-                } else {
-                    m.rollback_op();
-                }
+                let r = m.run_op(|m| f(m, &inner.io));
                 m.trim_derived_caches();
                 // Journal-mode pages join the transaction at write-back.
                 let journaled_pages = if m.default_mode == DataMode::Journal {
@@ -1264,18 +1258,9 @@ impl Inner {
         }
         let (writes, needs_commit) = {
             let mut m = self.meta.lock();
-            m.begin_op();
-            match m.writeback(&self.io, Scope::Overwrites(ino)) {
-                Ok(w) => {
-                    m.end_op();
-                    let rest = m.data.dirty_count_of(ino) > w.len();
-                    (w, rest)
-                }
-                Err(e) => {
-                    m.rollback_op();
-                    return Err(e);
-                }
-            }
+            let w = m.writeback(&self.io, Scope::Overwrites(ino))?;
+            let rest = m.data.dirty_count_of(ino) > w.len();
+            (w, rest)
         };
         if needs_commit {
             drop(gate);
@@ -1364,16 +1349,9 @@ impl Inner {
                 return Ok(());
             }
             // Write-back: cached file data gets its blocks in this transaction.
-            m.begin_op();
             let home = match m.writeback(&self.io, Scope::All) {
-                Ok(h) => {
-                    m.end_op();
-                    h
-                }
-                Err(e) => {
-                    m.rollback_op();
-                    return Err(self.fail(&mut m, "write-back", e));
-                }
+                Ok(h) => h,
+                Err(e) => return Err(self.fail(&mut m, "write-back", e)),
             };
             if m.sb_dirty {
                 if let Err(e) = m.flush_sb_to_cache(&self.io) {

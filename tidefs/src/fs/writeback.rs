@@ -43,9 +43,13 @@ pub(crate) enum Scope {
 }
 
 impl Meta {
-    /// Allocates, maps and collects the dirty pages in `scope` (see the module comment).
-    /// Must run inside an operation (`begin_op`): a failure takes back every change.
+    /// Allocates, maps and collects the dirty pages in `scope` (see the module comment), as
+    /// one operation of the running transaction: a failure takes back every change.
     pub(crate) fn writeback(&mut self, io: &Io, scope: Scope) -> Result<Vec<HomeWrite>> {
+        self.run_op(|m| m.writeback_pages(io, scope))
+    }
+
+    fn writeback_pages(&mut self, io: &Io, scope: Scope) -> Result<Vec<HomeWrite>> {
         let files = match scope {
             Scope::All => self.data.dirty_files(),
             Scope::Overwrites(ino) => vec![ino],
