@@ -1182,7 +1182,7 @@ impl Inner {
         let tid = m.tid;
         self.io.journal.commit(CommitRequest {
             blocks: vec![(nr, block.clone())],
-            revoked: Vec::new(),
+            ..CommitRequest::default()
         })?;
         m.tid = tid.wrapping_add(1);
         self.committed_tid.store(tid, Ordering::SeqCst);
@@ -1383,7 +1383,12 @@ impl Inner {
             m.tid = m.tid.wrapping_add(1);
             *self.running_since.lock() = Instant::now();
             (
-                CommitRequest { blocks, revoked },
+                CommitRequest {
+                    blocks,
+                    revoked,
+                    data_written_home: !home.is_empty(),
+                    ..CommitRequest::default()
+                },
                 freed,
                 tid,
                 in_place,

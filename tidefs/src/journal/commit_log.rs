@@ -71,6 +71,10 @@ pub trait CommitLog: Send + Sync {
     /// Device blocks of the file-system device the log occupies, as (first, count) runs, which
     /// file data must never use.
     fn device_runs(&self) -> Vec<(u64, u64)>;
+    /// True when replay might still write a copy of `home_block` that the log holds (a live
+    /// transaction recorded it). A caller writing the block home in place outside the log
+    /// must then revoke it in its transaction. May answer true when unsure.
+    fn is_logged(&self, home_block: u64) -> bool;
     /// Stops all background work for good (the file system stops as at a power cut): from
     /// then on the log writes only when called.
     fn stop_background(&self);
@@ -120,6 +124,9 @@ impl CommitLog for Journal {
     }
     fn device_runs(&self) -> Vec<(u64, u64)> {
         super::log::JournalCore::device_runs(self)
+    }
+    fn is_logged(&self, home_block: u64) -> bool {
+        super::log::JournalCore::is_logged(self, home_block)
     }
     fn stop_background(&self) {
         Journal::stop_background(self)
@@ -181,7 +188,7 @@ mod tests {
         let got = log
             .commit(CommitRequest {
                 blocks: vec![(30, Arc::clone(&content))],
-                revoked: vec![],
+                ..CommitRequest::default()
             })
             .unwrap();
         assert_eq!(got, tid);

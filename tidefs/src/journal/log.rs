@@ -332,9 +332,33 @@ pub struct JournalOptions {
 pub struct CommitRequest {
     /// (home block number on the fs device, full block content): the snapshot to log.
     pub blocks: Vec<(u64, Arc<[u8]>)>,
+    /// Home blocks of which only some bytes changed since their previous committed version:
+    /// the log may record just those bytes.
+    pub ranges: Vec<RangeUpdate>,
     /// Home blocks freed in this transaction: revoke records keep replay from overwriting
     /// their new use.
     pub revoked: Vec<u64>,
+    /// The caller wrote file data home for this transaction; it must be durable before the
+    /// commit record (ordered mode's promise).
+    pub data_written_home: bool,
+}
+
+/// A block of which only some byte ranges changed since its previous committed version.
+///
+/// The caller's contract: replay of the log onto the home device yields that previous
+/// version, so patching it with `ranges` yields `data`. This does not hold for a freshly
+/// allocated block (its home content is whatever was there) nor for a block written home in
+/// place after the log recorded it (unless this transaction revokes it): those go in
+/// [`CommitRequest::blocks`].
+#[derive(Clone, Debug)]
+pub struct RangeUpdate {
+    /// Home block number on the fs device.
+    pub home: u64,
+    /// The block's full new content: the copy reads and checkpoint use.
+    pub data: Arc<[u8]>,
+    /// Sorted, disjoint `(offset, len)` byte ranges of `data` that differ from the previous
+    /// committed version.
+    pub ranges: Vec<(u32, u32)>,
 }
 
 /// Counters of journal activity since open.
@@ -747,7 +771,9 @@ impl JournalCore {
         // Newest content per home block, in first-seen order.
         let mut order: Vec<u64> = Vec::with_capacity(req.blocks.len());
         let mut content: HashMap<u64, Arc<[u8]>> = HashMap::with_capacity(req.blocks.len());
-        for (home, data) in req.blocks {
+        // Byte ranges are logged as whole blocks (always correct; denser records come later).
+        let ranged = req.ranges.into_iter().map(|r| (r.home, r.data));
+        for (home, data) in req.blocks.into_iter().chain(ranged) {
             if data.len() != bs {
                 return Err(FsError::Invalid(
                     "commit block content is not one block long",
@@ -887,6 +913,12 @@ impl JournalCore {
         }
         self.request_background_checkpoint();
         Ok(tid)
+    }
+
+    /// True when a live transaction may hold a record of `home_block` (see
+    /// [`super::CommitLog::is_logged`]). Conservative for now: any live transaction counts.
+    pub fn is_logged(&self, _home_block: u64) -> bool {
+        self.used.load(Ordering::Acquire) > 0
     }
 
     /// Newest committed copy of a home block that checkpoint has not yet written home.

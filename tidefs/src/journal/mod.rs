@@ -30,6 +30,6 @@ pub use commit_log::{CommitLog, LogSpace};
 pub use log::tid_geq;
 pub use log::{
     CommitRequest, Journal, JournalCore, JournalExtent, JournalGeometry, JournalOptions,
-    JournalStats, Tid,
+    JournalStats, RangeUpdate, Tid,
 };
 pub use recovery::RecoveryReport;

@@ -130,6 +130,7 @@ fn req(blocks: &[(u64, Arc<[u8]>)], revoked: &[u64]) -> CommitRequest {
     CommitRequest {
         blocks: blocks.to_vec(),
         revoked: revoked.to_vec(),
+        ..CommitRequest::default()
     }
 }
 
