@@ -215,7 +215,7 @@ pub fn parse_modes(text: &str) -> Result<Vec<tidefs::fs::DataMode>, CliError> {
     DataMode::parse(text).map(|m| vec![m]).ok_or_else(|| {
         CliError::usage(
             "--mode",
-            format!("'{text}': expected lightweight, writeback, ordered, journal or all"),
+            format!("'{text}': expected {} or all", DataMode::NAMES_HELP),
         )
     })
 }
@@ -510,7 +510,7 @@ fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
 
 /// The human form of the counters.
 pub fn stats_table(s: &tidefs::fs::Stats) -> String {
-    let rows: [(&str, String); 11] = [
+    let rows: [(&str, String); 12] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),
         ("commits", s.commits.to_string()),
@@ -525,6 +525,7 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("checkpoints", s.checkpoints.to_string()),
         ("flushes", s.flushes.to_string()),
         ("changed_metadata_bytes", bytes(s.changed_metadata_bytes)),
+        ("range_blocks", s.range_blocks.to_string()),
     ];
     rows.iter()
         .map(|(k, v)| format!("{k:<24}{v:>20}\n"))

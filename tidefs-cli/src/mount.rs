@@ -133,9 +133,10 @@ impl MountConfig {
                     config.commit_seconds = Some(seconds);
                 }
                 ("data", Some(v)) => {
-                    config.data_mode = Some(DataMode::parse(v).ok_or_else(|| {
-                        format!("data={v}: expected lightweight, writeback, ordered or journal")
-                    })?);
+                    config.data_mode =
+                        Some(DataMode::parse(v).ok_or_else(|| {
+                            format!("data={v}: expected {}", DataMode::NAMES_HELP)
+                        })?);
                 }
                 ("barrier", Some(v)) => {
                     config.barrier = Some(

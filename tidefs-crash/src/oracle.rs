@@ -310,18 +310,23 @@ pub fn check_no_garbage(
     }
 }
 
-/// Journal mode: each write issued before the crash shows all of its bytes or none of them
-/// (bytes a later issued op overwrote or truncated are left out).
+/// Journaled data: each write issued before the crash shows all of its bytes or none of them
+/// (bytes a later issued op overwrote or truncated are left out). Only files whose every write
+/// is shorter than `limit` bytes are checked (selective journals only those for sure).
 pub fn check_atomic_writes(
     tree: &RTree,
     rec: &Recorded,
     crash_pos: usize,
+    limit: usize,
     problems: &mut Vec<String>,
 ) {
     let by_ino: HashMap<Ino, (&String, &RObj)> =
         tree.iter().map(|(p, o)| (o.ino, (p, o))).collect();
     for w in &rec.writes {
         if w.pos == 0 || w.pos >= crash_pos {
+            continue;
+        }
+        if rec.writes.iter().any(|x| x.fid == w.fid && x.len >= limit) {
             continue;
         }
         let Some(&ino) = rec.fid_ino.get(&w.fid) else {

@@ -132,6 +132,21 @@ fn journal_keeps_its_promise() {
     assert_mode_clean(DataMode::Journal);
 }
 
+/// Goal: wasteless mode keeps its crash promise (level 4: every write all-or-nothing) over
+/// the seeded states, with data and metadata logged as byte ranges.
+#[test]
+fn wasteless_keeps_its_promise() {
+    assert_mode_clean(DataMode::Wasteless);
+}
+
+/// Goal: selective mode keeps its crash promise over the seeded states: level 3 everywhere,
+/// level 4 for files written only in writes below the threshold. A threshold of 1 KiB puts
+/// the workloads' writes on both sides of it.
+#[test]
+fn selective_keeps_its_promise() {
+    assert_mode_clean(DataMode::Selective { threshold: 1024 });
+}
+
 /// Goal: lightweight mode keeps its promise with writer threads and a wrapping journal.
 #[test]
 fn lightweight_keeps_its_promise_with_writer_threads() {
@@ -156,6 +171,19 @@ fn ordered_keeps_its_promise_with_writer_threads() {
 #[test]
 fn journal_keeps_its_promise_with_writer_threads() {
     assert_mode_clean_with_threads(DataMode::Journal);
+}
+
+/// Goal: wasteless mode keeps every fsync promise and every write atomic with writer threads
+/// and a wrapping journal.
+#[test]
+fn wasteless_keeps_its_promise_with_writer_threads() {
+    assert_mode_clean_with_threads(DataMode::Wasteless);
+}
+
+/// Goal: selective mode keeps its promise with writer threads and a wrapping journal.
+#[test]
+fn selective_keeps_its_promise_with_writer_threads() {
+    assert_mode_clean_with_threads(DataMode::Selective { threshold: 1024 });
 }
 
 /// Goal: crash states built from the real file-backed device (`FileDev` under the recording

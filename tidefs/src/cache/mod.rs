@@ -13,10 +13,15 @@
 //!   an operation's changes are found by comparing each block it touched with its pre-image
 //!   when the operation ends, so the code that edits a block needs no bookkeeping of its own.
 //!
+//! - a block allocated by the running transaction (`insert_new`) is *fresh* until it commits:
+//!   its home location holds nothing of it, so it must be logged whole, never as ranges;
+//! - a block loaded during an operation counts the loaded bytes as its pre-image, so a small
+//!   change to it is a small range even on a cache miss.
+//!
 //! File data is cached separately (`fs/datacache.rs`); it joins this cache at commit in
 //! `journal` mode, where data blocks are logged like metadata (docs/DESIGN.md §2.3).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 pub mod ranges;
@@ -29,6 +34,8 @@ pub struct DirtyBlock {
     pub nr: u64,
     pub data: Arc<[u8]>,
     pub changed: ByteRanges,
+    /// Allocated by this transaction: nothing of it is at home or in the log yet.
+    pub fresh: bool,
 }
 
 /// Cached metadata blocks and the set of blocks the running transaction has modified.
@@ -45,10 +52,19 @@ pub struct BlockCache {
     /// Bytes of each dirty block changed since the last commit, as of the last finished
     /// operation.
     changed: HashMap<u64, ByteRanges>,
+    /// Dirty blocks allocated by the running transaction.
+    fresh: HashSet<u64>,
+    /// Blocks the open operation replaced with bytes whose changed ranges the caller gave
+    /// ([`BlockCache::put_with_ranges`]): added to `changed` when the operation ends.
+    undo_given: HashMap<u64, ByteRanges>,
 }
 
-/// A cached block as it was before an operation changed it: its bytes and whether it was dirty.
-type PreImage = (Box<[u8]>, bool);
+/// A cached block as it was before an operation changed it.
+struct PreImage {
+    bytes: Box<[u8]>,
+    dirty: bool,
+    fresh: bool,
+}
 
 impl BlockCache {
     /// A cache holding at most about `max_blocks` clean blocks.
@@ -60,6 +76,8 @@ impl BlockCache {
             undo: None,
             undo_changed: false,
             changed: HashMap::new(),
+            fresh: HashSet::new(),
+            undo_given: HashMap::new(),
         }
     }
 
@@ -68,6 +86,7 @@ impl BlockCache {
         debug_assert!(self.undo.is_none(), "undo records do not nest");
         self.undo = Some(HashMap::new());
         self.undo_changed = false;
+        self.undo_given.clear();
     }
 
     /// Whether the open operation changed or removed any cached block so far.
@@ -82,6 +101,7 @@ impl BlockCache {
         let Some(undo) = self.undo.take() else {
             return;
         };
+        let mut given = std::mem::take(&mut self.undo_given);
         for (nr, before) in undo {
             if !self.dirty.contains(&nr) {
                 continue;
@@ -90,8 +110,11 @@ impl BlockCache {
                 continue;
             };
             let ranges = self.changed.entry(nr).or_default();
-            match before {
-                Some((old, _)) if old.len() == now.len() => ranges.add_diff(&old, now),
+            match (given.remove(&nr), before) {
+                (Some(g), _) => ranges.union(&g),
+                (None, Some(old)) if old.bytes.len() == now.len() => {
+                    ranges.add_diff(&old.bytes, now)
+                }
                 _ => ranges.add(0, block_len(now)),
             }
         }
@@ -107,22 +130,29 @@ impl BlockCache {
         let Some(undo) = self.undo.take() else {
             return Vec::new();
         };
+        self.undo_given.clear();
         let mut touched = Vec::with_capacity(undo.len());
         for (nr, before) in undo {
             match before {
-                Some((bytes, was_dirty)) => {
-                    self.blocks.insert(nr, bytes);
-                    if was_dirty {
+                Some(pre) => {
+                    self.blocks.insert(nr, pre.bytes);
+                    if pre.dirty {
                         self.dirty.insert(nr);
                     } else {
                         self.dirty.remove(&nr);
                         self.changed.remove(&nr);
+                    }
+                    if pre.fresh {
+                        self.fresh.insert(nr);
+                    } else {
+                        self.fresh.remove(&nr);
                     }
                 }
                 None => {
                     self.blocks.remove(&nr);
                     self.dirty.remove(&nr);
                     self.changed.remove(&nr);
+                    self.fresh.remove(&nr);
                 }
             }
             touched.push(nr);
@@ -134,9 +164,11 @@ impl BlockCache {
     fn note(&mut self, nr: u64) {
         if let Some(undo) = &mut self.undo {
             undo.entry(nr).or_insert_with(|| {
-                self.blocks
-                    .get(&nr)
-                    .map(|b| (b.clone(), self.dirty.contains(&nr)))
+                self.blocks.get(&nr).map(|b| PreImage {
+                    bytes: b.clone(),
+                    dirty: self.dirty.contains(&nr),
+                    fresh: self.fresh.contains(&nr),
+                })
             });
         }
     }
@@ -146,13 +178,50 @@ impl BlockCache {
         self.blocks.contains_key(&nr)
     }
 
-    /// Adds a block read from disk; may evict clean blocks first.
+    /// Adds a block read from disk (its committed content); may evict clean blocks first.
+    /// Inside an operation the loaded bytes are the block's pre-image.
     pub fn insert(&mut self, nr: u64, data: Box<[u8]>) {
         if self.blocks.len() >= self.max_blocks {
             self.evict();
         }
         self.note(nr);
+        if let Some(slot @ None) = self.undo.as_mut().and_then(|u| u.get_mut(&nr)) {
+            *slot = Some(PreImage {
+                bytes: data.clone(),
+                dirty: false,
+                fresh: false,
+            });
+        }
         self.blocks.insert(nr, data);
+    }
+
+    /// Adds a block the running transaction allocated, with its first content: dirty and
+    /// fresh (logged whole at commit).
+    pub fn insert_new(&mut self, nr: u64, data: Box<[u8]>) {
+        self.forget(nr);
+        self.note(nr);
+        self.undo_changed |= self.undo.is_some();
+        self.changed.entry(nr).or_default().add(0, block_len(&data));
+        self.blocks.insert(nr, data);
+        self.dirty.insert(nr);
+        self.fresh.insert(nr);
+    }
+
+    /// Replaces block `nr`'s content with `data`, of which only `changed` differs from the
+    /// block's committed version (the caller knows; the old bytes need not be cached), and
+    /// marks it dirty. Must run inside an operation.
+    pub fn put_with_ranges(&mut self, nr: u64, data: &[u8], changed: &ByteRanges) {
+        debug_assert!(self.undo.is_some(), "put_with_ranges outside an operation");
+        self.note(nr);
+        self.undo_changed = true;
+        self.undo_given.entry(nr).or_default().union(changed);
+        match self.blocks.get_mut(&nr) {
+            Some(b) if b.len() == data.len() => b.copy_from_slice(data),
+            _ => {
+                self.blocks.insert(nr, Box::from(data));
+            }
+        }
+        self.dirty.insert(nr);
     }
 
     fn evict(&mut self) {
@@ -198,6 +267,8 @@ impl BlockCache {
         self.blocks.remove(&nr);
         self.dirty.remove(&nr);
         self.changed.remove(&nr);
+        self.fresh.remove(&nr);
+        self.undo_given.remove(&nr);
     }
 
     /// Number of dirty blocks in the running transaction.
@@ -216,6 +287,7 @@ impl BlockCache {
         debug_assert!(self.undo.is_none(), "commit inside an operation");
         let dirty = std::mem::take(&mut self.dirty);
         let mut changed = std::mem::take(&mut self.changed);
+        let fresh = std::mem::take(&mut self.fresh);
         dirty
             .into_iter()
             .filter_map(|nr| {
@@ -228,6 +300,7 @@ impl BlockCache {
                         all.add(0, block_len(b));
                         all
                     }),
+                    fresh: fresh.contains(&nr),
                 })
             })
             .collect()
@@ -280,7 +353,9 @@ mod tests {
         assert!(!c.is_dirty(1));
         assert_eq!(&c.get(2).unwrap()[..2], &[20, 2]);
         assert!(c.is_dirty(2));
-        assert!(!c.contains(3));
+        // A block loaded during the operation stays cached, clean, as loaded.
+        assert_eq!(c.get(3).unwrap()[0], 3);
+        assert!(!c.is_dirty(3));
         assert_eq!(c.dirty_count(), 1);
         // A finished operation keeps its changes.
         c.begin_undo();
@@ -310,19 +385,34 @@ mod tests {
         c.begin_undo();
         c.get_mut(2).unwrap()[5] = 9;
         c.rollback();
-        // A block inserted during an operation changed whole.
+        // A block loaded during an operation: its loaded bytes are the pre-image.
         c.begin_undo();
         c.insert(3, vec![7u8; 64].into_boxed_slice());
         c.get_mut(3).unwrap()[0] = 1;
+        c.end_undo();
+        // A new block changed whole, and is fresh.
+        c.begin_undo();
+        c.insert_new(4, vec![0u8; 64].into_boxed_slice());
+        c.get_mut(4).unwrap()[9] = 1;
+        c.end_undo();
+        // A block given with its ranges keeps exactly those.
+        c.begin_undo();
+        let mut given = ByteRanges::new();
+        given.add(20, 30);
+        c.put_with_ranges(5, &[1u8; 64], &given);
         c.end_undo();
         let ranges = |r: &ByteRanges| r.iter().map(|x| (x.start, x.end)).collect::<Vec<_>>();
         assert_eq!(ranges(&c.changed_ranges(1)), vec![(10, 12), (40, 41)]);
         assert!(c.changed_ranges(2).is_empty());
         let mut snap = c.take_dirty();
         snap.sort_by_key(|d| d.nr);
-        assert_eq!(snap.len(), 2);
+        assert_eq!(snap.len(), 4);
         assert_eq!(ranges(&snap[0].changed), vec![(10, 12), (40, 41)]);
-        assert_eq!((snap[1].nr, ranges(&snap[1].changed)), (3, vec![(0, 64)]));
+        assert_eq!((snap[1].nr, ranges(&snap[1].changed)), (3, vec![(0, 1)]));
+        assert_eq!((snap[2].nr, ranges(&snap[2].changed)), (4, vec![(0, 64)]));
+        assert_eq!((snap[3].nr, ranges(&snap[3].changed)), (5, vec![(20, 30)]));
+        let fresh: Vec<bool> = snap.iter().map(|d| d.fresh).collect();
+        assert_eq!(fresh, vec![false, false, true, false]);
         // The next transaction starts from nothing.
         assert!(c.changed_ranges(1).is_empty());
     }

@@ -62,6 +62,21 @@ impl ByteRanges {
         }
     }
 
+    /// Adds every range of `other`.
+    pub fn union(&mut self, other: &ByteRanges) {
+        for r in other.iter() {
+            self.add(r.start, r.end);
+        }
+    }
+
+    /// The ranges as sorted `(offset, length)` pairs.
+    pub fn offset_lengths(&self) -> Vec<(u32, u32)> {
+        self.ranges
+            .iter()
+            .map(|r| (r.start, r.end - r.start))
+            .collect()
+    }
+
     /// The ranges, sorted.
     pub fn iter(&self) -> impl Iterator<Item = Range<u32>> + '_ {
         self.ranges.iter().cloned()

@@ -464,12 +464,14 @@ impl Meta {
         let in_journal = journaled
             || self.cache.is_dirty(b)
             || self.committing.contains_key(&b)
-            || io.journal.pending(b).is_some();
+            || io.journal.pending(b).is_some()
+            // A data block of a data-journaling mode may still be in the log after its
+            // checkpoint; in the other modes only metadata is logged, and freeing metadata
+            // always revokes (`journaled`).
+            || (self.default_mode.may_journal_data() && io.journal.is_logged(b));
         self.cache.forget(b);
-        if in_journal && self.revoked.insert(b) {
-            if let Some(u) = &mut self.op_undo {
-                u.revoked.push((b, false));
-            }
+        if in_journal {
+            self.revoke(b);
         }
         if self.quarantine.insert(b) {
             if let Some(u) = &mut self.op_undo {

@@ -183,8 +183,10 @@ pub struct StatFs {
 }
 
 /// How file data is journaled (docs/DESIGN.md §3). A per-inode property inside the file system;
-/// chosen for the whole mount with `-o data=MODE` for now.
+/// chosen for the whole mount with `-o data=MODE` for now. More modes may come, so matches
+/// outside this crate need a wildcard arm.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DataMode {
     /// Only the allocation bitmaps (and group descriptors, superblock) are journaled; inodes,
     /// directories and extent blocks are written home in place at commit. Promise: the
@@ -200,30 +202,153 @@ pub enum DataMode {
     /// Metadata and whole data blocks journaled, home at checkpoint. Promise: + every write
     /// all-or-nothing (state 4).
     Journal,
+    /// As `Journal`, but a block of which only some bytes changed since its last commit
+    /// (file data or metadata) is logged as those byte ranges, packed with the ranges of other
+    /// blocks, instead of whole. Promise: state 4.
+    Wasteless,
+    /// Per update sequence of a data block (its writes between two of its checkpoints): when
+    /// the sequence's first write is shorter than `threshold` bytes the block is journaled as
+    /// in `Wasteless`, otherwise written home as in `Ordered`. Metadata as in `Wasteless`.
+    /// Promise: state 4 for small writes, state 3 for large ones.
+    Selective {
+        /// Writes shorter than this many bytes start a journaled sequence.
+        threshold: u32,
+    },
 }
 
+/// The threshold of `selective` when none is given.
+pub const DEFAULT_SELECTIVE_THRESHOLD: u32 = 4096;
+
 impl DataMode {
-    /// Every mode, weakest promise first.
-    pub const ALL: [DataMode; 4] = [
+    /// Every mode, weakest promise first (`selective` with its default threshold).
+    pub const ALL: [DataMode; 6] = [
         DataMode::Lightweight,
         DataMode::Writeback,
         DataMode::Ordered,
         DataMode::Journal,
+        DataMode::Wasteless,
+        DataMode::Selective {
+            threshold: DEFAULT_SELECTIVE_THRESHOLD,
+        },
     ];
 
-    /// The name used by `-o data=` and in reports.
-    pub fn name(self) -> &'static str {
+    /// The name used by `-o data=` and in reports: `selective:T` when the threshold is not
+    /// the default. [`DataMode::parse`] reads it back.
+    pub fn name(self) -> std::borrow::Cow<'static, str> {
         match self {
-            DataMode::Lightweight => "lightweight",
-            DataMode::Writeback => "writeback",
-            DataMode::Ordered => "ordered",
-            DataMode::Journal => "journal",
+            DataMode::Lightweight => "lightweight".into(),
+            DataMode::Writeback => "writeback".into(),
+            DataMode::Ordered => "ordered".into(),
+            DataMode::Journal => "journal".into(),
+            DataMode::Wasteless => "wasteless".into(),
+            DataMode::Selective { threshold } if threshold == DEFAULT_SELECTIVE_THRESHOLD => {
+                "selective".into()
+            }
+            DataMode::Selective { threshold } => format!("selective:{threshold}").into(),
         }
     }
 
-    /// Parses a mode name.
+    /// Parses a mode name: one of [`DataMode::ALL`]'s names, or `selective:T` where T is a
+    /// byte count from 1 to 1 GiB (suffixes K, M, G of 1024 allowed: `selective:8K`).
     pub fn parse(name: &str) -> Option<DataMode> {
+        if let Some(t) = name.strip_prefix("selective:") {
+            let threshold = parse_threshold(t)?;
+            return Some(DataMode::Selective { threshold });
+        }
         DataMode::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// The accepted names, for error messages.
+    pub const NAMES_HELP: &'static str =
+        "lightweight, writeback, ordered, journal, wasteless, selective or selective:BYTES \
+         (BYTES from 1 to 1G, K/M/G suffixes allowed)";
+
+    /// Whether blocks of this mode's transactions may be logged as byte ranges (wasteless and
+    /// selective). The other modes write only standard jbd2 records, which the kernel and
+    /// e2fsck can replay.
+    pub fn logs_byte_ranges(self) -> bool {
+        matches!(self, DataMode::Wasteless | DataMode::Selective { .. })
+    }
+
+    /// Whether a data block whose update sequence began with a write of `first_write` bytes
+    /// is journaled (rather than written home).
+    pub fn journals_data(self, first_write: usize) -> bool {
+        match self {
+            DataMode::Journal | DataMode::Wasteless => true,
+            DataMode::Selective { threshold } => first_write < threshold as usize,
+            _ => false,
+        }
+    }
+
+    /// Whether this mode may journal file data at all.
+    pub fn may_journal_data(self) -> bool {
+        self.journals_data(0)
+    }
+}
+
+impl std::fmt::Display for DataMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// A selective threshold: 1 byte to 1 GiB, with an optional K/M/G suffix (powers of 1024).
+fn parse_threshold(text: &str) -> Option<u32> {
+    let (digits, unit) = match text.char_indices().last()? {
+        (i, c) if c.eq_ignore_ascii_case(&'k') => (&text[..i], 1u64 << 10),
+        (i, c) if c.eq_ignore_ascii_case(&'m') => (&text[..i], 1u64 << 20),
+        (i, c) if c.eq_ignore_ascii_case(&'g') => (&text[..i], 1u64 << 30),
+        _ => (text, 1),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let v = digits.parse::<u64>().ok()?.checked_mul(unit)?;
+    if v == 0 || v > 1 << 30 {
+        return None;
+    }
+    u32::try_from(v).ok()
+}
+
+#[cfg(test)]
+mod mode_tests {
+    use super::*;
+
+    #[test]
+    fn mode_names_round_trip_and_bad_ones_are_refused() {
+        for m in DataMode::ALL {
+            assert_eq!(DataMode::parse(&m.name()), Some(m));
+        }
+        let s = |t| Some(DataMode::Selective { threshold: t });
+        assert_eq!(DataMode::parse("selective"), s(4096));
+        assert_eq!(DataMode::parse("selective:8K"), s(8192));
+        assert_eq!(DataMode::parse("selective:100"), s(100));
+        assert_eq!(DataMode::parse("selective:1G"), s(1 << 30));
+        assert_eq!(s(8192).unwrap().name(), "selective:8192");
+        for bad in [
+            "selective:",
+            "selective:0",
+            "selective:2G",
+            "selective:-1",
+            "selective:4KB",
+            "selective:k",
+            "fast",
+            "Journal",
+            "",
+        ] {
+            assert_eq!(DataMode::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn selective_journals_only_sequences_that_start_small() {
+        let m = DataMode::Selective { threshold: 1000 };
+        assert!(m.journals_data(999));
+        assert!(!m.journals_data(1000));
+        assert!(DataMode::Wasteless.journals_data(1 << 20));
+        assert!(!DataMode::Ordered.journals_data(1));
+        assert!(m.logs_byte_ranges() && DataMode::Wasteless.logs_byte_ranges());
+        assert!(!DataMode::Journal.logs_byte_ranges());
     }
 }
 
@@ -287,6 +412,9 @@ pub struct Stats {
     /// Bytes of the committed metadata blocks that had really changed: what byte-range
     /// records would log instead of whole blocks.
     pub changed_metadata_bytes: u64,
+    /// Committed blocks handed to the journal as their changed byte ranges rather than whole
+    /// (`wasteless` and `selective`).
+    pub range_blocks: u64,
     /// Cache flushes the devices received (file-system and journal device).
     pub flushes: u64,
 }

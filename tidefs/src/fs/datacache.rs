@@ -36,6 +36,9 @@ pub(crate) struct Page {
     pub gen: u64,
     /// Bytes written since the last write-back (what byte-range journaling logs).
     pub changed: ByteRanges,
+    /// While dirty: the length of the `write()` that made it dirty, which decides for
+    /// `selective` whether this update sequence is journaled.
+    pub first_write: usize,
 }
 
 /// A dirty page as write-back sees it.
@@ -43,6 +46,10 @@ pub(crate) struct DirtyPage {
     pub lblk: u32,
     pub gen: u64,
     pub bytes: Arc<[u8]>,
+    /// Bytes written since the last write-back.
+    pub changed: ByteRanges,
+    /// See [`Page::first_write`].
+    pub first_write: usize,
 }
 
 /// The pages of one file, with its counts.
@@ -133,6 +140,8 @@ impl DataCache {
                     lblk: *l,
                     gen: p.gen,
                     bytes: Arc::from(&p.bytes[..]),
+                    changed: p.changed.clone(),
+                    first_write: p.first_write,
                 })
                 .collect()
         })
@@ -223,13 +232,22 @@ impl DataCache {
                 reserved,
                 gen: 0,
                 changed: ByteRanges::new(),
+                first_write: 0,
             },
         );
     }
 
-    /// Writes `data` at byte `offset` of cached page `(ino, lblk)`, which becomes dirty.
-    /// Returns false if the page is not cached.
-    pub fn write(&mut self, ino: u32, lblk: u32, offset: usize, data: &[u8]) -> bool {
+    /// Writes `data` at byte `offset` of cached page `(ino, lblk)`, which becomes dirty;
+    /// `request_len` is the length of the whole `write()` this piece belongs to. Returns
+    /// false if the page is not cached.
+    pub fn write(
+        &mut self,
+        ino: u32,
+        lblk: u32,
+        offset: usize,
+        data: &[u8],
+        request_len: usize,
+    ) -> bool {
         if self.get(ino, lblk).is_none() {
             return false;
         }
@@ -244,6 +262,9 @@ impl DataCache {
         };
         p.bytes[offset..offset + data.len()].copy_from_slice(data);
         let newly_dirty = !p.dirty;
+        if newly_dirty {
+            p.first_write = request_len;
+        }
         p.dirty = true;
         p.gen = gen;
         // Offsets inside a block fit in u32.
@@ -350,16 +371,16 @@ mod tests {
         let mut c = DataCache::new(64);
         c.insert(5, 0, vec![0u8; 16].into(), true);
         c.insert(5, 1, vec![1u8; 16].into(), false);
-        assert!(c.write(5, 0, 2, b"ab"));
-        assert!(c.write(5, 1, 0, b"z"));
-        assert!(!c.write(5, 9, 0, b"z"));
+        assert!(c.write(5, 0, 2, b"ab", 1));
+        assert!(c.write(5, 1, 0, b"z", 1));
+        assert!(!c.write(5, 9, 0, b"z", 1));
         assert_eq!((c.dirty_count(), c.reserved(), c.reserved_of(5)), (2, 1, 1));
         assert_eq!(c.dirty_count_of(5), 2);
         let pages = c.dirty_pages(5);
         assert_eq!(pages.len(), 2);
         assert_eq!(&pages[0].bytes[..4], &[0, 0, b'a', b'b']);
         // A write after the snapshot keeps the page dirty.
-        c.write(5, 1, 1, b"y");
+        c.write(5, 1, 1, b"y", 1);
         c.allocated(5, 0);
         c.written_back(5, 0, pages[0].gen);
         c.written_back(5, 1, pages[1].gen);
@@ -374,9 +395,9 @@ mod tests {
         let mut c = DataCache::new(64);
         c.insert(1, 0, vec![0u8; 8].into(), false);
         c.begin_undo();
-        c.write(1, 0, 0, b"x");
+        c.write(1, 0, 0, b"x", 1);
         c.insert(1, 1, vec![0u8; 8].into(), true);
-        c.write(1, 1, 0, b"y");
+        c.write(1, 1, 0, b"y", 1);
         c.drop_range(1, 0, 1);
         c.rollback();
         assert_eq!(c.get(1, 0).unwrap().bytes[0], 0);
@@ -390,7 +411,7 @@ mod tests {
         let mut c = DataCache::new(64);
         for l in 0..64 {
             c.insert(1, l, vec![0u8; 8].into(), true);
-            c.write(1, l, 0, b"d");
+            c.write(1, l, 0, b"d", 1);
         }
         for l in 64..200 {
             c.insert(2, l, vec![0u8; 8].into(), false);

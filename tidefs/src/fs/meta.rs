@@ -169,6 +169,13 @@ impl Meta {
         Ok(())
     }
 
+    /// Block `nr` of file data joins the running transaction with content `bytes`, of which
+    /// only `changed` differs from its committed version (byte-range journaling).
+    pub fn log_data_ranges(&mut self, nr: u64, bytes: &[u8], changed: &crate::cache::ByteRanges) {
+        self.cache.put_with_ranges(nr, bytes, changed);
+        self.unrevoke(nr);
+    }
+
     /// A metadata block for reading.
     pub fn block(&mut self, io: &Io, nr: u64) -> Result<&[u8]> {
         self.load(io, nr)?;
@@ -190,9 +197,8 @@ impl Meta {
     /// A block newly allocated as metadata: zero-filled, owned by the running transaction,
     /// without reading its old content.
     pub fn new_block_mut(&mut self, nr: u64) -> &mut [u8] {
-        self.cache.forget(nr);
         self.cache
-            .insert(nr, vec![0u8; self.geo.bs()].into_boxed_slice());
+            .insert_new(nr, vec![0u8; self.geo.bs()].into_boxed_slice());
         self.unrevoke(nr);
         // OK to unwrap: inserted just above.
         self.cache.get_mut(nr).expect("block just inserted")
@@ -295,6 +301,16 @@ impl Meta {
             }
         }
         &mut self.groups[g as usize]
+    }
+
+    /// The running transaction revokes block `nr`: replay will not write any copy the log
+    /// holds of it from earlier transactions.
+    pub fn revoke(&mut self, nr: u64) {
+        if self.revoked.insert(nr) {
+            if let Some(u) = &mut self.op_undo {
+                u.revoked.push((nr, false));
+            }
+        }
     }
 
     /// Block `nr` is metadata of the running transaction again: no revoke record for it.

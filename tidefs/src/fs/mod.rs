@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::cache::BlockCache;
+use crate::cache::{BlockCache, DirtyBlock};
 use crate::dev::{BlockDevice, FileDev};
 use crate::format::ext4::group_desc::GroupDescRef;
 use crate::format::ext4::inode::Inode;
@@ -49,7 +49,8 @@ use crate::format::ext4::superblock::{
     SUPERBLOCK_SIZE,
 };
 use crate::journal::{
-    tid_geq, CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, RecoveryReport,
+    tid_geq, CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, RangeUpdate,
+    RecoveryReport,
 };
 use crate::{FsError, Result};
 
@@ -65,6 +66,7 @@ struct Counters {
     committed_blocks: AtomicU64,
     /// Bytes of committed metadata blocks that had changed (what byte-range records log).
     changed_metadata_bytes: AtomicU64,
+    range_blocks: AtomicU64,
     /// Recent fsync latencies in microseconds (a bounded window).
     fsync_us: Mutex<Vec<u32>>,
     /// Threads inside fsync right now.
@@ -625,7 +627,7 @@ impl Fs {
                 let r = m.run_op(|m| f(m, &inner.io));
                 m.trim_derived_caches();
                 // Journal-mode pages join the transaction at write-back.
-                let journaled_pages = if m.default_mode == DataMode::Journal {
+                let journaled_pages = if m.default_mode.may_journal_data() {
                     m.data.dirty_count()
                 } else {
                     0
@@ -1045,6 +1047,7 @@ impl Fs {
             fsync_p99_us: pct(99),
             checkpoints: j.checkpoints,
             changed_metadata_bytes: c.changed_metadata_bytes.load(Ordering::Relaxed),
+            range_blocks: c.range_blocks.load(Ordering::Relaxed),
             flushes: self.inner.io.flushes(&j),
         }
     }
@@ -1360,11 +1363,14 @@ impl Inner {
             }
             let dirty = m.cache.take_dirty();
             let changed: u64 = dirty.iter().map(|d| d.changed.bytes()).sum();
-            let mut blocks: Vec<(u64, Arc<[u8]>)> =
-                dirty.into_iter().map(|d| (d.nr, d.data)).collect();
+            let (mut blocks, ranges) = split_by_record(dirty, m.default_mode.logs_byte_ranges());
             let revoked: Vec<u64> = std::mem::take(&mut m.revoked).into_iter().collect();
             let freed = std::mem::take(&mut m.freed_running);
-            m.committing = blocks.iter().map(|(nr, b)| (*nr, b.clone())).collect();
+            m.committing = blocks
+                .iter()
+                .map(|(nr, b)| (*nr, b.clone()))
+                .chain(ranges.iter().map(|r| (r.home, r.data.clone())))
+                .collect();
             // Lightweight mode journals only the allocation structures; the other metadata
             // goes home in place once the commit is durable (a block still waiting in the
             // journal is journaled again instead, so a checkpoint never overwrites it). Its
@@ -1385,9 +1391,9 @@ impl Inner {
             (
                 CommitRequest {
                     blocks,
+                    ranges,
                     revoked,
                     data_written_home: !home.is_empty(),
-                    ..CommitRequest::default()
                 },
                 freed,
                 tid,
@@ -1397,7 +1403,8 @@ impl Inner {
                 changed,
             )
         };
-        let nblocks = req.blocks.len() as u64;
+        let nblocks = (req.blocks.len() + req.ranges.len()) as u64;
+        let nranged = req.ranges.len() as u64;
         // File data goes home before the commit record that maps it (ordered mode's promise;
         // the journal's flush before the commit record makes it durable first).
         let mut r = write_home(&self.io, &home);
@@ -1437,6 +1444,9 @@ impl Inner {
                 self.counters
                     .changed_metadata_bytes
                     .fetch_add(changed, Ordering::Relaxed);
+                self.counters
+                    .range_blocks
+                    .fetch_add(nranged, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => Err(self.fail(&mut m, &format!("commit of transaction {tid}"), e)),
@@ -1479,6 +1489,31 @@ impl Inner {
             }
         }
     }
+}
+
+/// A block logged whole: its home number and content.
+type WholeBlock = (u64, Arc<[u8]>);
+
+/// Splits the blocks of a closing transaction into those logged whole and those that may be
+/// logged as their changed byte ranges (`ranges_ok`: the mode allows byte-range records).
+/// A fresh block (allocated by this transaction) is always whole: its home location holds
+/// none of it. A block whose bytes all equal its committed version is left out.
+fn split_by_record(dirty: Vec<DirtyBlock>, ranges_ok: bool) -> (Vec<WholeBlock>, Vec<RangeUpdate>) {
+    let mut whole = Vec::new();
+    let mut ranged = Vec::new();
+    for d in dirty {
+        let all = d.changed.bytes() >= d.data.len() as u64;
+        if !ranges_ok || d.fresh || all {
+            whole.push((d.nr, d.data));
+        } else if !d.changed.is_empty() {
+            ranged.push(RangeUpdate {
+                home: d.nr,
+                data: d.data,
+                ranges: d.changed.offset_lengths(),
+            });
+        }
+    }
+    (whole, ranged)
 }
 
 /// Marks the superblock at home with the error state, straight on the device (the journal is

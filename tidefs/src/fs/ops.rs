@@ -106,6 +106,31 @@ pub(crate) struct ReadSegment {
     pub source: ReadSource,
 }
 
+/// A change to one file block through the page cache ([`Meta::put_data`]).
+struct Piece<'a> {
+    lblk: u32,
+    /// The block's mapping: `(physical block, unwritten)`, or `None` for a hole.
+    home: Option<(u64, bool)>,
+    /// Byte offset inside the block.
+    offset: usize,
+    bytes: &'a [u8],
+    /// Length of the whole request this piece belongs to (see `Page::first_write`).
+    request_len: usize,
+}
+
+impl<'a> Piece<'a> {
+    /// Zeros put by truncate, punch or zero range: one request per piece.
+    fn zeros(lblk: u32, home: Option<(u64, bool)>, offset: usize, zeros: &'a [u8]) -> Self {
+        Piece {
+            lblk,
+            home,
+            offset,
+            bytes: zeros,
+            request_len: zeros.len(),
+        }
+    }
+}
+
 impl Meta {
     pub(crate) fn ino32(&self, ino: u64) -> Result<u32> {
         if !self.geo.valid_ino(ino) {
@@ -806,15 +831,14 @@ impl Meta {
     /// Puts `bytes` at `offset` of file block `lblk` of `ino` through the page cache. A block
     /// written on disk is read into its page first unless the change covers it whole; a hole
     /// or an unwritten block starts as zeros (a hole's page holds a reserved block).
-    fn put_data(
-        &mut self,
-        io: &Io,
-        ino: u32,
-        lblk: u32,
-        home: Option<(u64, bool)>,
-        offset: usize,
-        bytes: &[u8],
-    ) -> Result<()> {
+    fn put_data(&mut self, io: &Io, ino: u32, piece: Piece<'_>) -> Result<()> {
+        let Piece {
+            lblk,
+            home,
+            offset,
+            bytes,
+            request_len,
+        } = piece;
         if self.data.get(ino, lblk).is_none() {
             let bs = self.geo.bs();
             let page = match home {
@@ -823,7 +847,7 @@ impl Meta {
             };
             self.data.insert(ino, lblk, page, home.is_none());
         }
-        self.data.write(ino, lblk, offset, bytes);
+        self.data.write(ino, lblk, offset, bytes, request_len);
         Ok(())
     }
 
@@ -928,7 +952,14 @@ impl Meta {
             }
             let in_block = (pos % bs) as usize;
             let len = ((bs as usize) - in_block).min((end - pos) as usize);
-            self.put_data(io, ino, lblk, home, in_block, &data[written..written + len])?;
+            let piece = Piece {
+                lblk,
+                home,
+                offset: in_block,
+                bytes: &data[written..written + len],
+                request_len: data.len(),
+            };
+            self.put_data(io, ino, piece)?;
             pos += len as u64;
             written += len;
         }
@@ -982,7 +1013,8 @@ impl Meta {
         let cached = self.data.get(ino, tail_lblk).is_some();
         if size < old && size % bs != 0 && (cached || matches!(tail_home, Some((_, false)))) {
             let zeros = vec![0u8; (bs - size % bs) as usize];
-            self.put_data(io, ino, tail_lblk, tail_home, (size % bs) as usize, &zeros)?;
+            let piece = Piece::zeros(tail_lblk, tail_home, (size % bs) as usize, &zeros);
+            self.put_data(io, ino, piece)?;
         }
         Ok(())
     }
@@ -1062,7 +1094,7 @@ impl Meta {
             let home = map.map(lblk);
             if self.data.get(ino, lblk).is_some() || matches!(home, Some((_, false))) {
                 let zeros = vec![0u8; (to - from) as usize];
-                self.put_data(io, ino, lblk, home, from as usize, &zeros)?;
+                self.put_data(io, ino, Piece::zeros(lblk, home, from as usize, &zeros))?;
             }
         }
         Ok(())

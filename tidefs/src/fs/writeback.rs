@@ -16,7 +16,6 @@
 
 use std::sync::Arc;
 
-use super::api::DataMode;
 use super::extents::inode_goal;
 use super::meta::{Io, Meta};
 use crate::Result;
@@ -57,8 +56,9 @@ impl Meta {
         let bs = u64::from(self.geo.block_size);
         let mut out = Vec::new();
         for ino in files {
-            let journaled = self.data_mode(ino) == DataMode::Journal;
-            if journaled && scope != Scope::All {
+            let mode = self.data_mode(ino);
+            if scope != Scope::All && mode.journals_data(0) && !mode.logs_byte_ranges() {
+                // journal and wasteless: every page goes through the journal.
                 continue;
             }
             let pages = self.data.dirty_pages(ino);
@@ -71,13 +71,14 @@ impl Meta {
             let mut new_blocks = 0u64;
             let mut map_changed = false;
             for page in pages {
-                let pblk = match map.map(page.lblk) {
-                    Some((p, false)) => p,
+                // `fresh`: nothing of this block's file content is at home or in the log.
+                let (pblk, fresh) = match map.map(page.lblk) {
+                    Some((p, false)) => (p, false),
                     _ if scope != Scope::All => continue,
                     Some((p, true)) => {
                         map.mark_written(page.lblk);
                         map_changed = true;
-                        p
+                        (p, true)
                     }
                     None => {
                         let near = page
@@ -90,16 +91,39 @@ impl Meta {
                         goal = p + 1;
                         new_blocks += 1;
                         map_changed = true;
-                        p
+                        (p, true)
                     }
                 };
+                // Selective: a block whose journaled copy is not home yet stays journaled
+                // until its checkpoint (its update sequence goes on), so a checkpoint never
+                // writes an older journaled copy over newer data written in place.
+                let journaled = mode.journals_data(page.first_write)
+                    || (mode.may_journal_data()
+                        && !fresh
+                        && (self.cache.is_dirty(pblk) || io.journal.pending(pblk).is_some()));
+                if journaled && scope != Scope::All {
+                    continue;
+                }
                 self.data.allocated(ino, page.lblk);
                 if journaled {
-                    // The page joins the transaction as a whole block; the buffer cache owns
-                    // it from here, so the page is clean at once.
-                    self.new_block_mut(pblk).copy_from_slice(&page.bytes);
+                    // The page joins the transaction; the buffer cache owns it from here, so
+                    // the page is clean at once. Only the written bytes are logged when the
+                    // block's committed content is known (at home or in the log).
+                    if fresh || !mode.logs_byte_ranges() {
+                        self.new_block_mut(pblk).copy_from_slice(&page.bytes);
+                    } else {
+                        self.log_data_ranges(pblk, &page.bytes, &page.changed);
+                    }
                     self.data.written_back(ino, page.lblk, page.gen);
                 } else {
+                    if mode.may_journal_data() && !fresh {
+                        // An older journaled sequence of this block may still be in the log:
+                        // revoke it, or replay would write it over this data.
+                        if io.journal.is_logged(pblk) {
+                            self.revoke(pblk);
+                        }
+                        self.cache.forget(pblk);
+                    }
                     out.push(HomeWrite {
                         at: pblk * bs,
                         bytes: page.bytes,
