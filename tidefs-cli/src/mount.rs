@@ -812,10 +812,12 @@ mod tests {
         let c = parse(&["nosuid,suid,nodev,dev,noexec,exec"]).expect("OK to unwrap: valid");
         assert_eq!(c, MountConfig::default());
         // The daemon gets them back.
-        let c = parse(&["private,nosuid"]).expect("OK to unwrap: valid");
-        let again = parse(&[&c.to_option_string().expect("OK to unwrap: no paths")])
-            .expect("OK to unwrap: valid");
-        assert_eq!(again, c);
+        for list in ["private,nosuid", "data=selective:8K", "data=wasteless"] {
+            let c = parse(&[list]).expect("OK to unwrap: valid");
+            let again = parse(&[&c.to_option_string().expect("OK to unwrap: no paths")])
+                .expect("OK to unwrap: valid");
+            assert_eq!(again, c, "{list}");
+        }
     }
 
     #[test]
@@ -829,6 +831,8 @@ mod tests {
             ("cache_size=4K", "at least 1M"),
             ("ro=1", "takes no value"),
             ("data=fast", "data=fast: expected"),
+            ("data=selective:0", "data=selective:0: expected"),
+            ("data=selective:4KB", "selective:BYTES"),
             ("data", "needs a value"),
             ("barrier=fua", "barrier=fua: expected flush or none"),
             ("barrier", "needs a value"),

@@ -45,7 +45,17 @@ fn recovery_bench_reports_every_mode_and_the_peer() {
         .iter()
         .map(|m| m["mode"].as_str().expect("OK to unwrap: mode"))
         .collect();
-    assert_eq!(modes, ["lightweight", "writeback", "ordered", "journal"]);
+    assert_eq!(
+        modes,
+        [
+            "lightweight",
+            "writeback",
+            "ordered",
+            "journal",
+            "wasteless",
+            "selective"
+        ]
+    );
     for m in report.as_array().expect("OK to unwrap: array") {
         let run = &m["runs"][0];
         assert!(

@@ -452,11 +452,21 @@ fn sigkill_during_fsyncs_loses_nothing_promised() {
     sigkill_trial("sigkill_during_fsyncs_loses_nothing_promised", &[], true);
 }
 
-/// Goal: as `sigkill_during_fsyncs_loses_nothing_promised`, in the journal, writeback and
-/// lightweight modes.
+/// Goal: as `sigkill_during_fsyncs_loses_nothing_promised`, in the journal, wasteless,
+/// selective, writeback and lightweight modes.
 #[test]
 fn sigkill_trials_in_every_data_mode() {
     sigkill_trial("sigkill_trials_in_every_data_mode", &["data=journal"], true);
+    sigkill_trial(
+        "sigkill_trials_in_every_data_mode",
+        &["data=wasteless"],
+        true,
+    );
+    sigkill_trial(
+        "sigkill_trials_in_every_data_mode",
+        &["data=selective"],
+        true,
+    );
     sigkill_trial(
         "sigkill_trials_in_every_data_mode",
         &["data=writeback"],

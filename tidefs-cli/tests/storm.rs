@@ -288,6 +288,8 @@ fn storm_kill_keeps_every_acknowledged_fsync() {
         ("ordered", 40),
         ("journal", 150),
         ("writeback", 90),
+        ("wasteless", 120),
+        ("selective:1K", 200),
         ("ordered", 300),
     ];
     for (i, (mode, kill_after)) in rounds.into_iter().enumerate() {

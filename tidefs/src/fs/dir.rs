@@ -222,6 +222,7 @@ impl Meta {
         if name.len() > dirent::NAME_MAX {
             return Err(FsError::NameTooLong);
         }
+        self.names.forget_name(dir, name);
         self.dir_unindex(io, dir)?;
         let need = rec_size(name.len());
         let bs = self.geo.bs();
@@ -314,6 +315,7 @@ impl Meta {
 
     /// Removes `name` from directory `dir`; returns what it pointed to.
     pub(crate) fn dir_remove(&mut self, io: &Io, dir: u32, name: &[u8]) -> Result<DirSlot> {
+        self.names.forget_name(dir, name);
         self.dir_unindex(io, dir)?;
         let slot = self.dir_lookup(io, dir, name)?.ok_or(FsError::NotFound)?;
         let inode = self.read_inode(io, dir)?;
@@ -361,6 +363,7 @@ impl Meta {
         ino: u32,
         file_type: u8,
     ) -> Result<()> {
+        self.names.forget_name(dir, name);
         self.dir_unindex(io, dir)?;
         let slot = self.dir_lookup(io, dir, name)?.ok_or(FsError::NotFound)?;
         let inode = self.read_inode(io, dir)?;

@@ -77,6 +77,15 @@ impl Geometry {
         ino >= 1 && ino <= u64::from(self.inodes_per_group) * u64::from(self.groups)
     }
 
+    /// `ino` as an inode number of this file system (`NotFound` when out of range).
+    pub fn ino32(&self, ino: u64) -> crate::Result<u32> {
+        if !self.valid_ino(ino) {
+            return Err(crate::FsError::NotFound);
+        }
+        // valid_ino bounds it by the inode count, a u32.
+        Ok(ino as u32)
+    }
+
     /// Most logical blocks a file may have: logical block numbers are 32 bits and ext4 keeps
     /// the last one unused (`ext4_max_size` with extents).
     pub fn max_file_blocks(&self) -> u64 {

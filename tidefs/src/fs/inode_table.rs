@@ -105,6 +105,7 @@ impl Meta {
         inode.update_checksum(self.geo.csum_seed, ino);
         let isz = self.geo.inode_size as usize;
         let tid = self.tid;
+        self.names.forget_attr(ino);
         let b = self.block_mut(io, nr)?;
         let times_only = only_times_differ(&b[off..off + isz], inode.as_bytes());
         b[off..off + isz].copy_from_slice(inode.as_bytes());

@@ -128,6 +128,9 @@ pub(crate) struct Meta {
     /// For each inode changed by a transaction not known durable yet, the tids of its last
     /// change and of its last change that fdatasync must wait for (anything but timestamps).
     pub ino_tids: HashMap<u32, InodeTids>,
+    /// What `lookup` and `getattr` serve without this lock; entries are dropped here, under
+    /// the lock, as their inodes and names change.
+    pub names: Arc<super::namecache::NameCache>,
 }
 
 /// The transactions that hold an inode's last changes (see [`Meta::ino_tids`]).

@@ -25,6 +25,7 @@ mod geometry;
 mod inode_table;
 mod layout;
 mod meta;
+mod namecache;
 mod ops;
 mod writeback;
 
@@ -120,6 +121,10 @@ impl CommitGate {
 
 struct Inner {
     io: Io,
+    /// The fixed geometry (a copy of `Meta::geo`), readable without the metadata lock.
+    geo: Geometry,
+    /// `Meta::names`: attributes and names served without the metadata lock.
+    names: Arc<namecache::NameCache>,
     meta: Mutex<Meta>,
     /// Serialises commits: at most one transaction is being committed at a time.
     gate: CommitGate,
@@ -484,6 +489,7 @@ impl Fs {
             layout: Arc::default(),
             data: datacache::DataCache::new(cache_blocks),
             ino_tids: HashMap::new(),
+            names: Arc::default(),
         };
         meta.load_groups(&io)?;
         meta.sum_free_counts();
@@ -494,6 +500,8 @@ impl Fs {
         }
         let inner = Arc::new(Inner {
             io,
+            geo: meta.geo.clone(),
+            names: meta.names.clone(),
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
             running_since: Mutex::new(Instant::now()),
@@ -599,7 +607,7 @@ impl Fs {
 
     /// Block size in bytes.
     pub fn block_size(&self) -> u32 {
-        self.inner.meta.lock().geo.block_size
+        self.inner.geo.block_size
     }
 
     /// Runs `f` on the locked metadata, after checking the fs is open, then commits early if the
@@ -655,6 +663,13 @@ impl Fs {
 
     /// Finds `name` in directory `parent`.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let inner = &self.inner;
+        if !inner.closed.load(Ordering::SeqCst) {
+            let p = inner.geo.ino32(parent)?;
+            if let Some(attr) = inner.names.name(p, name).and_then(|c| inner.names.attr(c)) {
+                return Ok(attr);
+            }
+        }
         self.with_meta(false, |m, io| {
             let p = m.ino32(parent)?;
             let pi = m.live_inode(io, p)?;
@@ -666,22 +681,33 @@ impl Fs {
             }
             let slot = m.dir_lookup(io, p, name)?.ok_or(FsError::NotFound)?;
             let i = m.live_inode(io, slot.ino)?;
-            Ok(m.attr(slot.ino, &i))
+            let attr = m.attr(slot.ino, &i);
+            m.names.put_name(p, name, slot.ino);
+            m.names.put_attr(&attr);
+            Ok(attr)
         })
     }
 
     /// Attributes of `ino`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let inner = &self.inner;
+        if !inner.closed.load(Ordering::SeqCst) {
+            if let Some(attr) = inner.names.attr(inner.geo.ino32(ino)?) {
+                return Ok(attr);
+            }
+        }
         self.with_meta(false, |m, io| {
             let n = m.ino32(ino)?;
             let i = m.live_inode(io, n)?;
-            Ok(m.attr(n, &i))
+            let attr = m.attr(n, &i);
+            m.names.put_attr(&attr);
+            Ok(attr)
         })
     }
 
     /// Changes attributes (chmod, chown, truncate, utimens). Permission checks are the caller's.
     pub fn setattr(&self, ino: Ino, changes: &SetAttr) -> Result<Attr> {
-        let n = self.inner.meta.lock().ino32(ino)?;
+        let n = self.inner.geo.ino32(ino)?;
         let lock = self.data_lock(n);
         let _g = changes.size.map(|_| lock.write());
         self.with_meta(true, |m, io| m.setattr(io, n, changes))
@@ -782,7 +808,7 @@ impl Fs {
 
     /// Reads up to `size` bytes at `offset` (short at end of file).
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let n = self.inner.meta.lock().ino32(ino)?;
+        let n = self.inner.geo.ino32(ino)?;
         let lock = self.data_lock(n);
         let _g = lock.read();
         let plan = self.with_meta(false, |m, io| m.read_plan(io, n, offset, size))?;
@@ -804,7 +830,7 @@ impl Fs {
 
     /// Writes `data` at `offset`; returns the bytes written.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
-        let n = self.inner.meta.lock().ino32(ino)?;
+        let n = self.inner.geo.ino32(ino)?;
         let lock = self.data_lock(n);
         let _g = lock.write();
         let mut done = 0usize;
@@ -844,7 +870,7 @@ impl Fs {
         ino: Ino,
         mut f: impl FnMut(&mut Meta, &Io, u32) -> Result<()>,
     ) -> Result<()> {
-        let n = self.inner.meta.lock().ino32(ino)?;
+        let n = self.inner.geo.ino32(ino)?;
         let lock = self.data_lock(n);
         let _g = lock.write();
         self.with_meta(true, |m, io| f(m, io, n))
@@ -1455,7 +1481,7 @@ impl Inner {
 
     /// Writes lightweight mode's in-place metadata blocks home and flushes.
     fn write_in_place(&self, blocks: &[(u64, Arc<[u8]>)]) -> Result<()> {
-        let bs = u64::from(self.meta.lock().geo.block_size);
+        let bs = u64::from(self.geo.block_size);
         for (nr, b) in blocks {
             self.io.dev.write_at(nr * bs, b)?;
         }

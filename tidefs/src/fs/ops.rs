@@ -133,11 +133,7 @@ impl<'a> Piece<'a> {
 
 impl Meta {
     pub(crate) fn ino32(&self, ino: u64) -> Result<u32> {
-        if !self.geo.valid_ino(ino) {
-            return Err(FsError::NotFound);
-        }
-        // valid_ino bounds it by the inode count, a u32.
-        Ok(ino as u32)
+        self.geo.ino32(ino)
     }
 
     /// Reads an inode that must be in use.

@@ -1,0 +1,127 @@
+//! Attributes and directory entries that `lookup` and `getattr` serve without the metadata
+//! lock, so those calls never wait for a commit's write-back or for other files' writes.
+//!
+//! Invariants (docs/DESIGN.md §2.5):
+//! - an entry is added only by a caller holding the metadata lock, from the state it just
+//!   read under that lock;
+//! - every change that could make an entry wrong removes it under the same lock before the
+//!   change's operation returns: `Meta::write_inode` for attributes (the inode bytes, which
+//!   carry everything an `Attr` holds except the blocks reserved for cached data, and every
+//!   change to those reservations also writes the inode), and `dir_add`, `dir_remove`,
+//!   `dir_retarget` for names;
+//! - so a reader without the lock sees either the state before a change or no entry, never a
+//!   state that a rolled-back operation made (that operation held the lock until its
+//!   rollback, and removed the entries it touched).
+//!
+//! Only positive names are cached. The caches are bounded and simply emptied when full.
+
+use std::collections::HashMap;
+
+use parking_lot::RwLock;
+
+use super::api::Attr;
+
+/// Entries each map holds at most before it is emptied.
+const MAX_ENTRIES: usize = 64 * 1024;
+
+/// See the module documentation.
+#[derive(Default)]
+pub(crate) struct NameCache {
+    attrs: RwLock<HashMap<u32, Attr>>,
+    names: RwLock<HashMap<NameKey, u32>>,
+}
+
+/// A directory and a name in it.
+type NameKey = (u32, Box<[u8]>);
+
+impl NameCache {
+    /// The cached attributes of `ino`.
+    pub fn attr(&self, ino: u32) -> Option<Attr> {
+        self.attrs.read().get(&ino).cloned()
+    }
+
+    /// The inode `name` in directory `dir` names, if cached.
+    pub fn name(&self, dir: u32, name: &[u8]) -> Option<u32> {
+        // The key type needs an owned name; names are short.
+        self.names.read().get(&(dir, Box::from(name))).copied()
+    }
+
+    /// Caches `attr` (the caller holds the metadata lock and read it under that lock).
+    pub fn put_attr(&self, attr: &Attr) {
+        let Ok(ino) = u32::try_from(attr.ino) else {
+            return;
+        };
+        let mut a = self.attrs.write();
+        if a.len() >= MAX_ENTRIES {
+            a.clear();
+        }
+        a.insert(ino, attr.clone());
+    }
+
+    /// Caches that `name` in `dir` is `ino` (same rule as `put_attr`).
+    pub fn put_name(&self, dir: u32, name: &[u8], ino: u32) {
+        let mut n = self.names.write();
+        if n.len() >= MAX_ENTRIES {
+            n.clear();
+        }
+        n.insert((dir, Box::from(name)), ino);
+    }
+
+    /// Inode `ino` is changing.
+    pub fn forget_attr(&self, ino: u32) {
+        if self.attrs.read().contains_key(&ino) {
+            self.attrs.write().remove(&ino);
+        }
+    }
+
+    /// Entry `name` of `dir` is changing.
+    pub fn forget_name(&self, dir: u32, name: &[u8]) {
+        let key = (dir, Box::from(name));
+        if self.names.read().contains_key(&key) {
+            self.names.write().remove(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(ino: u64, size: u64) -> Attr {
+        let t = crate::fs::Timestamp::default();
+        Attr {
+            ino,
+            size,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind: crate::fs::FileKind::File,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+            generation: 0,
+        }
+    }
+
+    #[test]
+    fn entries_come_back_until_forgotten_and_the_bound_empties_the_map() {
+        let c = NameCache::default();
+        c.put_attr(&attr(5, 10));
+        c.put_name(2, b"a", 5);
+        assert_eq!(c.attr(5).map(|a| a.size), Some(10));
+        assert_eq!(c.name(2, b"a"), Some(5));
+        assert_eq!(c.name(2, b"b"), None);
+        c.forget_attr(5);
+        c.forget_name(2, b"a");
+        assert!(c.attr(5).is_none() && c.name(2, b"a").is_none());
+        for i in 0..MAX_ENTRIES as u64 + 1 {
+            c.put_attr(&attr(i + 1, 0));
+        }
+        assert!(c.attrs.read().len() <= MAX_ENTRIES);
+    }
+}
