@@ -1024,25 +1024,55 @@ impl Meta {
         len: u64,
         keep_size: bool,
     ) -> Result<()> {
-        let (mut i, end) = self.range_target(io, ino, offset, len)?;
+        let (mut i, end) = self.allocating_range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
-        if end.div_ceil(bs) > self.geo.max_file_blocks() {
-            return Err(FsError::FileTooBig);
-        }
         let mut map = self.extent_map(io, ino, &i)?.clone();
+        // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
         let missing = self.allocate_unwritten(io, ino, &mut map, first, last, 8)?;
-        map.store(self, io, ino, &mut i)?;
-        self.maps.insert(ino, map);
-        i.set_blocks_512(i.blocks_512(self.geo.block_size) + missing * (bs / 512));
-        if !keep_size && end > i.size() {
-            i.set_size(end);
-        }
+        self.store_grown_map(io, ino, &mut i, map, missing, (!keep_size).then_some(end))?;
         i.set_ctime(now());
         if !keep_size {
             i.set_mtime(now());
         }
         self.write_inode(io, ino, &mut i)
+    }
+
+    /// As [`Meta::range_target`], for an operation that allocates the range: its end must be
+    /// within the largest file size.
+    fn allocating_range_target(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Inode, u64)> {
+        let (i, end) = self.range_target(io, ino, offset, len)?;
+        if end.div_ceil(u64::from(self.geo.block_size)) > self.geo.max_file_blocks() {
+            return Err(FsError::FileTooBig);
+        }
+        Ok((i, end))
+    }
+
+    /// Stores `map`, which gained `missing` newly allocated blocks, as the map of `ino` and
+    /// counts them in `i`; grows the size to `grow_to` when given and larger.
+    fn store_grown_map(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        i: &mut Inode,
+        mut map: ExtentMap,
+        missing: u64,
+        grow_to: Option<u64>,
+    ) -> Result<()> {
+        map.store(self, io, ino, i)?;
+        self.maps.insert(ino, map);
+        let bs = self.geo.block_size;
+        i.set_blocks_512(i.blocks_512(bs) + missing * u64::from(bs / 512));
+        if let Some(end) = grow_to.filter(|&e| e > i.size()) {
+            i.set_size(end);
+        }
+        Ok(())
     }
 
     /// Checks that `ino` is a regular file for a range operation and returns it with the end
@@ -1153,25 +1183,17 @@ impl Meta {
         len: u64,
         keep_size: bool,
     ) -> Result<()> {
-        let (mut i, end) = self.range_target(io, ino, offset, len)?;
+        let (mut i, end) = self.allocating_range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
-        if end.div_ceil(bs) > self.geo.max_file_blocks() {
-            return Err(FsError::FileTooBig);
-        }
         let mut map = self.extent_map(io, ino, &i)?.clone();
-        // The bound above keeps both within u32.
+        // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
         let edges = map.clone();
         // Whole blocks become unwritten: what their pages hold is zeroed, not written back.
         self.data.drop_range(ino, offset.div_ceil(bs), end / bs);
         map.mark_unwritten_range(offset.div_ceil(bs), end / bs);
         let missing = self.allocate_unwritten(io, ino, &mut map, first, last, 4)?;
-        map.store(self, io, ino, &mut i)?;
-        self.maps.insert(ino, map);
-        i.set_blocks_512(i.blocks_512(self.geo.block_size) + missing * (bs / 512));
-        if !keep_size && end > i.size() {
-            i.set_size(end);
-        }
+        self.store_grown_map(io, ino, &mut i, map, missing, (!keep_size).then_some(end))?;
         let t = now();
         i.set_mtime(t);
         i.set_ctime(t);
