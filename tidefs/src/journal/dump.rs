@@ -225,49 +225,55 @@ const JNL_BACKUP_BLOCKS: u8 = 1;
 const I_BLOCK_LEN: usize = 60;
 
 /// Lists the log of an image's journal, read-only: its internal journal, or the external one
-/// at `journal_device`.
+/// at `journal_device`. An external journal device given as `image` is listed alone.
 pub fn dump_image(image: &Path, journal_device: Option<&Path>) -> Result<JournalDump> {
     let dev = open_read_only(image)?;
+    let jdev = journal_device.map(open_read_only).transpose()?;
+    dump(image_journal(dev, jdev).map_err(|e| match e {
+        FsError::Corrupt(c) => FsError::corrupt(format!("{}: {}", image.display(), c.what)),
+        other => other,
+    })?)
+}
+
+/// Where the journal of the image on `dev` is: its internal journal (from `s_jnl_blocks`, see
+/// the module documentation), or the external one on `journal_dev`, checked against the file
+/// system; `dev` itself when it is an external journal device. For tools and tests that read
+/// or drive an image's journal without mounting it.
+pub fn image_journal(
+    dev: Arc<dyn BlockDevice>,
+    journal_dev: Option<Arc<dyn BlockDevice>>,
+) -> Result<JournalGeometry> {
     let mut raw = vec![0u8; SUPERBLOCK_SIZE];
     if dev.len_bytes() < 1024 + SUPERBLOCK_SIZE as u64 {
-        return Err(FsError::corrupt(format!(
-            "{}: too small to hold an ext4 superblock",
-            image.display()
-        )));
+        return Err(FsError::corrupt("too small to hold an ext4 superblock"));
     }
     dev.read_at(1024, &mut raw)?;
-    let sb = Superblock::parse(&raw)
-        .map_err(|e| FsError::corrupt(format!("{}: {e}", image.display())))?;
+    let sb = Superblock::parse(&raw).map_err(|e| FsError::corrupt(e.what))?;
     if sb.feature_incompat() & incompat::JOURNAL_DEV != 0 {
-        return dump_journal_device(image);
+        return Ok(JournalGeometry::external_device(dev)?.0);
     }
     if !sb.has_compat(compat::HAS_JOURNAL) {
-        return Err(FsError::Incompatible(format!(
-            "{}: the file system has no journal (has_journal is off)",
-            image.display()
-        )));
+        return Err(FsError::Incompatible(
+            "the file system has no journal (has_journal is off)".into(),
+        ));
     }
     let bs = sb.block_size();
     if sb.journal_inum() == 0 {
-        let Some(jpath) = journal_device else {
+        let Some(jdev) = journal_dev else {
             return Err(FsError::Invalid(
                 "the image uses an external journal: pass --journal-device",
             ));
         };
-        let geom =
-            JournalGeometry::external(open_read_only(jpath)?, bs, sb.uuid(), sb.journal_uuid())?;
-        return dump(geom);
+        return JournalGeometry::external(jdev, bs, sb.uuid(), sb.journal_uuid());
     }
-    if journal_device.is_some() {
+    if journal_dev.is_some() {
         return Err(FsError::Invalid(
             "the image has an internal journal; --journal-device does not apply",
         ));
     }
     if raw[S_JNL_BACKUP_TYPE] != JNL_BACKUP_BLOCKS {
         return Err(FsError::Incompatible(format!(
-            "{}: the superblock keeps no copy of the journal inode's blocks (s_jnl_backup_type \
-             {})",
-            image.display(),
+            "the superblock keeps no copy of the journal inode's blocks (s_jnl_backup_type {})",
             raw[S_JNL_BACKUP_TYPE]
         )));
     }
@@ -278,8 +284,8 @@ pub fn dump_image(image: &Path, journal_device: Option<&Path>) -> Result<Journal
         ExtentNode::Leaf(exts) => exts,
         ExtentNode::Index { depth, .. } => {
             return Err(FsError::Incompatible(format!(
-                "the journal's extent tree has depth {depth}; dump-journal reads only journals \
-                 mapped by at most 4 extents"
+                "the journal's extent tree has depth {depth}; only journals mapped by at most \
+                 4 extents are read without mounting"
             )))
         }
     };
@@ -301,5 +307,5 @@ pub fn dump_image(image: &Path, journal_device: Option<&Path>) -> Result<Journal
             len: e.len,
         });
     }
-    dump(JournalGeometry::internal(dev, bs, runs))
+    Ok(JournalGeometry::internal(dev, bs, runs))
 }

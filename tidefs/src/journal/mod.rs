@@ -38,7 +38,8 @@ mod tests;
 
 pub use commit_log::{CommitLog, LogSpace};
 pub use dump::{
-    dump, dump_image, dump_journal_device, DumpLayout, DumpTag, DumpTxn, JournalDump, TagKind,
+    dump, dump_image, dump_journal_device, image_journal, DumpLayout, DumpTag, DumpTxn,
+    JournalDump, TagKind,
 };
 pub use log::tid_geq;
 pub use log::{
