@@ -14,20 +14,18 @@ use std::sync::Arc;
 
 use common::{output, skip, stderr, stdout, tidefs, tool};
 use tidefs::dev::{BlockDevice, FileDev};
-use tidefs::journal::{image_journal, CommitRequest, Journal, JournalOptions, RangeUpdate};
+use tidefs::journal::{image_journal, open_image, CommitRequest, JournalOptions, RangeUpdate};
 
 const BS: usize = 4096;
 
 /// Writes three transactions into the journal of `image` and crashes; returns their tids.
 fn crash_with_extension_records(image: &Path) -> Vec<u32> {
-    let dev: Arc<dyn BlockDevice> = Arc::new(FileDev::open(image, false).unwrap());
-    let geom = image_journal(dev.clone(), None).unwrap();
     let opts = JournalOptions {
-        read_only: false,
         csum_v3: true,
         tags_64bit: true,
+        ..JournalOptions::default()
     };
-    let j = Journal::open(geom, dev, opts).unwrap();
+    let j = open_image(image, None, opts).unwrap();
     j.hold_checkpoints(true);
     let mut data = vec![0u8; BS];
     data[100..109].copy_from_slice(b"RANGE-ONE");

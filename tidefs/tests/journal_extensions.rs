@@ -17,11 +17,9 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use tidefs::dev::{BlockDevice, FileDev};
 use tidefs::fs::{Creds, Fs, MountOptions, ROOT_INO};
 use tidefs::journal::{
-    dump_image, image_journal, CommitRequest, DumpLayout, Journal, JournalOptions, RangeUpdate,
-    TagKind,
+    dump_image, open_image, CommitRequest, DumpLayout, JournalOptions, RangeUpdate, TagKind,
 };
 
 const BS: usize = 4096;
@@ -97,14 +95,12 @@ fn kernel_and_e2fsck_refuse_extension_records_until_tidefs_recovers() {
     // Patch the file through the journal alone, then crash.
     let mut expect = original();
     {
-        let dev: Arc<dyn BlockDevice> = Arc::new(FileDev::open(&image, false).unwrap());
-        let geom = image_journal(dev.clone(), None).unwrap();
         let opts = JournalOptions {
-            read_only: false,
             csum_v3: true,
             tags_64bit: true,
+            ..JournalOptions::default()
         };
-        let j = Journal::open(geom, dev, opts).unwrap();
+        let j = open_image(&image, None, opts).unwrap();
         j.hold_checkpoints(true);
         for (t, commit) in patches().into_iter().enumerate() {
             let mut ranges = Vec::new();

@@ -201,20 +201,9 @@ pub fn dump(geom: JournalGeometry) -> Result<JournalDump> {
     Journal::open(geom, dev, opts)?.dump()
 }
 
-fn open_read_only(path: &Path) -> Result<Arc<dyn BlockDevice>> {
-    let dev = FileDev::open(path, true).map_err(|e| {
-        FsError::Io(std::io::Error::new(
-            e.kind(),
-            format!("{}: {e}", path.display()),
-        ))
-    })?;
-    Ok(Arc::new(dev))
-}
-
 /// Lists the log of an external journal device (made by `mke2fs -O journal_dev`), read-only.
 pub fn dump_journal_device(path: &Path) -> Result<JournalDump> {
-    let (geom, _, _) = JournalGeometry::external_device(open_read_only(path)?)?;
-    dump(geom)
+    dump_image(path, None)
 }
 
 /// `s_jnl_blocks`: the copy of the journal inode's `i_block` (and size) in the superblock.
@@ -227,12 +216,37 @@ const I_BLOCK_LEN: usize = 60;
 /// Lists the log of an image's journal, read-only: its internal journal, or the external one
 /// at `journal_device`. An external journal device given as `image` is listed alone.
 pub fn dump_image(image: &Path, journal_device: Option<&Path>) -> Result<JournalDump> {
-    let dev = open_read_only(image)?;
-    let jdev = journal_device.map(open_read_only).transpose()?;
-    dump(image_journal(dev, jdev).map_err(|e| match e {
+    let opts = JournalOptions {
+        read_only: true,
+        ..JournalOptions::default()
+    };
+    open_image(image, journal_device, opts)?.dump()
+}
+
+/// Opens the journal of an image without mounting it ([`image_journal`]), for tools and tests
+/// that read or drive the journal directly; home blocks go to the image. Read-write unless
+/// `opts.read_only`. Nothing is replayed.
+pub fn open_image(
+    image: &Path,
+    journal_device: Option<&Path>,
+    opts: JournalOptions,
+) -> Result<Journal> {
+    let open = |p: &Path| -> Result<Arc<dyn BlockDevice>> {
+        let dev = FileDev::open(p, opts.read_only).map_err(|e| {
+            FsError::Io(std::io::Error::new(
+                e.kind(),
+                format!("{}: {e}", p.display()),
+            ))
+        })?;
+        Ok(Arc::new(dev))
+    };
+    let dev = open(image)?;
+    let jdev = journal_device.map(open).transpose()?;
+    let geom = image_journal(dev.clone(), jdev).map_err(|e| match e {
         FsError::Corrupt(c) => FsError::corrupt(format!("{}: {}", image.display(), c.what)),
         other => other,
-    })?)
+    })?;
+    Journal::open(geom, dev, opts)
 }
 
 /// Where the journal of the image on `dev` is: its internal journal (from `s_jnl_blocks`, see

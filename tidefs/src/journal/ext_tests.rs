@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::dev::{BlockDevice, CountingDevice, MemDev};
-use crate::format::jbd2::superblock::{JournalSuperblock, MAX_USERS, SUPERBLOCK_SIZE};
+use crate::format::jbd2::superblock::{JournalSuperblock, SUPERBLOCK_SIZE};
 use crate::format::jbd2::{INCOMPAT_CSUM_V3, INCOMPAT_TIDEFS_EXT};
 
 const BS: u32 = 4096;
@@ -55,27 +55,9 @@ struct Rig {
 impl Rig {
     fn new(len: u32) -> Rig {
         let dev = Arc::new(MemDev::new((FS_BLOCKS * u64::from(BS)) as usize));
-        let sb = JournalSuperblock {
-            v2: true,
-            block_size: BS,
-            len_blocks: len,
-            first_log_block: 1,
-            sequence: 1,
-            start_block: 0,
-            errno: 0,
-            feature_compat: 0,
-            feature_incompat: 0,
-            feature_ro_compat: 0,
-            uuid: [0x5A; 16],
-            nr_users: 1,
-            dynsuper: 0,
-            max_transaction: 0,
-            max_trans_data: 0,
-            checksum_type: 0,
-            num_fc_blocks: 0,
-            head_block: 0,
-            users: [[0; 16]; MAX_USERS],
-        };
+        let mut sb = super::tests::fresh_sb(len, 0, 0);
+        sb.block_size = BS;
+        sb.uuid = [0x5A; 16];
         let mut raw = vec![0u8; SUPERBLOCK_SIZE];
         sb.write(&mut raw);
         dev.write_at(J1 * u64::from(BS), &raw).unwrap();

@@ -38,7 +38,7 @@ mod tests;
 
 pub use commit_log::{CommitLog, LogSpace};
 pub use dump::{
-    dump, dump_image, dump_journal_device, image_journal, DumpLayout, DumpTag, DumpTxn,
+    dump, dump_image, dump_journal_device, image_journal, open_image, DumpLayout, DumpTag, DumpTxn,
     JournalDump, TagKind,
 };
 pub use log::tid_geq;

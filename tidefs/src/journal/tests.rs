@@ -28,7 +28,8 @@ struct Rig {
     extents: Vec<JournalExtent>,
 }
 
-fn fresh_sb(len: u32, compat: u32, incompat: u32) -> JournalSuperblock {
+/// A fresh journal superblock of `len` 1 KiB blocks (an empty log).
+pub(super) fn fresh_sb(len: u32, compat: u32, incompat: u32) -> JournalSuperblock {
     JournalSuperblock {
         v2: true,
         block_size: BS,
