@@ -21,7 +21,7 @@
 //! head never moves back; the next commit continues the circular log from it.
 //!
 //! Invariants:
-//! - `used` (the sum of the live transactions' lengths) never exceeds the log capacity
+//! - `used` (the sum of the blocks the live transactions opened) never exceeds the log capacity
 //!   `s_maxlen - s_first`, so the head never overwrites a live block; it shrinks only after the
 //!   superblock naming the new tail is durable;
 //! - every journal block holding transactions starts with one at offset 0, and the tail is a
@@ -35,8 +35,10 @@
 //! - the superblock on disk says `s_start = 0` exactly when no live transaction exists on disk
 //!   (it is written with `s_start != 0` before the first block of a transaction on an empty
 //!   log, and with 0 only after every live block is durable at home);
-//! - a commit record is written only after the transaction's body, the superblock (if
-//!   rewritten) and the home device have been flushed;
+//! - a commit block is written only after the transaction's body, the superblock (if
+//!   rewritten) and the home device have been flushed; a compact commit (its own body, under
+//!   its own checksum) only after the superblock, if rewritten, is durable and, when ordered
+//!   data went home for it, the home device has been flushed;
 //! - `pending` holds, for each home block, the newest copy committed and not yet written home;
 //!   a block enters only once its commit is durable and leaves only once a copy at least as new
 //!   is durable at home or a later durable commit revoked it;
