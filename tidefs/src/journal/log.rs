@@ -374,8 +374,10 @@ pub struct CommitRequest {
 /// The caller's contract: replay of the log onto the home device yields that previous
 /// version, so patching it with `ranges` yields `data`. This does not hold for a freshly
 /// allocated block (its home content is whatever was there) nor for a block written home in
-/// place after the log recorded it (unless this transaction revokes it): those go in
-/// [`CommitRequest::blocks`].
+/// place after the log recorded it: those go in [`CommitRequest::blocks`]. (A range update of
+/// a block this same request revokes is logged whole, which is always safe.) The ranges must
+/// be non-empty, sorted, disjoint and inside the block, or the commit fails with `Invalid`; an
+/// update without ranges logs nothing.
 #[derive(Clone, Debug)]
 pub struct RangeUpdate {
     /// Home block number on the fs device.
@@ -839,8 +841,8 @@ impl JournalCore {
     ///
     /// The records: every block of `req.blocks` whole; each [`RangeUpdate`] as a byte-range
     /// record when that is small (its entry, header and range list included, below half a
-    /// block), else whole; a home block named twice is logged whole; revokes of blocks not
-    /// logged. A transaction of range records and revokes that fits in one journal block is
+    /// block), else whole; a home block named twice, or also revoked, is logged whole; revokes
+    /// of blocks not logged. A transaction of range records and revokes that fits in one journal block is
     /// written as a compact commit; any other in the block layout.
     ///
     /// Block layout order: (if the log was empty, the journal superblock with
@@ -1093,6 +1095,7 @@ impl JournalCore {
             }
             ranged.remove(&home);
         }
+        let revoking: std::collections::HashSet<u64> = req.revoked.iter().copied().collect();
         for r in req.ranges {
             if r.data.len() != bs {
                 return Err(FsError::Invalid(
@@ -1101,14 +1104,16 @@ impl JournalCore {
             }
             check_ranges(&r.ranges, bs)?;
             #[cfg(debug_assertions)]
-            self.check_range_update(&r);
+            if !revoking.contains(&r.home) {
+                self.check_range_update(&r);
+            }
             if r.ranges.is_empty() && !content.contains_key(&r.home) {
                 // Nothing changed since the previous committed version.
                 continue;
             }
             if content.insert(r.home, r.data).is_none() {
                 order.push(r.home);
-                if range_entry_len(&r.ranges) < bs / 2 {
+                if range_entry_len(&r.ranges) < bs / 2 && !revoking.contains(&r.home) {
                     ranged.insert(r.home, r.ranges);
                 }
             } else {
