@@ -9,6 +9,7 @@ mod bench;
 mod control;
 mod crashtest;
 mod demo;
+mod dump_journal;
 mod fsck;
 mod fuse_adapter;
 mod helper;
@@ -85,6 +86,8 @@ enum Command {
         /// The image file or block device.
         image: PathBuf,
     },
+    /// List the transactions in an image's journal, as recovery would replay them.
+    DumpJournal(dump_journal::DumpJournalArgs),
     /// Mount an image with FUSE (in the background unless -f).
     Mount {
         /// Stay in the foreground (serve until unmounted).
@@ -324,6 +327,7 @@ fn run(command: Command) -> Result<u8, CliError> {
             })?;
             Ok(0)
         }
+        Command::DumpJournal(args) => dump_journal::run(args),
         Command::Umount { mountpoint } => {
             umount(&mountpoint)?;
             Ok(0)

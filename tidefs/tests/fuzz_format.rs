@@ -20,7 +20,7 @@ use tidefs::format::ext4::inode::Inode;
 use tidefs::format::ext4::superblock::Superblock;
 use tidefs::format::ext4::xattr::{self, Xattr};
 use tidefs::format::jbd2::{
-    BlockHeader, CommitBlock, DescriptorBlock, JournalSuperblock, RevokeBlock, TagFormat,
+    ext, BlockHeader, CommitBlock, DescriptorBlock, JournalSuperblock, RevokeBlock, TagFormat,
 };
 use tidefs::fs::{Creds, Fs, MountOptions, XattrSetMode, ROOT_INO};
 
@@ -126,6 +126,9 @@ fn parse_everything(bytes: &[u8]) {
         let _ = DescriptorBlock::parse(bytes, format);
         let _ = RevokeBlock::parse(bytes, format);
     }
+    let _ = ext::parse_compact(bytes, 1, 0, 4096);
+    let _ = ext::parse_ranges_block(bytes, 1, 0);
+    let _ = ext::parse_entries(bytes, 3, 4096);
 }
 
 proptest! {
@@ -140,7 +143,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_behind_a_magic_never_panic(
         bytes in proptest::collection::vec(any::<u8>(), 0..5000),
-        magic in 0usize..8,
+        magic in 0usize..10,
     ) {
         let mut bytes = bytes;
         let plant: &[(usize, &[u8])] = match magic {
@@ -151,6 +154,9 @@ proptest! {
             4 => &[(0, &[0xC0, 0x3B, 0x39, 0x98]), (4, &[0, 0, 0, 5])],
             5 => &[(0, &[0x00, 0x00, 0x02, 0xEA]), (8, &[1, 0, 0, 0])],
             6 => &[(0x38, &[0x53, 0xEF])],
+            // tidefs's compact commit and range block, tid 0 (sector shift 9).
+            7 => &[(0, &[0xC0, 0x3B, 0x39, 0x98, 0x74, 0x64, 0, 1, 0, 0, 0, 0]), (0x0E, &[9, 0])],
+            8 => &[(0, &[0xC0, 0x3B, 0x39, 0x98, 0x74, 0x64, 0, 2, 0, 0, 0, 0])],
             _ => &[(0, &[0, 0, 0, 0]), (4, &[0, 0x10])],
         };
         for (at, v) in plant {

@@ -73,7 +73,9 @@ pub trait CommitLog: Send + Sync {
     fn device_runs(&self) -> Vec<(u64, u64)>;
     /// True when replay might still write a copy of `home_block` that the log holds (a live
     /// transaction recorded it). A caller writing the block home in place outside the log
-    /// must then revoke it in its transaction. May answer true when unsure.
+    /// must then revoke it in its transaction. May answer true when unsure; the jbd2 journal
+    /// answers exactly (a live transaction logged it, full or as ranges, and no later live
+    /// transaction revoked it).
     fn is_logged(&self, home_block: u64) -> bool;
     /// Stops all background work for good (the file system stops as at a power cut): from
     /// then on the log writes only when called.

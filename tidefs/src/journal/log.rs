@@ -4,7 +4,10 @@
 //! The log is the circular area `[s_first, s_maxlen)` of journal blocks. Live transactions (committed,
 //! not yet checkpointed) occupy the run from the tail (`s_start` on disk, the first block of the
 //! oldest live transaction) to the head (where the next transaction goes), wrapping at
-//! `s_maxlen` back to `s_first`:
+//! `s_maxlen` back to `s_first`. The head is a block and a byte offset in it: compact commits
+//! (docs/DESIGN.md §4.5a) share a block at successive sector offsets, while a block-layout
+//! transaction always starts at a block boundary. Space is counted in blocks: a block is used
+//! while any transaction in it is live.
 //!
 //! ```text
 //!   no wrap:  first [ free | tail ==live== head | free ] maxlen
@@ -18,14 +21,24 @@
 //! head never moves back; the next commit continues the circular log from it.
 //!
 //! Invariants:
-//! - `used` (the sum of the live transactions' lengths) never exceeds the log capacity
+//! - `used` (the sum of the blocks the live transactions opened) never exceeds the log capacity
 //!   `s_maxlen - s_first`, so the head never overwrites a live block; it shrinks only after the
 //!   superblock naming the new tail is durable;
+//! - every journal block holding transactions starts with one at offset 0, and the tail is a
+//!   block: a transaction that shares the tail block with a live one stays live (listed in
+//!   `live`, replayable, `is_logged`) even once checkpointed, so `s_sequence` is always the tid
+//!   at offset 0 of the tail block; when the log empties, the head moves to the next block
+//!   boundary, so no retired transaction is ever replayed again;
+//! - the incompat bit `INCOMPAT_TIDEFS_EXT` is on in the on-disk superblock (durably) before any
+//!   extension record is written, and is cleared with the tail write that retires the last live
+//!   transaction holding one;
 //! - the superblock on disk says `s_start = 0` exactly when no live transaction exists on disk
 //!   (it is written with `s_start != 0` before the first block of a transaction on an empty
 //!   log, and with 0 only after every live block is durable at home);
-//! - a commit record is written only after the transaction's body, the superblock (if
-//!   rewritten) and the home device have been flushed;
+//! - a commit block is written only after the transaction's body, the superblock (if
+//!   rewritten) and the home device have been flushed; a compact commit (its own body, under
+//!   its own checksum) only after the superblock, if rewritten, is durable and, when ordered
+//!   data went home for it, the home device has been flushed;
 //! - `pending` holds, for each home block, the newest copy committed and not yet written home;
 //!   a block enters only once its commit is durable and leaves only once a copy at least as new
 //!   is durable at home or a later durable commit revoked it;
@@ -54,13 +67,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::records::{Jbd2BlockLayout, Record};
+use super::records::{range_entry_len, Jbd2BlockLayout, Record};
 use crate::dev::{sector_span, BlockDevice};
 use crate::error::{FsError, Result};
 use crate::format::jbd2::{
     check_incompat, csum_seed, superblock::SUPERBLOCK_SIZE, JournalSuperblock, TagFormat,
     CHKSUM_CRC32C, COMPAT_CHECKSUM, INCOMPAT_64BIT, INCOMPAT_CSUM_V2, INCOMPAT_CSUM_V3,
-    INCOMPAT_FAST_COMMIT, INCOMPAT_REVOKE,
+    INCOMPAT_FAST_COMMIT, INCOMPAT_REVOKE, INCOMPAT_TIDEFS_EXT,
 };
 use crate::format::{le16, le32};
 
@@ -140,6 +153,39 @@ impl JournalGeometry {
         fs_uuid: [u8; 16],
         fs_journal_uuid: [u8; 16],
     ) -> Result<Self> {
+        let (geom, sb, dev_uuid) = Self::external_device(dev)?;
+        if geom.block_size != fs_block_size {
+            return Err(FsError::Incompatible(format!(
+                "external journal block size {} differs from the file system's \
+                 {fs_block_size}",
+                geom.block_size
+            )));
+        }
+        if fs_journal_uuid != [0; 16] && fs_journal_uuid != dev_uuid {
+            return Err(FsError::corrupt(format!(
+                "external journal {} is not the journal the file system names ({})",
+                uuid_string(&dev_uuid),
+                uuid_string(&fs_journal_uuid)
+            )));
+        }
+        if !sb.user_uuids().contains(&fs_uuid) {
+            return Err(FsError::Incompatible(format!(
+                "external journal {} does not list file system {} among its {} user(s)",
+                uuid_string(&dev_uuid),
+                uuid_string(&fs_uuid),
+                sb.user_uuids().len()
+            )));
+        }
+        Ok(geom)
+    }
+
+    /// An external journal device on its own, without a file system to check it against (for
+    /// reading it, as `tidefs dump-journal --journal-device` does): the device's ext4 and jbd2
+    /// superblocks, their block sizes and UUIDs, and `s_maxlen` checked. Returns the geometry,
+    /// the jbd2 superblock and the device's UUID.
+    pub fn external_device(
+        dev: Arc<dyn BlockDevice>,
+    ) -> Result<(Self, JournalSuperblock, [u8; 16])> {
         let mut ext4 = vec![0u8; 1024];
         dev.read_at(EXT4_SB_OFFSET, &mut ext4)?;
         if le16(&ext4, EXT4_S_MAGIC) != EXT4_MAGIC {
@@ -153,39 +199,26 @@ impl JournalGeometry {
             ));
         }
         let log = le32(&ext4, EXT4_S_LOG_BLOCK_SIZE);
-        let dev_block_size = 1024u32
+        let block_size = 1024u32
             .checked_shl(log)
             .filter(|&b| b <= 65536)
             .ok_or_else(|| {
                 FsError::corrupt(format!("external journal: bad s_log_block_size {log}"))
             })?;
-        if dev_block_size != fs_block_size {
-            return Err(FsError::Incompatible(format!(
-                "external journal block size {dev_block_size} differs from the file system's \
-                 {fs_block_size}"
-            )));
-        }
-        let sb_block: u32 = if fs_block_size == 1024 { 2 } else { 1 };
+        let sb_block: u32 = if block_size == 1024 { 2 } else { 1 };
         let mut jsb = vec![0u8; SUPERBLOCK_SIZE];
-        dev.read_at(u64::from(sb_block) * u64::from(fs_block_size), &mut jsb)?;
+        dev.read_at(u64::from(sb_block) * u64::from(block_size), &mut jsb)?;
         let sb = JournalSuperblock::parse(&jsb)
             .map_err(|e| FsError::corrupt(format!("external journal superblock: {e}")))?;
-        if sb.block_size != fs_block_size {
+        if sb.block_size != block_size {
             return Err(FsError::Incompatible(format!(
-                "external journal superblock block size {} differs from the file system's \
-                 {fs_block_size}",
+                "external journal superblock block size {} differs from its device's \
+                 {block_size}",
                 sb.block_size
             )));
         }
         let mut dev_uuid = [0u8; 16];
         dev_uuid.copy_from_slice(&ext4[EXT4_S_UUID..EXT4_S_UUID + 16]);
-        if fs_journal_uuid != [0; 16] && fs_journal_uuid != dev_uuid {
-            return Err(FsError::corrupt(format!(
-                "external journal {} is not the journal the file system names ({})",
-                uuid_string(&dev_uuid),
-                uuid_string(&fs_journal_uuid)
-            )));
-        }
         if sb.uuid != dev_uuid {
             return Err(FsError::corrupt(format!(
                 "external journal superblock UUID {} differs from its device's UUID {}",
@@ -193,15 +226,7 @@ impl JournalGeometry {
                 uuid_string(&dev_uuid)
             )));
         }
-        if !sb.user_uuids().contains(&fs_uuid) {
-            return Err(FsError::Incompatible(format!(
-                "external journal {} does not list file system {} among its {} user(s)",
-                uuid_string(&dev_uuid),
-                uuid_string(&fs_uuid),
-                sb.user_uuids().len()
-            )));
-        }
-        let dev_blocks = dev.len_bytes() / u64::from(fs_block_size);
+        let dev_blocks = dev.len_bytes() / u64::from(block_size);
         if u64::from(sb.len_blocks) > dev_blocks {
             return Err(FsError::corrupt(format!(
                 "external journal: s_maxlen {} is larger than the device ({dev_blocks} blocks)",
@@ -214,15 +239,16 @@ impl JournalGeometry {
                 sb.len_blocks
             ))
         })?;
-        Ok(JournalGeometry {
+        let geom = JournalGeometry {
             dev,
-            block_size: fs_block_size,
+            block_size,
             extents: vec![JournalExtent {
                 logical_start: sb_block,
                 device_block: u64::from(sb_block),
                 len,
             }],
-        })
+        };
+        Ok((geom, sb, dev_uuid))
     }
 
     /// The journal block holding the journal superblock: the lowest mapped block.
@@ -348,8 +374,10 @@ pub struct CommitRequest {
 /// The caller's contract: replay of the log onto the home device yields that previous
 /// version, so patching it with `ranges` yields `data`. This does not hold for a freshly
 /// allocated block (its home content is whatever was there) nor for a block written home in
-/// place after the log recorded it (unless this transaction revokes it): those go in
-/// [`CommitRequest::blocks`].
+/// place after the log recorded it: those go in [`CommitRequest::blocks`]. (A range update of
+/// a block this same request revokes is logged whole, which is always safe.) The ranges must
+/// be non-empty, sorted, disjoint and inside the block, or the commit fails with `Invalid`; an
+/// update without ranges logs nothing.
 #[derive(Clone, Debug)]
 pub struct RangeUpdate {
     /// Home block number on the fs device.
@@ -382,6 +410,12 @@ pub struct JournalStats {
     pub home_bytes_checkpointed: u64,
     /// Times a commit found the log full and waited for a checkpoint.
     pub commits_waited_for_checkpoint: u64,
+    /// Transactions written as one compact commit.
+    pub compact_commits: u64,
+    /// Byte-range records logged.
+    pub range_records: u64,
+    /// Bytes of the ranges logged (the new bytes, without record headers).
+    pub range_bytes: u64,
 }
 
 /// A committed transaction whose blocks may not yet be home.
@@ -389,8 +423,16 @@ pub struct JournalStats {
 #[cfg_attr(not(debug_assertions), allow(dead_code))]
 pub(super) struct LiveTxn {
     pub tid: Tid,
+    /// Journal block where it starts.
     pub start: u32,
+    /// Byte offset in `start` where it starts (non-zero only for a compact commit).
+    pub start_off: u32,
+    /// Blocks it opened (counted in `used`): 0 for a compact commit in a block already in use.
     pub len: u32,
+    /// It holds extension records (byte ranges, or it is a compact commit).
+    pub ext: bool,
+    /// The head after it: (block, byte offset).
+    pub end: (u32, u32),
 }
 
 /// The newest committed copy of a home block.
@@ -407,8 +449,11 @@ pub(super) struct LogState {
     pub sb: JournalSuperblock,
     /// How transactions are serialised; changes only when features change on an empty log. [log]
     pub layout: Jbd2BlockLayout,
-    /// Where the next transaction starts. [log]
+    /// The block where the next transaction goes. [log]
     pub head: u32,
+    /// Byte offset in `head` where the next compact commit may go (a multiple of the sector
+    /// size; 0 = the block is fresh). [log]
+    pub head_off: u32,
     /// Committed, not checkpointed transactions, oldest first. [log]
     pub live: VecDeque<LiveTxn>,
     /// Set by the first failed write or flush; never cleared. [log]
@@ -488,6 +533,10 @@ pub struct JournalCore {
     pub(super) cp_batch: Mutex<()>,
     /// [pending] newest committed copies not yet home.
     pub(super) pending: RwLock<HashMap<u64, PendingCopy>>,
+    /// [logged] home block → tid of the newest live transaction that logged it (full or
+    /// range) and that no later live transaction revoked: what `is_logged` answers from.
+    /// Updated under `log`; taken after it and never across I/O.
+    pub(super) logged: Mutex<HashMap<u64, Tid>>,
     /// Mirror of the live transactions' total length, readable without `log`.
     pub(super) used: AtomicU32,
     /// Tid the next commit gets. Changes under `log`.
@@ -521,6 +570,21 @@ pub(super) fn layout_for(sb: &JournalSuperblock) -> Jbd2BlockLayout {
         block_size: usize::try_from(sb.block_size).unwrap_or(usize::MAX),
         compat_checksum: sb.feature_compat & COMPAT_CHECKSUM != 0 && !format.csum.has_tail(),
     }
+}
+
+/// Checks a range list: sorted, disjoint, non-empty ranges inside a `bs`-byte block.
+fn check_ranges(ranges: &[(u32, u32)], bs: usize) -> Result<()> {
+    let mut end = 0usize;
+    for &(off, len) in ranges {
+        let (off, len) = (off as usize, len as usize);
+        if len == 0 || off < end || off + len > bs {
+            return Err(FsError::Invalid(
+                "range update: ranges must be non-empty, sorted, disjoint and inside the block",
+            ));
+        }
+        end = off + len;
+    }
+    Ok(())
 }
 
 fn io_abort(state: &mut LogState, e: impl Into<FsError>) -> FsError {
@@ -575,6 +639,7 @@ impl Journal {
             log: Mutex::new(LogState {
                 layout: layout_for(&sb),
                 head: sb.first_log_block,
+                head_off: 0,
                 live: VecDeque::new(),
                 aborted: false,
                 features_ready: false,
@@ -584,6 +649,7 @@ impl Journal {
             home,
             opts,
             pending: RwLock::new(HashMap::new()),
+            logged: Mutex::new(HashMap::new()),
             used: AtomicU32::new(0),
             next_tid: AtomicU32::new(next_tid),
             needs_recovery: AtomicBool::new(needs_recovery),
@@ -609,7 +675,8 @@ impl JournalCore {
         state.features_ready = true;
         let sb = &mut state.sb;
         let before = sb.clone();
-        let mut incompat = sb.feature_incompat | INCOMPAT_REVOKE;
+        // The extension bit of an empty log guards nothing.
+        let mut incompat = (sb.feature_incompat | INCOMPAT_REVOKE) & !INCOMPAT_TIDEFS_EXT;
         if self.opts.csum_v3 {
             incompat = (incompat | INCOMPAT_CSUM_V3) & !INCOMPAT_CSUM_V2;
             sb.feature_compat &= !COMPAT_CHECKSUM;
@@ -665,21 +732,38 @@ impl JournalCore {
         assert!(used <= self.capacity());
         for pair in state.live.iter().zip(state.live.iter().skip(1)) {
             assert_eq!(pair.0.tid.wrapping_add(1), pair.1.tid);
-            assert_eq!(self.advance(pair.0.start, pair.0.len), pair.1.start);
+            let (b, off) = pair.0.end;
+            let next_boundary = if off == 0 { b } else { self.advance(b, 1) };
+            assert!(
+                (pair.1.start == next_boundary && pair.1.start_off == 0)
+                    || (pair.1.start == b && pair.1.start_off == off && pair.1.len == 0),
+                "transaction {} does not follow {}",
+                pair.1.tid,
+                pair.0.tid
+            );
         }
+        let ext = state.live.iter().any(|t| t.ext);
+        assert_eq!(state.sb.feature_incompat & INCOMPAT_TIDEFS_EXT != 0, ext);
         if let Some(last) = state.live.back() {
-            assert_eq!(self.advance(last.start, last.len), state.head);
+            let front = state.live.front().map_or(last.tid, |t| t.tid);
+            assert_eq!(last.end, (state.head, state.head_off));
             assert_eq!(
                 last.tid.wrapping_add(1),
                 self.next_tid.load(Ordering::Acquire)
             );
             assert_eq!(
-                state.live.front().map(|t| t.start),
-                Some(state.sb.start_block)
+                state.live.front().map(|t| (t.start, t.tid)),
+                Some((state.sb.start_block, state.sb.sequence))
             );
             for p in self.pending.read().values() {
-                assert!(last.tid.wrapping_sub(p.tid) < self.capacity());
+                assert!(tid_geq(p.tid, front) && tid_geq(last.tid, p.tid));
             }
+            for t in self.logged.lock().values() {
+                assert!(tid_geq(*t, front) && tid_geq(last.tid, *t));
+            }
+        } else {
+            assert_eq!(state.head_off, 0);
+            assert!(self.logged.lock().is_empty());
         }
     }
 
@@ -753,12 +837,26 @@ impl JournalCore {
         self.needs_recovery.load(Ordering::Acquire)
     }
 
-    /// Writes one transaction and returns its tid once durable. Order: (if the log was empty,
-    /// the journal superblock with `s_start`/`s_sequence`), descriptor block(s) with tags and
-    /// escaped copies, the block copies, revoke block(s), then one flush of `home` and the
-    /// journal device (the ordering point that makes the body, and ordered-mode data already
-    /// written home, durable before the commit record), then the commit block as a durable
-    /// write. An internal journal thus costs a flush before the commit block and one after it.
+    /// Writes one transaction and returns its tid once durable.
+    ///
+    /// The records: every block of `req.blocks` whole; each [`RangeUpdate`] as a byte-range
+    /// record when that is small (its entry, header and range list included, below half a
+    /// block), else whole; a home block named twice, or also revoked, is logged whole; revokes
+    /// of blocks not logged. A transaction of range records and revokes that fits in one journal block is
+    /// written as a compact commit; any other in the block layout.
+    ///
+    /// Block layout order: (if the log was empty, the journal superblock with
+    /// `s_start`/`s_sequence`), descriptor block(s) with tags and escaped copies, the block
+    /// copies, range blocks, revoke block(s), then one flush of `home` and the journal device
+    /// (the ordering point that makes the body, and ordered-mode data already written home,
+    /// durable before the commit record), then the commit block as a durable write. An internal
+    /// journal thus costs a flush before the commit block and one after it.
+    ///
+    /// Compact commit: the home device is flushed first only when `req.data_written_home`;
+    /// then the record is written as one durable write (its checksum covers all of it, so no
+    /// flush is needed before it). When it is the first extension record since the log was
+    /// last empty of them, the superblock with the `INCOMPAT_TIDEFS_EXT` bit is made durable
+    /// before it.
     ///
     /// If the log lacks room, waits for a checkpoint (running one itself if none is running);
     /// that is the only time a commit waits for checkpoint I/O, besides one batch of home
@@ -768,40 +866,28 @@ impl JournalCore {
     pub fn commit(&self, req: CommitRequest) -> Result<Tid> {
         let _gate = self.commit_gate.lock();
         let bs = usize::try_from(self.geom.block_size).unwrap_or(usize::MAX);
-        // Newest content per home block, in first-seen order.
-        let mut order: Vec<u64> = Vec::with_capacity(req.blocks.len());
-        let mut content: HashMap<u64, Arc<[u8]>> = HashMap::with_capacity(req.blocks.len());
-        // Byte ranges are logged as whole blocks (always correct; denser records come later).
-        let ranged = req.ranges.into_iter().map(|r| (r.home, r.data));
-        for (home, data) in req.blocks.into_iter().chain(ranged) {
-            if data.len() != bs {
-                return Err(FsError::Invalid(
-                    "commit block content is not one block long",
-                ));
-            }
-            if content.insert(home, data).is_none() {
-                order.push(home);
-            }
-        }
-        let mut revoked: Vec<u64> = req
-            .revoked
-            .into_iter()
-            .filter(|h| !content.contains_key(h))
-            .collect();
-        revoked.sort_unstable();
-        revoked.dedup();
+        let data_written_home = req.data_written_home;
+        let (records, revoked) = self.records_of(req, bs)?;
+        let ext = records.iter().any(Record::is_extension);
         let home_blocks = self.home.len_bytes() / u64::from(self.geom.block_size);
+        let sector = usize::try_from(self.geom.dev.sector_size()).unwrap_or(0);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let now = (now.as_secs(), now.subsec_nanos());
+        let tid = self.next_tid.load(Ordering::Acquire);
         let mut state = self.log.lock();
         // Bounded: with `commit_gate` held no other commit adds to the log, and a checkpoint
-        // started after any running one has finished retires every live transaction.
+        // started after any running one retires every live transaction.
         let mut attempts = 0;
-        let (records, needed) = loop {
+        let (compact, start, start_off, needed) = loop {
             self.check_writable(&state)?;
             if !state.features_ready && state.live.is_empty() {
                 self.enable_features(&mut state)?;
             }
             let bits64 = state.layout.format.bits64;
-            for &h in order.iter().chain(&revoked) {
+            for r in &records {
+                let h = r.home();
                 if h >= home_blocks {
                     return Err(FsError::Invalid(
                         "commit names a block past the end of the device",
@@ -813,20 +899,33 @@ impl JournalCore {
                     ));
                 }
             }
-            let mut records: Vec<Record> = order
-                .iter()
-                .map(|h| Record::FullBlock {
-                    home: *h,
-                    data: Arc::clone(&content[h]),
-                })
-                .collect();
-            records.extend(revoked.iter().map(|&home| Record::Revoke { home }));
-            let needed = u32::try_from(state.layout.blocks_needed(&records)).unwrap_or(u32::MAX);
+            let compact = state.layout.compact(tid, &records, sector, now);
+            // A fresh block: the head's, or the next one when the head block is partly used.
+            let boundary = if state.head_off == 0 {
+                state.head
+            } else {
+                self.advance(state.head, 1)
+            };
+            let (start, start_off, needed) = match &compact {
+                Some(c)
+                    if state.head_off > 0
+                        && !state.live.is_empty()
+                        && state.head_off as usize + c.len() <= bs =>
+                {
+                    (state.head, state.head_off, 0)
+                }
+                Some(_) => (boundary, 0, 1),
+                None => (
+                    boundary,
+                    0,
+                    u32::try_from(state.layout.blocks_needed(&records)).unwrap_or(u32::MAX),
+                ),
+            };
             if needed > self.capacity() {
                 return Err(FsError::Invalid("transaction larger than the journal"));
             }
             if needed <= self.capacity() - self.used.load(Ordering::Acquire) {
-                break (records, needed);
+                break (compact, start, start_off, needed);
             }
             attempts += 1;
             if attempts > 2 {
@@ -839,43 +938,52 @@ impl JournalCore {
             self.checkpoint()?;
             state = self.log.lock();
         };
-        let tid = self.next_tid.load(Ordering::Acquire);
+        let ext = ext || compact.is_some();
+        let set_bit = ext && state.sb.feature_incompat & INCOMPAT_TIDEFS_EXT == 0;
         if state.live.is_empty() {
-            state.sb.start_block = state.head;
+            state.sb.start_block = start;
             state.sb.sequence = tid;
+        }
+        if set_bit {
+            // Durable before the first extension record: a crash never leaves one in a log
+            // the kernel or e2fsck would replay.
+            state.sb.feature_incompat |= INCOMPAT_TIDEFS_EXT;
+            self.write_sb_durable(&mut state)?;
+        } else if state.live.is_empty() {
             self.write_sb(&mut state)?;
         }
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let txn = state
-            .layout
-            .serialize(tid, &records, (now.as_secs(), now.subsec_nanos()));
-        let start = state.head;
-        let positioned: Vec<(u32, &[u8])> = txn
-            .body
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (self.advance(start, u32::try_from(i).unwrap_or(0)), &b[..]))
-            .collect();
-        let body_bytes = match self.geom.write_blocks(&positioned) {
-            Ok(n) => n,
-            Err(e) => return Err(io_abort(&mut state, e)),
+        let (written, end) = match &compact {
+            Some(rec) => {
+                if data_written_home {
+                    self.flush_home_dev().map_err(|e| io_abort(&mut state, e))?;
+                }
+                let off = self.geom.offset_of(start)? + u64::from(start_off);
+                if let Err(e) = self.geom.dev.write_durable(off, rec) {
+                    return Err(io_abort(&mut state, e));
+                }
+                let end_off = start_off + u32::try_from(rec.len()).unwrap_or(u32::MAX);
+                let end = if end_off as usize >= bs {
+                    (self.advance(start, 1), 0)
+                } else {
+                    (start, end_off)
+                };
+                (self.geom.received(&[(off, &rec[..])]), end)
+            }
+            None => {
+                let n = self.write_block_layout(&mut state, tid, &records, start, now)?;
+                (n, (self.advance(start, needed), 0))
+            }
         };
-        self.flush_both(&mut state)?;
-        let body_len = u32::try_from(txn.body.len()).unwrap_or(u32::MAX);
-        let commit_pos = self.advance(start, body_len);
-        let commit_off = self.geom.offset_of(commit_pos)?;
-        if let Err(e) = self.geom.dev.write_durable(commit_off, &txn.commit) {
-            return Err(io_abort(&mut state, e));
-        }
         // Durable: account for it.
         state.live.push_back(LiveTxn {
             tid,
             start,
+            start_off,
             len: needed,
+            ext,
+            end,
         });
-        state.head = self.advance(start, needed);
+        (state.head, state.head_off) = end;
         self.used.fetch_add(needed, Ordering::AcqRel);
         self.next_tid.store(tid.wrapping_add(1), Ordering::Release);
         let mut revoked_pending = false;
@@ -884,14 +992,27 @@ impl JournalCore {
             for h in &revoked {
                 revoked_pending |= pending.remove(h).is_some();
             }
-            for h in &order {
-                pending.insert(
-                    *h,
-                    PendingCopy {
-                        tid,
-                        data: Arc::clone(&content[h]),
-                    },
-                );
+            for r in &records {
+                if let Record::FullBlock { home, data } | Record::Range { home, data, .. } = r {
+                    pending.insert(
+                        *home,
+                        PendingCopy {
+                            tid,
+                            data: Arc::clone(data),
+                        },
+                    );
+                }
+            }
+        }
+        {
+            let mut logged = self.logged.lock();
+            for h in &revoked {
+                logged.remove(h);
+            }
+            for r in &records {
+                if !matches!(r, Record::Revoke { .. }) {
+                    logged.insert(r.home(), tid);
+                }
             }
         }
         if revoked_pending {
@@ -906,19 +1027,151 @@ impl JournalCore {
         {
             let mut stats = self.stats.lock();
             stats.commits += 1;
-            stats.blocks_logged += order.len() as u64;
             stats.durable_writes += 1;
-            stats.journal_bytes +=
-                body_bytes + self.geom.received(&[(commit_off, &txn.commit[..])]);
+            stats.journal_bytes += written;
+            stats.compact_commits += u64::from(compact.is_some());
+            for r in &records {
+                match r {
+                    Record::FullBlock { .. } => stats.blocks_logged += 1,
+                    Record::Range { ranges, .. } => {
+                        stats.range_records += 1;
+                        stats.range_bytes += ranges.iter().map(|r| u64::from(r.1)).sum::<u64>();
+                    }
+                    Record::Revoke { .. } => {}
+                }
+            }
         }
         self.request_background_checkpoint();
         Ok(tid)
     }
 
-    /// True when a live transaction may hold a record of `home_block` (see
-    /// [`super::CommitLog::is_logged`]). Conservative for now: any live transaction counts.
-    pub fn is_logged(&self, _home_block: u64) -> bool {
-        self.used.load(Ordering::Acquire) > 0
+    /// Writes a transaction in the block layout at `start`: the body, a flush of both devices,
+    /// then the commit block as a durable write. Returns the bytes the journal device received.
+    fn write_block_layout(
+        &self,
+        state: &mut LogState,
+        tid: Tid,
+        records: &[Record],
+        start: u32,
+        commit_time: (u64, u32),
+    ) -> Result<u64> {
+        let txn = state.layout.serialize(tid, records, commit_time);
+        let positioned: Vec<(u32, &[u8])> = txn
+            .body
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (self.advance(start, u32::try_from(i).unwrap_or(0)), &b[..]))
+            .collect();
+        let body_bytes = match self.geom.write_blocks(&positioned) {
+            Ok(n) => n,
+            Err(e) => return Err(io_abort(state, e)),
+        };
+        self.flush_both(state)?;
+        let body_len = u32::try_from(txn.body.len()).unwrap_or(u32::MAX);
+        let commit_pos = self.advance(start, body_len);
+        let commit_off = self.geom.offset_of(commit_pos)?;
+        if let Err(e) = self.geom.dev.write_durable(commit_off, &txn.commit) {
+            return Err(io_abort(state, e));
+        }
+        Ok(body_bytes + self.geom.received(&[(commit_off, &txn.commit[..])]))
+    }
+
+    /// The records of a request (see [`JournalCore::commit`]) and its revokes, sorted, without
+    /// the blocks it also logs. Checks block lengths and range lists.
+    fn records_of(&self, req: CommitRequest, bs: usize) -> Result<(Vec<Record>, Vec<u64>)> {
+        // Newest content per home block, in first-seen order, and the ranges of those that
+        // appear once, as a range update small enough to log as ranges.
+        let mut order: Vec<u64> = Vec::with_capacity(req.blocks.len() + req.ranges.len());
+        let mut content: HashMap<u64, Arc<[u8]>> = HashMap::with_capacity(order.capacity());
+        let mut ranged: HashMap<u64, Vec<(u32, u32)>> = HashMap::new();
+        for (home, data) in req.blocks {
+            if data.len() != bs {
+                return Err(FsError::Invalid(
+                    "commit block content is not one block long",
+                ));
+            }
+            if content.insert(home, data).is_none() {
+                order.push(home);
+            }
+            ranged.remove(&home);
+        }
+        let revoking: std::collections::HashSet<u64> = req.revoked.iter().copied().collect();
+        for r in req.ranges {
+            if r.data.len() != bs {
+                return Err(FsError::Invalid(
+                    "commit block content is not one block long",
+                ));
+            }
+            check_ranges(&r.ranges, bs)?;
+            #[cfg(debug_assertions)]
+            if !revoking.contains(&r.home) {
+                self.check_range_update(&r);
+            }
+            if r.ranges.is_empty() && !content.contains_key(&r.home) {
+                // Nothing changed since the previous committed version.
+                continue;
+            }
+            if content.insert(r.home, r.data).is_none() {
+                order.push(r.home);
+                if range_entry_len(&r.ranges) < bs / 2 && !revoking.contains(&r.home) {
+                    ranged.insert(r.home, r.ranges);
+                }
+            } else {
+                ranged.remove(&r.home);
+            }
+        }
+        let mut revoked: Vec<u64> = req
+            .revoked
+            .into_iter()
+            .filter(|h| !content.contains_key(h))
+            .collect();
+        revoked.sort_unstable();
+        revoked.dedup();
+        let mut records: Vec<Record> = order
+            .iter()
+            .map(|h| {
+                let data = Arc::clone(&content[h]);
+                match ranged.remove(h) {
+                    Some(ranges) => Record::Range {
+                        home: *h,
+                        data,
+                        ranges,
+                    },
+                    None => Record::FullBlock { home: *h, data },
+                }
+            })
+            .collect();
+        records.extend(revoked.iter().map(|&home| Record::Revoke { home }));
+        Ok((records, revoked))
+    }
+
+    /// Debug check of the caller's contract for a range update: when the previous committed
+    /// version is still pending, `data` differs from it only inside `ranges`.
+    #[cfg(debug_assertions)]
+    fn check_range_update(&self, r: &RangeUpdate) {
+        let Some(prev) = self.pending(r.home) else {
+            return;
+        };
+        let mut at = 0usize;
+        for &(off, len) in r
+            .ranges
+            .iter()
+            .chain(std::iter::once(&(self.geom.block_size, 0)))
+        {
+            let off = off as usize;
+            debug_assert!(
+                prev[at..off] == r.data[at..off],
+                "range update of block {} changes bytes outside its ranges (in {at}..{off})",
+                r.home
+            );
+            at = off + len as usize;
+        }
+    }
+
+    /// True when a live transaction holds a record (full or byte range) of `home_block` that
+    /// no later live transaction revoked (see [`super::CommitLog::is_logged`]).
+    pub fn is_logged(&self, home_block: u64) -> bool {
+        self.logged.lock().contains_key(&home_block)
     }
 
     /// Newest committed copy of a home block that checkpoint has not yet written home.
@@ -986,9 +1239,38 @@ impl JournalCore {
         if state.aborted {
             return Err(FsError::ReadOnly);
         }
+        let freed = self.retire(&mut state, last);
+        // Durable before the space is reused: a crash must never find `s_start` pointing at
+        // blocks a newer transaction has overwritten.
+        self.write_sb_durable(&mut state)?;
+        self.used.fetch_sub(freed, Ordering::AcqRel);
+        self.pending.write().retain(|_, p| !tid_geq(last, p.tid));
+        match state.live.front().map(|t| t.tid) {
+            Some(front) => self.logged.lock().retain(|_, t| tid_geq(*t, front)),
+            None => self.logged.lock().clear(),
+        }
+        #[cfg(debug_assertions)]
+        self.check_invariants(&state);
+        drop(state);
+        let mut stats = self.stats.lock();
+        stats.checkpoints += 1;
+        stats.home_bytes_checkpointed += written * bs;
+        Ok(())
+    }
+
+    /// Drops the live transactions up to `last` (all written home) from the live list, except
+    /// those that share the block where the oldest remaining transaction starts (the tail is a
+    /// block, so they stay replayable), and sets the in-memory superblock's tail and extension
+    /// bit to match (not written). Returns the blocks freed.
+    pub(super) fn retire(&self, state: &mut LogState, last: Tid) -> u32 {
+        let tail_block = state
+            .live
+            .iter()
+            .find(|t| !tid_geq(last, t.tid))
+            .map(|t| t.start);
         let mut freed = 0u32;
         while let Some(front) = state.live.front().copied() {
-            if !tid_geq(last, front.tid) {
+            if !tid_geq(last, front.tid) || Some(front.start) == tail_block {
                 break;
             }
             freed += front.len;
@@ -1001,23 +1283,20 @@ impl JournalCore {
             }
             None => {
                 // The head stays where it is: the next transaction continues the circular
-                // log (and wraps at s_maxlen), as kernels since 6.4 do.
+                // log (and wraps at s_maxlen), as kernels since 6.4 do; but at a fresh block,
+                // so that the new tail never names a block holding retired transactions.
                 state.sb.start_block = 0;
                 state.sb.sequence = self.next_tid.load(Ordering::Acquire);
+                if state.head_off != 0 {
+                    state.head = self.advance(state.head, 1);
+                    state.head_off = 0;
+                }
             }
         }
-        // Durable before the space is reused: a crash must never find `s_start` pointing at
-        // blocks a newer transaction has overwritten.
-        self.write_sb_durable(&mut state)?;
-        self.used.fetch_sub(freed, Ordering::AcqRel);
-        self.pending.write().retain(|_, p| !tid_geq(last, p.tid));
-        #[cfg(debug_assertions)]
-        self.check_invariants(&state);
-        drop(state);
-        let mut stats = self.stats.lock();
-        stats.checkpoints += 1;
-        stats.home_bytes_checkpointed += written * bs;
-        Ok(())
+        if !state.live.iter().any(|t| t.ext) {
+            state.sb.feature_incompat &= !INCOMPAT_TIDEFS_EXT;
+        }
+        freed
     }
 
     /// Marks the journal aborted after an I/O error met without `log` held.

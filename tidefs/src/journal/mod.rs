@@ -15,18 +15,32 @@
 //! - [`CommitLog`] is the same contract as a trait, which `Journal` implements, so that other
 //!   commit logs (NVM in-place commit, discreet mode) can stand in for it.
 //!
+//! - Byte-range records and compact commits (docs/DESIGN.md §4.5a, docs/FORMAT.md §5): a
+//!   [`RangeUpdate`] is logged as byte ranges when they are small, and a small transaction as
+//!   one compact commit of a few sectors; the journal superblock then carries tidefs's incompat
+//!   bit until the log holds no such record.
+//!
 //! Files: `log.rs` the log (geometry, commit, checkpoint, the background checkpointer),
-//! `records.rs` the records of a transaction and their jbd2 serialisation, `recovery.rs`
-//! replay, `commit_log.rs` the trait.
+//! `records.rs` the records of a transaction and their serialisation (block layout, compact
+//! commit), `scan.rs` the log scan shared by recovery and dump, `recovery.rs` replay,
+//! `dump.rs` the read-only listing of `tidefs dump-journal`, `commit_log.rs` the trait.
 
 mod commit_log;
+mod dump;
+#[cfg(test)]
+mod ext_tests;
 mod log;
 mod records;
 mod recovery;
+mod scan;
 #[cfg(test)]
 mod tests;
 
 pub use commit_log::{CommitLog, LogSpace};
+pub use dump::{
+    dump, dump_image, dump_journal_device, image_journal, open_image, DumpLayout, DumpTag, DumpTxn,
+    JournalDump, TagKind,
+};
 pub use log::tid_geq;
 pub use log::{
     CommitRequest, Journal, JournalCore, JournalExtent, JournalGeometry, JournalOptions,

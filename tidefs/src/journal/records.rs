@@ -1,20 +1,27 @@
 //! Journal records and their serialisation into journal blocks.
 //!
-//! A commit hands the log a list of [`Record`]s; a serializer turns them into the journal
-//! blocks of one transaction. Today there is one serializer, [`Jbd2BlockLayout`], the classic
-//! jbd2 layout (descriptor blocks with tags, the block copies, revoke blocks, a commit block)
-//! that the kernel and e2fsck can replay. Later record kinds (byte ranges of a home block) and
-//! denser layouts (a compact commit of a few sectors, docs/DESIGN.md §8) plug in here without
-//! touching the log's space accounting, which only needs `blocks_needed` and the block list.
+//! A commit hands the log a list of [`Record`]s (full blocks, byte ranges of a block, revokes);
+//! [`Jbd2BlockLayout`] turns them into the journal bytes of one transaction, in one of two
+//! layouts:
+//! - the block layout: the classic jbd2 layout (descriptor blocks with tags, the block copies,
+//!   revoke blocks, a commit block) that the kernel and e2fsck can replay, plus, when the
+//!   transaction has byte-range records, range blocks (tidefs's own, docs/FORMAT.md §5) between
+//!   the copies and the revoke blocks;
+//! - the compact layout ([`Jbd2BlockLayout::compact`]): a transaction of range records and
+//!   revokes only, small enough, written as one compact commit of a few sectors.
+//!
+//! The byte layouts of the extension records are in `format::jbd2::ext`.
 //!
 //! Invariants:
 //! - `serialize` produces exactly `blocks_needed` blocks: the body, then the commit block;
+//! - without range records, the block layout is byte for byte what the kernel writes;
 //! - a logged copy never starts with the jbd2 magic: such blocks are escaped (first four bytes
 //!   zeroed, ESCAPE flag set), and tag checksums cover the escaped copy, as the kernel does;
 //! - a home block appears at most once per transaction.
 
 use std::sync::Arc;
 
+use crate::format::jbd2::ext;
 use crate::format::jbd2::{
     block_tail_set, commit, crc32_be, data_block_csum, CommitBlock, CsumVersion, DescriptorBlock,
     RevokeBlock, TagFormat, CHKSUM_CRC32, JBD2_MAGIC,
@@ -29,6 +36,15 @@ pub(super) enum Record {
         home: u64,
         /// Its content (one block).
         data: Arc<[u8]>,
+    },
+    /// Some byte ranges of a home block; replay patches its previous version with them.
+    Range {
+        /// Home block number on the file-system device.
+        home: u64,
+        /// The block's full new content (what `pending` and checkpoint use).
+        data: Arc<[u8]>,
+        /// Sorted, disjoint `(offset, len)` ranges of `data` to log, each below 64 KiB.
+        ranges: Vec<(u32, u32)>,
     },
     /// A home block freed by this transaction: replay must not write older copies of it.
     Revoke {
@@ -60,26 +76,131 @@ pub(super) struct Jbd2BlockLayout {
     pub compat_checksum: bool,
 }
 
+impl Record {
+    /// The home block the record is about.
+    pub fn home(&self) -> u64 {
+        match self {
+            Record::FullBlock { home, .. }
+            | Record::Range { home, .. }
+            | Record::Revoke { home } => *home,
+        }
+    }
+
+    /// True for the records only tidefs can replay (byte ranges).
+    pub fn is_extension(&self) -> bool {
+        matches!(self, Record::Range { .. })
+    }
+
+    /// Appends the entry-area encoding of a range or revoke record (`format::jbd2::ext`).
+    fn encode_entry(&self, out: &mut Vec<u8>) {
+        match self {
+            Record::Range { home, data, ranges } => {
+                let parts: Vec<(u32, &[u8])> = ranges
+                    .iter()
+                    .map(|&(o, l)| (o, &data[o as usize..(o + l) as usize]))
+                    .collect();
+                ext::encode_range(out, *home, &parts);
+            }
+            Record::Revoke { home } => ext::encode_revoke(out, *home),
+            Record::FullBlock { .. } => unreachable!("full blocks have no entry encoding"),
+        }
+    }
+}
+
+/// Bytes a range record with these ranges takes in an entry area.
+pub(super) fn range_entry_len(ranges: &[(u32, u32)]) -> usize {
+    ext::range_entry_len(ranges.iter().map(|r| r.1 as usize))
+}
+
 impl Jbd2BlockLayout {
     fn counts(records: &[Record]) -> (usize, usize) {
         let full = records
             .iter()
             .filter(|r| matches!(r, Record::FullBlock { .. }))
             .count();
-        (full, records.len() - full)
+        let revokes = records
+            .iter()
+            .filter(|r| matches!(r, Record::Revoke { .. }))
+            .count();
+        (full, revokes)
     }
 
-    /// Journal blocks the records take, commit block included.
+    /// Journal blocks the records take in the block layout, commit block included.
     pub fn blocks_needed(&self, records: &[Record]) -> usize {
         let (full, revokes) = Self::counts(records);
-        self.blocks_for(full, revokes)
-    }
-
-    /// Journal blocks for `full` block records and `revokes` revoke records.
-    pub fn blocks_for(&self, full: usize, revokes: usize) -> usize {
         let per_desc = self.format.tags_per_block(self.block_size).max(1);
         let per_revoke = RevokeBlock::records_per_block(self.format, self.block_size).max(1);
-        full + full.div_ceil(per_desc) + revokes.div_ceil(per_revoke) + 1
+        full + full.div_ceil(per_desc)
+            + self.range_blocks(records).len()
+            + revokes.div_ceil(per_revoke)
+            + 1
+    }
+
+    /// The range records packed into range blocks, in order: each block's list of records.
+    fn range_blocks<'a>(&self, records: &'a [Record]) -> Vec<Vec<&'a Record>> {
+        let cap = ext::ranges_capacity(self.block_size);
+        let mut blocks: Vec<Vec<&Record>> = Vec::new();
+        let mut used = cap;
+        for r in records {
+            let Record::Range { ranges, .. } = r else {
+                continue;
+            };
+            let len = range_entry_len(ranges);
+            assert!(len <= cap, "range record larger than a range block");
+            if used + len > cap {
+                blocks.push(Vec::new());
+                used = 0;
+            }
+            used += len;
+            if let Some(b) = blocks.last_mut() {
+                b.push(r);
+            }
+        }
+        blocks
+    }
+
+    /// The compact commit of a transaction, if it can have one: only range records and
+    /// revokes, at least one range, and the whole record no larger than a journal block.
+    /// `sector` is the journal device's logical sector size.
+    pub fn compact(
+        &self,
+        tid: u32,
+        records: &[Record],
+        sector: usize,
+        commit_time: (u64, u32),
+    ) -> Option<Vec<u8>> {
+        if !records.iter().any(Record::is_extension)
+            || records
+                .iter()
+                .any(|r| matches!(r, Record::FullBlock { .. }))
+            || !sector.is_power_of_two()
+            || !(512..=self.block_size).contains(&sector)
+        {
+            return None;
+        }
+        let mut area_len = 0usize;
+        for r in records {
+            area_len += match r {
+                Record::Range { ranges, .. } => range_entry_len(ranges),
+                _ => ext::ENTRY_HEADER,
+            };
+        }
+        if ext::compact_len(area_len, sector) > self.block_size {
+            return None;
+        }
+        let mut area = Vec::with_capacity(area_len);
+        for r in records {
+            r.encode_entry(&mut area);
+        }
+        let entries = u32::try_from(records.len()).unwrap_or(u32::MAX);
+        Some(ext::build_compact(
+            self.seed,
+            tid,
+            entries,
+            &area,
+            sector,
+            commit_time,
+        ))
     }
 
     /// Serialises one transaction. `commit_time` is (seconds, nanoseconds) since the epoch.
@@ -98,7 +219,7 @@ impl Jbd2BlockLayout {
             .iter()
             .filter_map(|r| match r {
                 Record::FullBlock { home, data } => Some((*home, data)),
-                Record::Revoke { .. } => None,
+                _ => None,
             })
             .collect();
         for chunk in full.chunks(per_desc) {
@@ -140,11 +261,21 @@ impl Jbd2BlockLayout {
             body.push(desc.into());
             body.extend(logged);
         }
+        for group in self.range_blocks(records) {
+            let mut area = Vec::new();
+            for r in &group {
+                r.encode_entry(&mut area);
+            }
+            let entries = u32::try_from(group.len()).unwrap_or(u32::MAX);
+            body.push(
+                ext::build_ranges_block(self.seed, tid, entries, &area, self.block_size).into(),
+            );
+        }
         let revoked: Vec<u64> = records
             .iter()
             .filter_map(|r| match r {
                 Record::Revoke { home } => Some(*home),
-                Record::FullBlock { .. } => None,
+                _ => None,
             })
             .collect();
         for chunk in revoked.chunks(per_revoke) {

@@ -1,5 +1,6 @@
-//! Recovery: scan the log for committed transactions, collect revokes, replay the newest
-//! committed copy of each block home, then mark the journal empty.
+//! Recovery: scan the log for committed transactions (`scan.rs`), collect revokes, replay each
+//! home block (its newest committed full copy, then the byte ranges logged after it, in log
+//! order), then mark the journal empty and clear the extension bit.
 //!
 //! Follows the kernel's fs/jbd2/recovery.c (scan, revoke and replay passes over the log) in
 //! what a failed checksum means:
@@ -15,30 +16,31 @@
 //!   checksum) and recovery fails with `Corrupt` rather than silently dropping committed
 //!   transactions (the kernel fails with EFSBADCRC).
 //!
+//! - a compact commit that fails its checksum ends the log like a failed commit block.
+//!
 //! Invariants:
-//! - the scan stops at the first block that is not a descriptor, revoke or commit block of the
-//!   expected transaction, and visits at most `s_maxlen - s_first` blocks, so a corrupt log can
+//! - the scan (`scan.rs`) visits at most `s_maxlen - s_first` blocks, so a corrupt log can
 //!   neither loop nor read outside the log;
 //! - replay writes only transactions that the scan found committed (commit block present
 //!   and verified), minus their data blocks whose checksum failed;
-//! - a block is skipped if revoked by a transaction whose tid is >= its own (kernel
-//!   `jbd2_journal_test_revoke`);
+//! - a record (full or range) is skipped if revoked by a transaction whose tid is >= its own
+//!   (kernel `jbd2_journal_test_revoke`);
+//! - a home block's replayed content is its newest unrevoked full copy (else its home content),
+//!   patched with every unrevoked range logged after that copy, in log order. Ranges hold
+//!   absolute bytes, so patching a home block that already holds some of them (an interrupted
+//!   recovery, or a checkpoint that wrote a newer copy) gives the same result;
 //! - recovery only writes home blocks and, last, the superblock: running it again after an
-//!   interruption replays the same copies and gives the same result.
+//!   interruption replays the same records and gives the same result.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::log::{
-    layout_for, tid_geq, JournalCore, LogState, PendingCopy, Tid, CHECKPOINT_BATCH_BLOCKS,
-};
+use super::log::{tid_geq, JournalCore, PendingCopy, Tid, CHECKPOINT_BATCH_BLOCKS};
+use super::scan::Item;
 use crate::error::{FsError, Result};
-use crate::format::jbd2::{
-    block_tail_verify, commit, crc32_be, data_block_csum, BlockHeader, BlockType, CommitBlock,
-    CsumVersion, DescriptorBlock, RevokeBlock, CHKSUM_CRC32, COMPAT_CHECKSUM, JBD2_MAGIC,
-};
+use crate::format::jbd2::{INCOMPAT_TIDEFS_EXT, JBD2_MAGIC};
 
 /// What a recovery did.
 #[derive(Clone, Debug, Default)]
@@ -49,6 +51,8 @@ pub struct RecoveryReport {
     pub blocks_replayed: u64,
     /// Revoke records read from committed transactions.
     pub revoke_records: u64,
+    /// Byte-range records applied.
+    pub range_records: u64,
     /// Time spent scanning the log and verifying checksums.
     pub scan: Duration,
     /// Time spent building the revoke table.
@@ -65,27 +69,23 @@ pub struct RecoveryReport {
     pub failed_commit: Option<Tid>,
 }
 
-/// A logged block copy found by the scan.
-#[derive(Clone, Copy, Debug)]
-struct LoggedCopy {
-    home: u64,
-    /// Journal block holding the copy.
-    position: u32,
-    escaped: bool,
-}
-
-/// A transaction the scan found fully committed.
-#[derive(Debug, Default)]
-struct ScannedTxn {
+/// What replay does to one home block: start from a full copy (or the home content) and apply
+/// ranges, in log order.
+#[derive(Default)]
+struct BlockPlan<'a> {
+    /// The newest unrevoked full copy: (journal block, escaped).
+    base: Option<(u32, bool)>,
+    /// Ranges logged after it, in log order.
+    ranges: Vec<&'a [(u32, Vec<u8>)]>,
+    /// Tid of the newest record.
     tid: Tid,
-    copies: Vec<LoggedCopy>,
-    revokes: Vec<u64>,
 }
 
 impl JournalCore {
-    /// Scans, collects revokes, replays (newest committed copy wins, revokes honoured, escaped
-    /// blocks unescaped), flushes home, then marks the journal empty (`s_start = 0`,
-    /// `s_sequence` = last tid + 1) and flushes. Safe to interrupt and run again.
+    /// Scans, collects revokes, replays (per home block: newest committed full copy, escaped
+    /// blocks unescaped, then the ranges logged after it; revokes honoured), flushes home, then
+    /// marks the journal empty (`s_start = 0`, `s_sequence` = last tid + 1, extension bit
+    /// cleared) and flushes. Safe to interrupt and run again.
     ///
     /// On a read-only journal nothing is written: the replayed copies go to the pending map
     /// instead, so [`Journal::pending`] serves the recovered view, and `needs_recovery()` stays
@@ -102,7 +102,10 @@ impl JournalCore {
             return Err(FsError::ReadOnly);
         }
         let t0 = Instant::now();
-        let txns = self.scan(&state, &mut report)?;
+        let scan = self.scan_log(&state.sb)?;
+        let txns = scan.txns;
+        report.corrupt_blocks = scan.corrupt_blocks;
+        report.failed_commit = scan.failed_commit;
         report.scan = t0.elapsed();
         report.transactions = u32::try_from(txns.len()).unwrap_or(u32::MAX);
         report.last_tid = txns.last().map(|t| t.tid);
@@ -110,50 +113,83 @@ impl JournalCore {
         let t1 = Instant::now();
         let mut revoked: HashMap<u64, Tid> = HashMap::new();
         for txn in &txns {
-            for &home in &txn.revokes {
-                report.revoke_records += 1;
-                let e = revoked.entry(home).or_insert(txn.tid);
-                if tid_geq(txn.tid, *e) {
-                    *e = txn.tid;
+            for item in &txn.items {
+                if let Item::Revoke { home } = item {
+                    report.revoke_records += 1;
+                    let e = revoked.entry(*home).or_insert(txn.tid);
+                    if tid_geq(txn.tid, *e) {
+                        *e = txn.tid;
+                    }
                 }
             }
         }
         report.revoke = t1.elapsed();
 
         let t2 = Instant::now();
-        let mut newest: HashMap<u64, (Tid, LoggedCopy)> = HashMap::new();
+        let mut plans: HashMap<u64, BlockPlan> = HashMap::new();
         for txn in &txns {
-            for copy in &txn.copies {
-                if matches!(revoked.get(&copy.home), Some(&r) if tid_geq(r, txn.tid)) {
+            for item in &txn.items {
+                let home = match item {
+                    Item::Full { home, .. } | Item::Range { home, .. } => *home,
+                    Item::Revoke { .. } => continue,
+                };
+                if matches!(revoked.get(&home), Some(&r) if tid_geq(r, txn.tid)) {
                     continue;
                 }
-                newest.insert(copy.home, (txn.tid, *copy));
+                let plan = plans.entry(home).or_default();
+                plan.tid = txn.tid;
+                match item {
+                    Item::Full {
+                        position, escaped, ..
+                    } => {
+                        plan.base = Some((*position, *escaped));
+                        plan.ranges.clear();
+                    }
+                    Item::Range { ranges, .. } => {
+                        report.range_records += 1;
+                        plan.ranges.push(ranges);
+                    }
+                    Item::Revoke { .. } => {}
+                }
             }
         }
-        let mut order: Vec<(u64, (Tid, LoggedCopy))> = newest.into_iter().collect();
+        let mut order: Vec<(u64, BlockPlan)> = plans.into_iter().collect();
         order.sort_unstable_by_key(|(h, _)| *h);
         let bs = u64::from(self.geom.block_size);
         let home_blocks = self.home.len_bytes() / bs;
         let magic = JBD2_MAGIC.to_be_bytes();
         // Read-write replay goes home in sorted batches, each merged into few large writes.
         let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (home, (tid, copy)) in &order {
+        for (home, plan) in &order {
             if *home >= home_blocks {
                 return Err(FsError::corrupt(format!(
-                    "journal transaction {tid} logs block {home}, past the end of the device \
-                     ({home_blocks} blocks)"
+                    "journal transaction {} logs block {home}, past the end of the device \
+                     ({home_blocks} blocks)",
+                    plan.tid
                 )));
             }
             let mut buf = vec![0u8; state.layout.block_size];
-            self.geom.read_block(copy.position, &mut buf)?;
-            if copy.escaped {
-                buf[..4].copy_from_slice(&magic);
+            match plan.base {
+                Some((position, escaped)) => {
+                    self.geom.read_block(position, &mut buf)?;
+                    if escaped {
+                        buf[..4].copy_from_slice(&magic);
+                    }
+                }
+                None => self.home.read_at(home * bs, &mut buf)?,
+            }
+            for ranges in &plan.ranges {
+                for (off, bytes) in ranges.iter() {
+                    // The scan checked every range against the block size.
+                    let off = *off as usize;
+                    buf[off..off + bytes.len()].copy_from_slice(bytes);
+                }
             }
             if self.opts.read_only {
                 self.pending.write().insert(
                     *home,
                     PendingCopy {
-                        tid: *tid,
+                        tid: plan.tid,
                         data: Arc::from(&buf[..]),
                     },
                 );
@@ -174,6 +210,7 @@ impl JournalCore {
         let end_tid = state.sb.sequence.wrapping_add(report.transactions);
         state.sb.start_block = 0;
         state.sb.sequence = end_tid;
+        state.sb.feature_incompat &= !INCOMPAT_TIDEFS_EXT;
         self.write_sb(&mut state)?;
         self.flush_journal_dev()?;
         report.replay = t2.elapsed();
@@ -182,6 +219,7 @@ impl JournalCore {
         self.next_tid
             .store(end_tid.wrapping_add(1), Ordering::Release);
         state.head = self.first_block;
+        state.head_off = 0;
         state.live.clear();
         self.used.store(0, Ordering::Release);
         self.needs_recovery.store(false, Ordering::Release);
@@ -196,135 +234,4 @@ impl JournalCore {
         batch.clear();
         Ok(())
     }
-
-    /// Walks the log from `s_start`, returning the transactions that are fully committed, in
-    /// log order, without the data blocks whose checksum failed (counted in `report`).
-    fn scan(&self, state: &LogState, report: &mut RecoveryReport) -> Result<Vec<ScannedTxn>> {
-        let layout = layout_for(&state.sb);
-        let format = layout.format;
-        let seed = layout.seed;
-        let v1 = state.sb.feature_compat & COMPAT_CHECKSUM != 0 && !format.csum.has_tail();
-        let bs = layout.block_size;
-        let mut block = state.sb.start_block;
-        let mut tid = state.sb.sequence;
-        let mut txns = Vec::new();
-        let mut cur = ScannedTxn {
-            tid,
-            ..ScannedTxn::default()
-        };
-        // The first descriptor or revoke block of `cur` whose checksum failed, if any.
-        let mut cur_bad: Option<String> = None;
-        let mut v1_sum = !0u32;
-        let mut visited: u32 = 0;
-        let budget = self.capacity();
-        let mut buf = vec![0u8; bs];
-        let mut data = vec![0u8; bs];
-        while visited < budget {
-            let position = block;
-            self.geom.read_block(block, &mut buf)?;
-            block = self.advance(block, 1);
-            visited += 1;
-            let Ok(header) = BlockHeader::parse(&buf) else {
-                break;
-            };
-            if header.sequence != tid {
-                break;
-            }
-            match header.block_type {
-                BlockType::Descriptor => {
-                    let tail_ok = !format.csum.has_tail()
-                        || block_tail_verify(seed, &buf, "descriptor").is_ok();
-                    let Ok(desc) = DescriptorBlock::parse(&buf, format) else {
-                        break;
-                    };
-                    if !tail_ok {
-                        cur_bad.get_or_insert(format!(
-                            "descriptor block {position} fails its checksum"
-                        ));
-                    }
-                    if v1 {
-                        v1_sum = crc32_be(v1_sum, &buf);
-                    }
-                    let n = u32::try_from(desc.tags.len()).unwrap_or(u32::MAX);
-                    if visited.saturating_add(n) > budget {
-                        break;
-                    }
-                    for tag in &desc.tags {
-                        let position = block;
-                        block = self.advance(block, 1);
-                        visited += 1;
-                        if cur_bad.is_some() {
-                            // The tags of a failed transaction are not trusted; only its
-                            // commit block matters now.
-                            continue;
-                        }
-                        if format.csum.has_tail() || v1 {
-                            self.geom.read_block(position, &mut data)?;
-                        }
-                        if v1 {
-                            v1_sum = crc32_be(v1_sum, &data);
-                        }
-                        let ok = match format.csum {
-                            CsumVersion::None => true,
-                            CsumVersion::V2 => {
-                                data_block_csum(seed, tid, &data) & 0xFFFF == tag.checksum & 0xFFFF
-                            }
-                            CsumVersion::V3 => data_block_csum(seed, tid, &data) == tag.checksum,
-                        };
-                        if !ok {
-                            report.corrupt_blocks += 1;
-                            continue;
-                        }
-                        cur.copies.push(LoggedCopy {
-                            home: tag.home_block,
-                            position,
-                            escaped: tag.escaped(),
-                        });
-                    }
-                }
-                BlockType::Revoke => {
-                    let tail_ok =
-                        !format.csum.has_tail() || block_tail_verify(seed, &buf, "revoke").is_ok();
-                    match RevokeBlock::parse(&buf, format) {
-                        Ok(r) if tail_ok => cur.revokes.extend(r.blocks),
-                        _ => {
-                            cur_bad.get_or_insert(format!(
-                                "revoke block {position} fails its checksum or does not parse"
-                            ));
-                        }
-                    }
-                }
-                BlockType::Commit => {
-                    let Ok(c) = CommitBlock::parse(&buf) else {
-                        break;
-                    };
-                    if let Some(why) = cur_bad.take() {
-                        return Err(FsError::corrupt(format!(
-                            "journal transaction {tid}: {why}, yet its commit block {position} \
-                             is present: the log or the journal superblock's UUID (the \
-                             checksum seed) is corrupt"
-                        )));
-                    }
-                    let commit_ok = !format.csum.has_tail() || commit::verify_csum_v2v3(seed, &buf);
-                    if !commit_ok || (v1 && !v1_commit_ok(&c, v1_sum)) {
-                        report.failed_commit = Some(tid);
-                        break;
-                    }
-                    txns.push(std::mem::take(&mut cur));
-                    tid = tid.wrapping_add(1);
-                    cur.tid = tid;
-                    v1_sum = !0;
-                }
-                BlockType::SuperblockV1 | BlockType::SuperblockV2 => break,
-            }
-        }
-        Ok(txns)
-    }
-}
-
-/// The v1 compat commit checksum check of recovery.c: a matching crc32, or no checksum at all.
-fn v1_commit_ok(c: &CommitBlock, sum: u32) -> bool {
-    let matches = c.chksum_type == CHKSUM_CRC32 && c.chksum_size == 4 && c.chksum[0] == sum;
-    let absent = c.chksum_type == 0 && c.chksum_size == 0 && c.chksum[0] == 0;
-    matches || absent
 }

@@ -28,7 +28,8 @@ struct Rig {
     extents: Vec<JournalExtent>,
 }
 
-fn fresh_sb(len: u32, compat: u32, incompat: u32) -> JournalSuperblock {
+/// A fresh journal superblock of `len` 1 KiB blocks (an empty log).
+pub(super) fn fresh_sb(len: u32, compat: u32, incompat: u32) -> JournalSuperblock {
     JournalSuperblock {
         v2: true,
         block_size: BS,
@@ -828,7 +829,7 @@ mod e2fsprogs_oracle {
 
 /// A device whose writes to home blocks (outside the journal's device ranges) wait at a gate
 /// while it is closed, so a test can hold a checkpoint in the middle of its home writes.
-struct GatedHome {
+pub(super) struct GatedHome {
     inner: Arc<MemDev>,
     /// Device byte ranges of the journal: never gated.
     journal: Vec<std::ops::Range<u64>>,
@@ -839,25 +840,29 @@ struct GatedHome {
 
 impl GatedHome {
     fn new(rig: &Rig) -> Arc<GatedHome> {
-        let bs = u64::from(BS);
-        let journal = rig
-            .extents
+        GatedHome::over(rig.dev.clone(), &rig.extents, BS)
+    }
+
+    /// Gates the home writes to `inner`, whose journal has `extents` of `bs`-byte blocks.
+    pub(super) fn over(inner: Arc<MemDev>, extents: &[JournalExtent], bs: u32) -> Arc<GatedHome> {
+        let bs = u64::from(bs);
+        let journal = extents
             .iter()
             .map(|e| e.device_block * bs..(e.device_block + u64::from(e.len)) * bs)
             .collect();
         Arc::new(GatedHome {
-            inner: rig.dev.clone(),
+            inner,
             journal,
             state: parking_lot::Mutex::new((false, 0, false)),
             changed: parking_lot::Condvar::new(),
         })
     }
 
-    fn close(&self) {
+    pub(super) fn close(&self) {
         self.state.lock().0 = true;
     }
 
-    fn open(&self) {
+    pub(super) fn open(&self) {
         self.state.lock().0 = false;
         self.changed.notify_all();
     }
@@ -871,7 +876,7 @@ impl GatedHome {
     }
 
     /// Returns once a home write is waiting at the closed gate.
-    fn wait_for_blocked_write(&self) {
+    pub(super) fn wait_for_blocked_write(&self) {
         let mut s = self.state.lock();
         while s.1 == 0 {
             self.changed.wait(&mut s);

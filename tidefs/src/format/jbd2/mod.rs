@@ -5,7 +5,8 @@
 //!
 //! One module per structure: [`header`] (the 12-byte block header every journal metadata block
 //! starts with), [`superblock`], [`descriptor`] (descriptor block, tags, block tail),
-//! [`commit`] and [`revoke`].
+//! [`commit`] and [`revoke`]; [`ext`] holds tidefs's own extension records (byte ranges,
+//! compact commits), guarded by the incompat bit [`ext::INCOMPAT_TIDEFS_EXT`].
 //!
 //! Invariants:
 //! - every multi-byte field of a jbd2 structure is read and written big-endian, here only;
@@ -14,6 +15,7 @@
 
 pub mod commit;
 pub mod descriptor;
+pub mod ext;
 pub mod header;
 pub mod revoke;
 pub mod superblock;
@@ -46,9 +48,15 @@ pub const INCOMPAT_CSUM_V3: u32 = 0x10;
 /// implement it and refuses such journals.
 pub const INCOMPAT_FAST_COMMIT: u32 = 0x20;
 
+pub use ext::INCOMPAT_TIDEFS_EXT;
+
 /// Incompat bits tidefs reads and writes.
-pub const INCOMPAT_SUPPORTED: u32 =
-    INCOMPAT_REVOKE | INCOMPAT_64BIT | INCOMPAT_ASYNC_COMMIT | INCOMPAT_CSUM_V2 | INCOMPAT_CSUM_V3;
+pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_REVOKE
+    | INCOMPAT_64BIT
+    | INCOMPAT_ASYNC_COMMIT
+    | INCOMPAT_CSUM_V2
+    | INCOMPAT_CSUM_V3
+    | INCOMPAT_TIDEFS_EXT;
 
 /// `s_checksum_type` / `h_chksum_type`: crc32 (v1 transaction checksums).
 pub const CHKSUM_CRC32: u8 = 1;
@@ -64,6 +72,7 @@ pub fn incompat_name(bit: u32) -> String {
         INCOMPAT_CSUM_V2 => "journal_checksum_v2".into(),
         INCOMPAT_CSUM_V3 => "journal_checksum_v3".into(),
         INCOMPAT_FAST_COMMIT => "journal_fast_commit".into(),
+        INCOMPAT_TIDEFS_EXT => "tidefs_extension_records".into(),
         other => format!("unknown journal incompat bit {other:#x}"),
     }
 }

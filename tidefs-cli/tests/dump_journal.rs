@@ -1,0 +1,184 @@
+//! Goal: `tidefs dump-journal` lists the transactions of a crashed image's journal, with
+//! their layout (compact commit or block layout), records (full blocks, byte ranges, revokes),
+//! as text and as JSON; and fails clearly, with its documented exit codes, on a missing file,
+//! a file system without a journal, a corrupt journal superblock and bad usage.
+//!
+//! Method: an image made by `tidefs mkfs`; its journal is written through the library alone
+//! (two compact commits of byte ranges sharing a block, then a block-layout transaction with
+//! a full block and a revoke), then dropped as at a power cut; the binary is run on it.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{output, skip, stderr, stdout, tidefs, tool};
+use tidefs::dev::{BlockDevice, FileDev};
+use tidefs::journal::{image_journal, open_image, CommitRequest, JournalOptions, RangeUpdate};
+
+const BS: usize = 4096;
+
+/// Writes three transactions into the journal of `image` and crashes; returns their tids.
+fn crash_with_extension_records(image: &Path) -> Vec<u32> {
+    let opts = JournalOptions {
+        csum_v3: true,
+        tags_64bit: true,
+        ..JournalOptions::default()
+    };
+    let j = open_image(image, None, opts).unwrap();
+    j.hold_checkpoints(true);
+    let mut data = vec![0u8; BS];
+    data[100..109].copy_from_slice(b"RANGE-ONE");
+    let first = j
+        .commit(CommitRequest {
+            ranges: vec![RangeUpdate {
+                home: 9000,
+                data: data.clone().into(),
+                ranges: vec![(100, 9)],
+            }],
+            ..CommitRequest::default()
+        })
+        .unwrap();
+    data[2000..2003].copy_from_slice(b"two");
+    let second = j
+        .commit(CommitRequest {
+            ranges: vec![RangeUpdate {
+                home: 9000,
+                data: data.into(),
+                ranges: vec![(2000, 3)],
+            }],
+            ..CommitRequest::default()
+        })
+        .unwrap();
+    let third = j
+        .commit(CommitRequest {
+            blocks: vec![(9001, vec![0x3C; BS].into())],
+            revoked: vec![9002],
+            ..CommitRequest::default()
+        })
+        .unwrap();
+    j.stop_background();
+    vec![first, second, third]
+}
+
+#[test]
+fn dump_journal_lists_transactions_and_ranges() {
+    if tool("mke2fs").is_none() {
+        skip(
+            "dump_journal_lists_transactions_and_ranges",
+            "mke2fs is not installed",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("img");
+    common::mkfs(&image, "64M", &[]);
+
+    // A clean image: an empty log.
+    let out = output(tidefs().arg("dump-journal").arg(&image));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("The log is empty"),
+        "{}",
+        stdout(&out)
+    );
+
+    let tids = crash_with_extension_records(&image);
+    let out = output(tidefs().arg("dump-journal").arg(&image));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for (tid, layout) in tids
+        .iter()
+        .zip(["compact commit", "compact commit", "block layout"])
+    {
+        assert!(
+            text.contains(&format!("Transaction {tid}: {layout}")),
+            "transaction {tid} ({layout}) missing:\n{text}"
+        );
+    }
+    assert!(text.contains("tidefs_extension_records"), "{text}");
+    assert!(
+        text.contains("range  home block       9000  1 range(s), 9 bytes: 100+9"),
+        "{text}"
+    );
+    assert!(text.contains("2000+3"), "{text}");
+    assert!(text.contains("full   home block       9001"), "{text}");
+    assert!(text.contains("revoke home block       9002"), "{text}");
+    assert!(text.contains("end of the log. 3 transaction(s)"), "{text}");
+
+    let out = output(tidefs().arg("dump-journal").arg("--json").arg(&image));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["extension_bit"], true);
+    let txns = v["transactions"].as_array().unwrap();
+    assert_eq!(txns.len(), 3);
+    assert_eq!(txns[0]["tid"], tids[0]);
+    assert_eq!(txns[0]["layout"], "compact");
+    assert_eq!(txns[1]["layout"], "compact");
+    assert_eq!(
+        txns[1]["offset"], 512,
+        "the second compact commit shares a block"
+    );
+    assert_eq!(txns[2]["layout"], "block");
+    assert_eq!(txns[0]["tags"][0]["kind"], "range");
+    assert_eq!(txns[0]["tags"][0]["ranges"][0][0], 100);
+    assert_eq!(txns[0]["tags"][0]["ranges"][0][1], 9);
+    assert_eq!(txns[2]["revokes"][0], 9002);
+
+    // A corrupt journal superblock: exit 4, saying so.
+    let geom = {
+        let dev: Arc<dyn BlockDevice> = Arc::new(FileDev::open(&image, true).unwrap());
+        image_journal(dev, None).unwrap()
+    };
+    let sb_at = geom
+        .extents
+        .iter()
+        .find(|e| e.logical_start == 0)
+        .unwrap()
+        .device_block
+        * BS as u64;
+    let mut bytes = std::fs::read(&image).unwrap();
+    bytes[sb_at as usize] ^= 0xFF;
+    let broken = dir.path().join("broken");
+    std::fs::write(&broken, &bytes).unwrap();
+    let out = output(tidefs().arg("dump-journal").arg(&broken));
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("journal superblock"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn dump_journal_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let out = output(tidefs().arg("dump-journal").arg(&missing));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("missing"), "{}", stderr(&out));
+
+    let out = output(tidefs().arg("dump-journal"));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    let zeros = dir.path().join("zeros");
+    std::fs::write(&zeros, vec![0u8; 1 << 20]).unwrap();
+    let out = output(tidefs().arg("dump-journal").arg(&zeros));
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+
+    let Some(mke2fs) = tool("mke2fs") else {
+        skip("dump_journal_errors_are_clear", "mke2fs is not installed");
+        return;
+    };
+    let nojournal = dir.path().join("nojournal");
+    std::fs::write(&nojournal, vec![0u8; 16 << 20]).unwrap();
+    let made = output(
+        std::process::Command::new(mke2fs)
+            .args(["-q", "-F", "-t", "ext4", "-O", "^has_journal"])
+            .arg(&nojournal),
+    );
+    assert!(made.status.success(), "{}", stderr(&made));
+    let out = output(tidefs().arg("dump-journal").arg(&nojournal));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no journal"), "{}", stderr(&out));
+}
