@@ -1405,7 +1405,7 @@ impl Inner {
             if m.default_mode == DataMode::Lightweight {
                 let (journaled, home): (Vec<_>, Vec<_>) =
                     blocks.into_iter().partition(|(nr, _)| {
-                        m.is_allocation_block(*nr) || self.io.journal.pending(*nr).is_some()
+                        m.is_allocation_block(*nr) || self.io.journal.is_logged(*nr)
                     });
                 blocks = journaled;
                 in_place = home;
