@@ -130,10 +130,15 @@ pub fn render(d: &JournalDump) -> String {
                         tag.ranges.iter().map(|(o, l)| format!("{o}+{l}")).collect();
                     let _ = writeln!(
                         s,
-                        "  range  home block {:>10}  {} range(s), {bytes} bytes: {}",
+                        "  range  home block {:>10}  {} range(s), {bytes} bytes: {}{}",
                         tag.home,
                         tag.ranges.len(),
-                        list.join(", ")
+                        list.join(", "),
+                        if tag.zero_rest {
+                            "  (zeros elsewhere)"
+                        } else {
+                            ""
+                        }
                     );
                 }
             }

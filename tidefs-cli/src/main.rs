@@ -514,7 +514,7 @@ fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
 
 /// The human form of the counters.
 pub fn stats_table(s: &tidefs::fs::Stats) -> String {
-    let rows: [(&str, String); 12] = [
+    let rows: [(&str, String); 14] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),
         ("commits", s.commits.to_string()),
@@ -529,7 +529,9 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("checkpoints", s.checkpoints.to_string()),
         ("flushes", s.flushes.to_string()),
         ("changed_metadata_bytes", bytes(s.changed_metadata_bytes)),
-        ("range_blocks", s.range_blocks.to_string()),
+        ("range_records", s.range_records.to_string()),
+        ("range_bytes", bytes(s.range_bytes)),
+        ("compact_commits", s.compact_commits.to_string()),
     ];
     rows.iter()
         .map(|(k, v)| format!("{k:<24}{v:>20}\n"))

@@ -64,10 +64,22 @@ fn small_appends_are_logged_as_byte_ranges_and_survive_a_crash() {
         );
         // Every append after the first into a block changes a few bytes of it and of the
         // inode table block: both go as ranges.
-        let ranged = after.range_blocks - before.range_blocks;
+        let ranged = after.range_records - before.range_records;
         assert!(
             ranged >= N as u64,
             "{mode}: only {ranged} blocks logged as ranges in {N} commits"
+        );
+        let per_commit = (after.journal_bytes - before.journal_bytes) / N as u64;
+        eprintln!("{mode}: {per_commit} journal bytes per 125-byte append");
+        // Each commit is one compact commit of a few sectors, never descriptor + blocks +
+        // commit block (three blocks at least).
+        assert!(
+            per_commit <= BS as u64,
+            "{mode}: {per_commit} journal bytes per commit"
+        );
+        assert!(
+            after.compact_commits - before.compact_commits >= N as u64,
+            "{mode}: {after:?}"
         );
         // Nothing went home in place: the data is in the journal until a checkpoint.
         assert_eq!(
@@ -118,7 +130,7 @@ fn wasteless_logs_metadata_changes_as_byte_ranges() {
     let after = fs.stats();
     // Each commit changes an inode, the directory block, a bitmap and a group descriptor:
     // none of them fresh, so all are ranges.
-    let ranged = after.range_blocks - before.range_blocks;
+    let ranged = after.range_records - before.range_records;
     assert!(ranged >= 20 * 3, "only {ranged} blocks logged as ranges");
     fs.crash();
     drop(fs);
@@ -164,7 +176,7 @@ fn selective_writes_a_large_sequence_home_and_journals_a_small_one() {
         "a small write went home in place"
     );
     assert!(
-        s2.range_blocks > s1.range_blocks,
+        s2.range_records > s1.range_records,
         "the small write was not ranged"
     );
     fs.crash();

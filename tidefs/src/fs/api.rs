@@ -412,9 +412,13 @@ pub struct Stats {
     /// Bytes of the committed metadata blocks that had really changed: what byte-range
     /// records would log instead of whole blocks.
     pub changed_metadata_bytes: u64,
-    /// Committed blocks handed to the journal as their changed byte ranges rather than whole
-    /// (`wasteless` and `selective`).
-    pub range_blocks: u64,
+    /// Byte-range records logged (`wasteless` and `selective`): blocks logged as the bytes that
+    /// changed, or as their non-zero bytes, rather than whole.
+    pub range_records: u64,
+    /// Bytes those records carried (without their headers).
+    pub range_bytes: u64,
+    /// Transactions written as one compact commit of a few sectors.
+    pub compact_commits: u64,
     /// Cache flushes the devices received (file-system and journal device).
     pub flushes: u64,
 }

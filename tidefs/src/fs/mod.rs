@@ -67,7 +67,6 @@ struct Counters {
     committed_blocks: AtomicU64,
     /// Bytes of committed metadata blocks that had changed (what byte-range records log).
     changed_metadata_bytes: AtomicU64,
-    range_blocks: AtomicU64,
     /// Recent fsync latencies in microseconds (a bounded window).
     fsync_us: Mutex<Vec<u32>>,
     /// Threads inside fsync right now.
@@ -1073,7 +1072,9 @@ impl Fs {
             fsync_p99_us: pct(99),
             checkpoints: j.checkpoints,
             changed_metadata_bytes: c.changed_metadata_bytes.load(Ordering::Relaxed),
-            range_blocks: c.range_blocks.load(Ordering::Relaxed),
+            range_records: j.range_records,
+            range_bytes: j.range_bytes,
+            compact_commits: j.compact_commits,
             flushes: self.inner.io.flushes(&j),
         }
     }
@@ -1430,7 +1431,6 @@ impl Inner {
             )
         };
         let nblocks = (req.blocks.len() + req.ranges.len()) as u64;
-        let nranged = req.ranges.len() as u64;
         // File data goes home before the commit record that maps it (ordered mode's promise;
         // the journal's flush before the commit record makes it durable first).
         let mut r = write_home(&self.io, &home);
@@ -1470,9 +1470,6 @@ impl Inner {
                 self.counters
                     .changed_metadata_bytes
                     .fetch_add(changed, Ordering::Relaxed);
-                self.counters
-                    .range_blocks
-                    .fetch_add(nranged, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => Err(self.fail(&mut m, &format!("commit of transaction {tid}"), e)),

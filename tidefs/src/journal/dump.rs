@@ -113,6 +113,8 @@ pub struct DumpTag {
     pub escaped: bool,
     /// `(offset, length)` of each range of a range record.
     pub ranges: Vec<(u32, u32)>,
+    /// A range record of a block that is zeros outside its ranges.
+    pub zero_rest: bool,
 }
 
 impl JournalCore {
@@ -138,8 +140,13 @@ impl JournalCore {
                             position: Some(position),
                             escaped,
                             ranges: Vec::new(),
+                            zero_rest: false,
                         }),
-                        Item::Range { home, ranges } => tags.push(DumpTag {
+                        Item::Range {
+                            home,
+                            ranges,
+                            zero_rest,
+                        } => tags.push(DumpTag {
                             home,
                             kind: TagKind::Range,
                             position: None,
@@ -148,6 +155,7 @@ impl JournalCore {
                                 .iter()
                                 .map(|(o, b)| (*o, u32::try_from(b.len()).unwrap_or(u32::MAX)))
                                 .collect(),
+                            zero_rest,
                         }),
                         Item::Revoke { home } => revokes.push(home),
                     }

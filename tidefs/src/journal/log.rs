@@ -67,7 +67,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::records::{range_entry_len, Jbd2BlockLayout, Record};
+use super::records::{nonzero_ranges, range_entry_len, Jbd2BlockLayout, Record};
 use crate::dev::{sector_span, BlockDevice};
 use crate::error::{FsError, Result};
 use crate::format::jbd2::{
@@ -1081,6 +1081,8 @@ impl JournalCore {
     fn records_of(&self, req: CommitRequest, bs: usize) -> Result<(Vec<Record>, Vec<u64>)> {
         // Newest content per home block, in first-seen order, and the ranges of those that
         // appear once, as a range update small enough to log as ranges.
+        // A request with range updates comes from a mode that accepts extension records.
+        let extensions_allowed = !req.ranges.is_empty();
         let mut order: Vec<u64> = Vec::with_capacity(req.blocks.len() + req.ranges.len());
         let mut content: HashMap<u64, Arc<[u8]>> = HashMap::with_capacity(order.capacity());
         let mut ranged: HashMap<u64, Vec<(u32, u32)>> = HashMap::new();
@@ -1136,8 +1138,28 @@ impl JournalCore {
                         home: *h,
                         data,
                         ranges,
+                        zero_rest: false,
                     },
-                    None => Record::FullBlock { home: *h, data },
+                    None => {
+                        // A block mostly of zeros (a new block with little written to it, as an
+                        // append makes) goes as its non-zero bytes over a zero block, when the
+                        // caller allows extension records at all.
+                        let nonzero = if extensions_allowed {
+                            nonzero_ranges(&data)
+                        } else {
+                            Vec::new()
+                        };
+                        if extensions_allowed && range_entry_len(&nonzero) < bs / 2 {
+                            Record::Range {
+                                home: *h,
+                                data,
+                                ranges: nonzero,
+                                zero_rest: true,
+                            }
+                        } else {
+                            Record::FullBlock { home: *h, data }
+                        }
+                    }
                 }
             })
             .collect();

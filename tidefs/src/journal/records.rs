@@ -45,6 +45,9 @@ pub(super) enum Record {
         data: Arc<[u8]>,
         /// Sorted, disjoint `(offset, len)` ranges of `data` to log, each below 64 KiB.
         ranges: Vec<(u32, u32)>,
+        /// `data` is zeros outside `ranges`, so replay starts from a zero block instead of
+        /// the home block's previous version (a whole block logged as its non-zero bytes).
+        zero_rest: bool,
     },
     /// A home block freed by this transaction: replay must not write older copies of it.
     Revoke {
@@ -94,17 +97,46 @@ impl Record {
     /// Appends the entry-area encoding of a range or revoke record (`format::jbd2::ext`).
     fn encode_entry(&self, out: &mut Vec<u8>) {
         match self {
-            Record::Range { home, data, ranges } => {
+            Record::Range {
+                home,
+                data,
+                ranges,
+                zero_rest,
+            } => {
                 let parts: Vec<(u32, &[u8])> = ranges
                     .iter()
                     .map(|&(o, l)| (o, &data[o as usize..(o + l) as usize]))
                     .collect();
-                ext::encode_range(out, *home, &parts);
+                ext::encode_range(out, *home, &parts, *zero_rest);
             }
             Record::Revoke { home } => ext::encode_revoke(out, *home),
             Record::FullBlock { .. } => unreachable!("full blocks have no entry encoding"),
         }
     }
+}
+
+/// The non-zero bytes of `block` as sorted `(offset, len)` ranges, runs closer than one range
+/// descriptor merged (logging the zeros between them is cheaper than another descriptor).
+pub(super) fn nonzero_ranges(block: &[u8]) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    let mut i = 0;
+    while i < block.len() {
+        if block[i] == 0 {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < block.len() && block[i] != 0 {
+            i += 1;
+        }
+        // Block offsets fit in u32.
+        let (s, e) = (start as u32, i as u32);
+        match out.last_mut() {
+            Some((o, l)) if s - (*o + *l) <= ext::RANGE_DESC as u32 => *l = e - *o,
+            _ => out.push((s, e - s)),
+        }
+    }
+    out
 }
 
 /// Bytes a range record with these ranges takes in an entry area.

@@ -69,12 +69,24 @@ pub struct RecoveryReport {
     pub failed_commit: Option<Tid>,
 }
 
-/// What replay does to one home block: start from a full copy (or the home content) and apply
-/// ranges, in log order.
+/// What replay starts one home block from.
+#[derive(Clone, Copy, Default)]
+enum Base {
+    /// Its content at home.
+    #[default]
+    Home,
+    /// A logged full copy: (journal block, escaped).
+    Copy(u32, bool),
+    /// Zeros (a range record with ZERO_REST).
+    Zeros,
+}
+
+/// What replay does to one home block: start from a full copy (or the home content, or zeros)
+/// and apply ranges, in log order.
 #[derive(Default)]
 struct BlockPlan<'a> {
-    /// The newest unrevoked full copy: (journal block, escaped).
-    base: Option<(u32, bool)>,
+    /// The newest unrevoked full copy or zero-rest record.
+    base: Base,
     /// Ranges logged after it, in log order.
     ranges: Vec<&'a [(u32, Vec<u8>)]>,
     /// Tid of the newest record.
@@ -142,11 +154,17 @@ impl JournalCore {
                     Item::Full {
                         position, escaped, ..
                     } => {
-                        plan.base = Some((*position, *escaped));
+                        plan.base = Base::Copy(*position, *escaped);
                         plan.ranges.clear();
                     }
-                    Item::Range { ranges, .. } => {
+                    Item::Range {
+                        ranges, zero_rest, ..
+                    } => {
                         report.range_records += 1;
+                        if *zero_rest {
+                            plan.base = Base::Zeros;
+                            plan.ranges.clear();
+                        }
                         plan.ranges.push(ranges);
                     }
                     Item::Revoke { .. } => {}
@@ -170,13 +188,14 @@ impl JournalCore {
             }
             let mut buf = vec![0u8; state.layout.block_size];
             match plan.base {
-                Some((position, escaped)) => {
+                Base::Copy(position, escaped) => {
                     self.geom.read_block(position, &mut buf)?;
                     if escaped {
                         buf[..4].copy_from_slice(&magic);
                     }
                 }
-                None => self.home.read_at(home * bs, &mut buf)?,
+                Base::Home => self.home.read_at(home * bs, &mut buf)?,
+                Base::Zeros => {}
             }
             for ranges in &plan.ranges {
                 for (off, bytes) in ranges.iter() {

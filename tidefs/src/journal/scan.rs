@@ -48,10 +48,11 @@ pub(super) enum Item {
         position: u32,
         escaped: bool,
     },
-    /// New bytes of some ranges of a home block.
+    /// New bytes of some ranges of a home block (of a zero block when `zero_rest`).
     Range {
         home: u64,
         ranges: Vec<(u32, Vec<u8>)>,
+        zero_rest: bool,
     },
     /// A revoke.
     Revoke { home: u64 },
@@ -319,7 +320,15 @@ impl JournalCore {
 impl From<Entry> for Item {
     fn from(e: Entry) -> Item {
         match e {
-            Entry::Range { home, ranges } => Item::Range { home, ranges },
+            Entry::Range {
+                home,
+                ranges,
+                zero_rest,
+            } => Item::Range {
+                home,
+                ranges,
+                zero_rest,
+            },
             Entry::Revoke { home } => Item::Revoke { home },
         }
     }

@@ -10,8 +10,11 @@
 //! ```text
 //! Entry area: entries back to back, each
 //!   0x0 e_kind   u8   1 = byte-range record, 2 = revoke
-//!   0x1 e_flags  u8   0
-//!   0x2 e_count  u16  range record: number of ranges (>= 1); revoke: 0
+//!   0x1 e_flags  u8   range record: 0, or 1 (ZERO_REST: the block is zeros outside its
+//!                     ranges, so replay starts from a zero block, not the home block);
+//!                     revoke: 0
+//!   0x2 e_count  u16  range record: number of ranges (>= 1, or >= 0 with ZERO_REST);
+//!                     revoke: 0
 //!   0x4 e_home   u64  home block number
 //!   range record only:
 //!   0xC          e_count x (offset u16, length u16): sorted, disjoint, length >= 1,
@@ -72,6 +75,8 @@ pub const ENTRY_HEADER: usize = 12;
 pub const RANGE_DESC: usize = 4;
 
 const KIND_RANGE: u8 = 1;
+/// `e_flags` of a range record whose block is zeros outside its ranges.
+const FLAG_ZERO_REST: u8 = 1;
 const KIND_REVOKE: u8 = 2;
 const C_SECTORS: usize = 0x0C;
 const C_SHIFT: usize = 0x0E;
@@ -93,6 +98,8 @@ pub enum Entry {
         home: u64,
         /// The ranges and their new bytes.
         ranges: Vec<(u32, Vec<u8>)>,
+        /// The block is zeros outside the ranges (replay does not read it from home).
+        zero_rest: bool,
     },
     /// A revoke of a home block.
     Revoke {
@@ -116,12 +123,16 @@ pub fn range_entry_len(lens: impl Iterator<Item = usize>) -> usize {
     lens.fold(ENTRY_HEADER, |acc, l| acc + RANGE_DESC + l)
 }
 
-/// Appends the encoding of a range record: `(offset, bytes)` pairs. Offsets and lengths must
-/// fit in 16 bits (the caller logs larger changes as full blocks).
-pub fn encode_range(out: &mut Vec<u8>, home: u64, ranges: &[(u32, &[u8])]) {
+/// Appends the encoding of a range record: `(offset, bytes)` pairs, and whether the block is
+/// zeros outside them. Offsets and lengths must fit in 16 bits (the caller logs larger changes
+/// as full blocks).
+pub fn encode_range(out: &mut Vec<u8>, home: u64, ranges: &[(u32, &[u8])], zero_rest: bool) {
     let at = out.len();
     out.resize(at + ENTRY_HEADER + RANGE_DESC * ranges.len(), 0);
     out[at] = KIND_RANGE;
+    if zero_rest {
+        out[at + 1] = FLAG_ZERO_REST;
+    }
     put_be16(out, at + 2, u16::try_from(ranges.len()).unwrap_or(u16::MAX));
     put_be64(out, at + 4, home);
     for (i, (off, bytes)) in ranges.iter().enumerate() {
@@ -145,9 +156,13 @@ pub fn encode_revoke(out: &mut Vec<u8>, home: u64) {
 /// Appends the encoding of `e`.
 pub fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
     match e {
-        Entry::Range { home, ranges } => {
+        Entry::Range {
+            home,
+            ranges,
+            zero_rest,
+        } => {
             let r: Vec<(u32, &[u8])> = ranges.iter().map(|(o, b)| (*o, &b[..])).collect();
-            encode_range(out, *home, &r);
+            encode_range(out, *home, &r, *zero_rest);
         }
         Entry::Revoke { home } => encode_revoke(out, *home),
     }
@@ -166,7 +181,8 @@ pub fn parse_entries(area: &[u8], count: u32, block_size: usize) -> Result<Vec<E
         let flags = area[at + 1];
         let n = usize::from(be16(area, at + 2));
         let home = be64(area, at + 4);
-        if flags != 0 {
+        let zero_rest = kind == KIND_RANGE && flags == FLAG_ZERO_REST;
+        if flags != 0 && !zero_rest {
             return Err(bad("unknown flags"));
         }
         match kind {
@@ -178,7 +194,7 @@ pub fn parse_entries(area: &[u8], count: u32, block_size: usize) -> Result<Vec<E
                 out.push(Entry::Revoke { home });
             }
             KIND_RANGE => {
-                if n == 0 {
+                if n == 0 && !zero_rest {
                     return Err(bad("range record without ranges"));
                 }
                 let descs = at + ENTRY_HEADER;
@@ -207,7 +223,11 @@ pub fn parse_entries(area: &[u8], count: u32, block_size: usize) -> Result<Vec<E
                     prev_end = off + len;
                 }
                 at = data;
-                out.push(Entry::Range { home, ranges });
+                out.push(Entry::Range {
+                    home,
+                    ranges,
+                    zero_rest,
+                });
             }
             _ => return Err(bad("unknown kind")),
         }
@@ -411,11 +431,18 @@ mod tests {
             Entry::Range {
                 home: 0x1_0000_0007,
                 ranges: vec![(0, vec![1, 2, 3]), (100, vec![9; 20])],
+                zero_rest: false,
             },
             Entry::Revoke { home: 42 },
             Entry::Range {
                 home: 5,
                 ranges: vec![(4095, vec![7])],
+                zero_rest: true,
+            },
+            Entry::Range {
+                home: 6,
+                ranges: vec![],
+                zero_rest: true,
             },
         ]
     }
@@ -436,7 +463,12 @@ mod tests {
     #[test]
     fn range_entry_golden() {
         let mut a = Vec::new();
-        encode_range(&mut a, 0x0102, &[(0x10, &[0xAA, 0xBB]), (0x20, &[0xCC])]);
+        encode_range(
+            &mut a,
+            0x0102,
+            &[(0x10, &[0xAA, 0xBB]), (0x20, &[0xCC])],
+            false,
+        );
         assert_eq!(
             a,
             [
@@ -446,13 +478,24 @@ mod tests {
                 0xAA, 0xBB, 0xCC, // bytes
             ]
         );
+        let mut z = Vec::new();
+        encode_range(&mut z, 3, &[], true);
+        assert_eq!(z, [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]);
+        // ZERO_REST is a range record's flag only; an empty range list needs it.
+        z[0] = 2;
+        assert!(parse_entries(&z, 1, 4096).is_err(), "revoke with flags");
+        z[0] = 1;
+        z[1] = 0;
+        assert!(parse_entries(&z, 1, 4096).is_err(), "no ranges");
+        z[1] = 2;
+        assert!(parse_entries(&z, 1, 4096).is_err(), "unknown flag");
     }
 
     #[test]
     fn compact_round_trip_and_checksum() {
         let e = sample();
         let a = area(&e);
-        let b = build_compact(0x1234, 9, 3, &a, 512, (77, 88));
+        let b = build_compact(0x1234, 9, 4, &a, 512, (77, 88));
         assert_eq!(b.len(), 512);
         let mut block = b.clone();
         block.resize(4096, 0xEE);
@@ -480,7 +523,7 @@ mod tests {
             .filter(|e| matches!(e, Entry::Range { .. }))
             .collect();
         let a = area(&e);
-        let b = build_ranges_block(5, 3, 2, &a, 4096);
+        let b = build_ranges_block(5, 3, 3, &a, 4096);
         assert_eq!(parse_ranges_block(&b, 5, 3).unwrap(), e);
         let mut bad = b.clone();
         bad[200] ^= 1;
@@ -491,15 +534,15 @@ mod tests {
     #[test]
     fn entries_reject_bad_ranges() {
         let mut a = Vec::new();
-        encode_range(&mut a, 1, &[(10, &[1; 5]), (12, &[1; 2])]);
+        encode_range(&mut a, 1, &[(10, &[1; 5]), (12, &[1; 2])], false);
         assert!(parse_entries(&a, 1, 4096).is_err(), "overlap");
         let mut a = Vec::new();
-        encode_range(&mut a, 1, &[(4095, &[1; 2])]);
+        encode_range(&mut a, 1, &[(4095, &[1; 2])], false);
         assert!(parse_entries(&a, 1, 4096).is_err(), "past the block");
         let a = area(&sample());
-        assert!(parse_entries(&a, 4, 4096).is_err(), "count too large");
-        assert!(parse_entries(&a[..a.len() - 1], 3, 4096).is_err(), "short");
-        assert!(parse_entries(&a, 2, 4096).is_err(), "trailing bytes");
+        assert!(parse_entries(&a, 5, 4096).is_err(), "count too large");
+        assert!(parse_entries(&a[..a.len() - 1], 4, 4096).is_err(), "short");
+        assert!(parse_entries(&a, 3, 4096).is_err(), "trailing bytes");
     }
 
     proptest::proptest! {
