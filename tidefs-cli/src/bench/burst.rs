@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tidefs::fs::{Creds, Fs, ROOT_INO};
 
 use super::report::{self, Latency, Series};
-use super::systems::{DeviceCounters, System, Target};
+use super::systems::{DeviceCounters, JournalPlace, System, Target};
 use crate::CliError;
 
 /// Arguments of `tidefs bench burst`.
@@ -65,7 +65,7 @@ pub struct BurstArgs {
 
 /// How long each writer goes on.
 #[derive(Clone, Copy, Debug)]
-enum Budget {
+pub(super) enum Budget {
     /// This many operations per thread.
     Ops(u64),
     /// Until this much time has passed.
@@ -159,8 +159,13 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
     let record = vec![b'b'; args.record_size];
 
     let mut targets = Vec::new();
-    for &system in &systems {
-        targets.push(Target::prepare(system, &dir, args.common.size)?);
+    for system in &systems {
+        targets.push(Target::prepare(
+            system.clone(),
+            &dir,
+            args.common.size,
+            JournalPlace::Internal,
+        )?);
     }
     let probed: Vec<&Target> = targets.iter().filter(|t| t.system.has_path()).collect();
     let steps = args.common.runs * args.threads.len() * targets.len()
@@ -253,7 +258,7 @@ fn measure(
     let commits = commits_before
         .zip(target.commits())
         .map(|(a, b)| b.saturating_sub(a));
-    let device = target.counters().since(device_before);
+    let device = target.counters().since(device_before).total();
     let mut sorted = samples.clone();
     let ops = samples.len() as u64;
     let seconds = elapsed.as_secs_f64();
@@ -281,64 +286,80 @@ fn storm(
     record: &[u8],
     done: Option<&AtomicBool>,
 ) -> Result<(Duration, Vec<u64>), String> {
-    let result = match (target.root(), target.embedded()) {
-        (Some(root), _) => {
-            let dir = root.join(label);
-            std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-            drive(threads, budget, |i| {
-                let path = dir.join(format!("f{i}"));
-                let mut file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                Ok(move || {
-                    file.write_all(record).map_err(|e| format!("write: {e}"))?;
-                    file.sync_data().map_err(|e| format!("fdatasync: {e}"))
-                })
-            })
-        }
-        (None, Some(fs)) => embedded_storm(fs, label, threads, budget, record),
-        (None, None) => Err("the system has neither a path nor a library handle".into()),
-    };
+    let result = appender(target, label, record).and_then(|open| drive(threads, budget, open));
     if let Some(done) = done {
         done.store(true, Ordering::SeqCst);
     }
     result
 }
 
-fn embedded_storm(
-    fs: &Arc<Fs>,
+/// One stream's operation: append the record to its file and fdatasync it.
+pub(super) type Append<'a> = Box<dyn FnMut() -> Result<(), String> + Send + 'a>;
+
+/// Makes directory `label` in `target` and returns the maker of its streams: `open(i)` creates
+/// file `f{i}` there and returns its [`Append`] of `record`, through the mounted path or the
+/// embedded library.
+pub(super) fn appender<'a>(
+    target: &'a Target,
     label: &str,
-    threads: usize,
-    budget: Budget,
-    record: &[u8],
-) -> Result<(Duration, Vec<u64>), String> {
-    let dir = fs
-        .mkdir(ROOT_INO, label.as_bytes(), 0o755, Creds::ROOT)
-        .map_err(|e| format!("mkdir {label}: {e}"))?
-        .ino;
-    drive(threads, budget, |i| {
+    record: &'a [u8],
+) -> Result<impl Fn(usize) -> Result<Append<'a>, String> + Sync + 'a, String> {
+    enum Place<'a> {
+        Path(PathBuf),
+        Embedded(&'a Arc<Fs>, u64),
+    }
+    let place = match (target.root(), target.embedded()) {
+        (Some(root), _) => {
+            let dir = root.join(label);
+            std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+            Place::Path(dir)
+        }
+        (None, Some(fs)) => {
+            let dir = fs
+                .mkdir(ROOT_INO, label.as_bytes(), 0o755, Creds::ROOT)
+                .map_err(|e| format!("mkdir {label}: {e}"))?
+                .ino;
+            Place::Embedded(fs, dir)
+        }
+        (None, None) => return Err("the system has neither a path nor a library handle".into()),
+    };
+    Ok(move |i: usize| -> Result<Append<'a>, String> {
         let name = format!("f{i}");
-        let ino = fs
-            .create(dir, name.as_bytes(), 0o100644, 0, Creds::ROOT)
-            .map_err(|e| format!("create {name}: {e}"))?
-            .ino;
-        let mut offset = 0u64;
-        Ok(move || {
-            fs.write(ino, offset, record)
-                .map_err(|e| format!("write: {e}"))?;
-            fs.fsync(ino, true).map_err(|e| format!("fdatasync: {e}"))?;
-            offset += record.len() as u64;
-            Ok(())
-        })
+        match &place {
+            Place::Path(dir) => {
+                let path = dir.join(&name);
+                let mut file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                Ok(Box::new(move || {
+                    file.write_all(record).map_err(|e| format!("write: {e}"))?;
+                    file.sync_data().map_err(|e| format!("fdatasync: {e}"))
+                }))
+            }
+            &Place::Embedded(fs, dir) => {
+                let ino = fs
+                    .create(dir, name.as_bytes(), 0o100644, 0, Creds::ROOT)
+                    .map_err(|e| format!("create {name}: {e}"))?
+                    .ino;
+                let mut offset = 0u64;
+                Ok(Box::new(move || {
+                    fs.write(ino, offset, record)
+                        .map_err(|e| format!("write: {e}"))?;
+                    fs.fsync(ino, true).map_err(|e| format!("fdatasync: {e}"))?;
+                    offset += record.len() as u64;
+                    Ok(())
+                }))
+            }
+        }
     })
 }
 
 /// Starts `threads` threads; each gets its operation from `open(index)`, all start together,
 /// and each repeats the operation while `budget` allows. Returns the wall time from the start
 /// to the last thread's end and every operation's latency in microseconds.
-fn drive<Open, Op>(
+pub(super) fn drive<Open, Op>(
     threads: usize,
     budget: Budget,
     open: Open,

@@ -1,5 +1,5 @@
 //! What the benchmarks print and write: latency percentiles, ratios, aligned text tables, JSON
-//! files, SVG line plots (plotters) and progress bars (indicatif, shown only on a terminal).
+//! files, SVG line plots with one or several charts (plotters) and progress bars (indicatif, shown only on a terminal).
 
 use std::path::Path;
 use std::time::Duration;
@@ -178,6 +178,14 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
 ];
 
+/// One chart of a figure: its y axis and its lines.
+pub struct Panel<'a> {
+    /// The y axis' description.
+    pub y_desc: &'a str,
+    /// The lines.
+    pub series: &'a [Series],
+}
+
 /// Draws `series` as lines with markers into an SVG file. With `log2_x` the x axis is drawn in
 /// powers of two (thread counts 1, 4, 16, 64 spread evenly) and labelled with the counts.
 pub fn plot_lines(
@@ -187,7 +195,59 @@ pub fn plot_lines(
     series: &[Series],
     log2_x: bool,
 ) -> Result<(), CliError> {
+    plot_panels(path, title, x_desc, &[Panel { y_desc, series }], log2_x)
+}
+
+/// Draws several charts with the same x axis into one SVG file, two side by side per row, as
+/// [`plot_lines`] draws one; `title` goes above them all.
+pub fn plot_panels(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    panels: &[Panel],
+    log2_x: bool,
+) -> Result<(), CliError> {
     let failed = |e: String| CliError::new(format!("bench: plot {}", path.display()), e);
+    if panels
+        .iter()
+        .all(|p| p.series.iter().all(|s| s.points.is_empty()))
+    {
+        return Err(failed("nothing to plot".into()));
+    }
+    let columns = panels.len().clamp(1, 2);
+    let rows = panels.len().div_ceil(columns).max(1);
+    let size = (900 * columns as u32, 560 * rows as u32 + 40);
+    let root = SVGBackend::new(path, size).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(e.to_string()))?;
+    let body = if panels.len() > 1 {
+        root.titled(title, ("sans-serif", 24))
+            .map_err(|e| failed(e.to_string()))?
+    } else {
+        root.clone()
+    };
+    let areas = body.split_evenly((rows, columns));
+    for (panel, area) in panels.iter().zip(&areas) {
+        let caption = if panels.len() > 1 {
+            panel.y_desc
+        } else {
+            title
+        };
+        draw_chart(area, caption, (x_desc, panel.y_desc), panel.series, log2_x).map_err(failed)?;
+    }
+    root.present().map_err(|e| failed(e.to_string()))
+}
+
+/// Draws one chart of [`plot_panels`] into `area`.
+fn draw_chart<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    caption: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+    log2_x: bool,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
     let x_of = |x: f64| {
         if log2_x {
             x.max(f64::MIN_POSITIVE).log2()
@@ -200,22 +260,30 @@ pub fn plot_lines(
         .flat_map(|s| s.points.iter().map(|p| x_of(p.0)));
     let (x_lo, x_hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
     if x_lo > x_hi {
-        return Err(failed("nothing to plot".into()));
+        return Ok(());
     }
     let pad = ((x_hi - x_lo) * 0.05).max(0.5);
     let y_hi = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
+        .filter(|y| y.is_finite())
         .fold(0.0_f64, f64::max);
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| failed(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
+    // Small ranges (bytes per app byte near 1) need decimals on the axis.
+    let y_top = if y_hi > 0.0 { y_hi * 1.1 } else { 1.0 };
+    let decimals = if y_top < 1.0 {
+        2
+    } else if y_top < 10.0 {
+        1
+    } else {
+        0
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(x_lo - pad..x_hi + pad, 0.0..(y_hi * 1.1).max(1.0))
-        .map_err(|e| failed(e.to_string()))?;
+        .build_cartesian_2d(x_lo - pad..x_hi + pad, 0.0..y_top)
+        .map_err(|e| e.to_string())?;
     let x_label = |x: &f64| {
         if log2_x {
             format!("{:.0}", x.exp2())
@@ -233,15 +301,20 @@ pub fn plot_lines(
             10
         })
         .x_label_formatter(&x_label)
-        .y_label_formatter(&|y| format!("{y:.0}"))
+        .y_label_formatter(&|y| format!("{y:.decimals$}"))
         .draw()
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
     for (i, s) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x_of(x), y)).collect();
+        let points: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .filter(|p| p.1.is_finite())
+            .map(|&(x, y)| (x_of(x), y))
+            .collect();
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .map_err(|e| failed(e.to_string()))?
+            .map_err(|e| e.to_string())?
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart
@@ -250,7 +323,7 @@ pub fn plot_lines(
                     .into_iter()
                     .map(|p| Circle::new(p, 3, color.filled())),
             )
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| e.to_string())?;
     }
     chart
         .configure_series_labels()
@@ -258,8 +331,8 @@ pub fn plot_lines(
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| failed(e.to_string()))?;
-    root.present().map_err(|e| failed(e.to_string()))
+        .map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// A progress bar over `total` steps on stderr; hidden when stderr is not a terminal.
