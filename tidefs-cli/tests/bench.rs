@@ -204,15 +204,9 @@ fn burst_reports_every_system_thread_count_and_probe() {
             "{probe}"
         );
     }
-    let plot = std::fs::read_to_string(&svg).expect("OK to unwrap: the plot exists");
-    assert!(
-        plot.starts_with("<svg"),
-        "not an SVG: {}",
-        &plot[..plot.len().min(80)]
-    );
-    assert!(
-        plot.contains("tidefs-embedded:journal"),
-        "the legend names every system"
+    assert_plot(
+        &svg,
+        &["tidefs:ordered", "tidefs-embedded:journal", "ext4:ordered"],
     );
 }
 

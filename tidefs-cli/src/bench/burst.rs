@@ -194,7 +194,7 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
     bar.finish_and_clear();
     drop(targets);
 
-    let rows = aggregate(&systems, &args.threads, cells.as_mut_slice());
+    let rows = aggregate(&systems, &args.threads, &cells);
     print_rows(&rows, &args, budget);
     let probe_rows = probe_rows(probes, args.probe_threads);
     if args.probe {
@@ -492,16 +492,11 @@ fn probe_rows(probes: Vec<(String, f64, Vec<u64>)>, storm_threads: usize) -> Vec
 }
 
 /// Folds the runs into one row per system and thread count.
-fn aggregate(systems: &[System], threads: &[usize], cells: &mut [Cell]) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for &t in threads {
-        let mut block = Vec::new();
-        for system in systems {
-            let name = system.name();
-            let mine: Vec<&Cell> = cells
-                .iter()
-                .filter(|c| c.system == name && c.threads == t)
-                .collect();
+fn aggregate(systems: &[System], threads: &[usize], cells: &[Cell]) -> Vec<Row> {
+    let groups = report::grouped(threads, systems, cells, |c| (&c.system, c.threads));
+    let mut rows: Vec<Row> = groups
+        .into_iter()
+        .map(|(t, name, mine)| {
             let mut rates: Vec<f64> = mine.iter().map(|c| c.ops_per_s).collect();
             let mut samples: Vec<u64> = mine.iter().flat_map(|c| c.samples.clone()).collect();
             let mut commits: Vec<u64> = mine.iter().filter_map(|c| c.commits).collect();
@@ -513,7 +508,7 @@ fn aggregate(systems: &[System], threads: &[usize], cells: &mut [Cell]) -> Vec<R
                     bytes_written: acc.bytes_written + c.device.bytes_written,
                     flushes: acc.flushes + c.device.flushes,
                 });
-            block.push(Row {
+            Row {
                 system: name,
                 threads: t,
                 ops_per_s: report::median(&mut rates),
@@ -522,10 +517,12 @@ fn aggregate(systems: &[System], threads: &[usize], cells: &mut [Cell]) -> Vec<R
                 device_bytes_per_op: device.bytes_written as f64 / ops as f64,
                 flushes_per_op: device.flushes as f64 / ops as f64,
                 ratio_to_ext4_ordered: None,
-            });
-        }
-        report::set_ratios(&mut block);
-        rows.extend(block);
+            }
+        })
+        .collect();
+    // Each thread count is a block of one row per system, compared within.
+    for block in rows.chunks_mut(systems.len().max(1)) {
+        report::set_ratios(block);
     }
     rows
 }

@@ -98,6 +98,26 @@ pub fn set_ratios<R: Compared>(rows: &mut [R]) {
     }
 }
 
+/// The measurements of a table, grouped as its rows: for each count of `counts` (threads,
+/// streams), for each of `systems`, the count, the system's name and the items measured on it
+/// at that count, which `of(item)` names as (system, count).
+pub fn grouped<'a, T>(
+    counts: &[usize],
+    systems: &[super::systems::System],
+    items: &'a [T],
+    of: impl Fn(&T) -> (&str, usize),
+) -> Vec<(usize, String, Vec<&'a T>)> {
+    let mut groups = Vec::new();
+    for &count in counts {
+        for system in systems {
+            let name = system.name();
+            let mine = items.iter().filter(|i| of(i) == (&name, count)).collect();
+            groups.push((count, name, mine));
+        }
+    }
+    groups
+}
+
 /// A ratio cell: `0.52x`, or `-` when there is no base.
 pub fn ratio_cell(r: Option<f64>) -> String {
     r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x"))

@@ -285,7 +285,7 @@ pub fn run(args: StreamsArgs) -> Result<(), CliError> {
     }
     bar.finish_and_clear();
 
-    let rows = aggregate(&systems, &args.streams, &mut cells);
+    let rows = aggregate(&systems, &args.streams, &cells);
     print_rows(&rows, &args, workload);
     if let Some(path) = &args.common.json {
         let value = serde_json::json!({
@@ -476,20 +476,16 @@ fn median_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 }
 
 /// Folds the runs into one row per stream count and system.
-fn aggregate(systems: &[System], streams: &[usize], cells: &mut [Cell]) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for &n in streams {
-        for system in systems {
-            let name = system.name();
-            let mine: Vec<&Cell> = cells
-                .iter()
-                .filter(|c| c.system == name && c.streams == n)
-                .collect();
+fn aggregate(systems: &[System], streams: &[usize], cells: &[Cell]) -> Vec<Row> {
+    let groups = report::grouped(streams, systems, cells, |c| (&c.system, c.streams));
+    groups
+        .into_iter()
+        .map(|(n, name, mine)| {
             let pick = |f: &dyn Fn(&Cell) -> Option<f64>| median_of(mine.iter().map(|c| f(c)));
             let mut samples: Vec<u64> = mine.iter().flat_map(|c| c.samples.clone()).collect();
             let app_cpu_s = pick(&|c| c.app_cpu_s);
             let server_cpu_s = pick(&|c| c.server_cpu_s);
-            rows.push(Row {
+            Row {
                 system: name,
                 streams: n,
                 journal_bytes_per_app_byte: pick(&|c| c.journal_bytes_per_app_byte),
@@ -501,10 +497,9 @@ fn aggregate(systems: &[System], streams: &[usize], cells: &mut [Cell]) -> Vec<R
                 cpu_s: app_cpu_s.map(|a| a + server_cpu_s.unwrap_or(0.0)),
                 app_cpu_s,
                 server_cpu_s,
-            });
-        }
-    }
-    rows
+            }
+        })
+        .collect()
 }
 
 fn print_rows(rows: &[Row], args: &StreamsArgs, workload: Workload) {

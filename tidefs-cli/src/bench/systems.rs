@@ -2,7 +2,9 @@
 //!
 //! Names on the command line (`--systems`, comma-separated):
 //! - `tidefs:MODE`: tidefs through a real FUSE mount served by the `tidefs mount` daemon;
-//! - `tidefs-embedded:MODE`: the library in this process (`Fs::open`), no FUSE;
+//! - `tidefs-embedded:MODE`: the library in this process (`Fs::open`), no FUSE; MODE is passed
+//!   through as `-o data=MODE`, checked by tidefs' own option parser, so new modes need nothing
+//!   here;
 //! - `ext4:ordered`, `ext4:writeback`, `ext4:journal`: the kernel's ext4 with that `data=` mode;
 //!   `ext4:fast_commit`: `data=ordered` on a file system made with `-O fast_commit`;
 //! - `fuse2fs`: e2fsprogs' FUSE driver on an ext4 file system (it does not use the journal).
@@ -10,10 +12,12 @@
 //! Every system lives on a fresh sparse image file attached to its own loop device with direct
 //! I/O (`losetup --direct-io=on`): the loop device passes writes and flushes straight to the
 //! backing file, so no system gains from the host's page cache below it, and the device's
-//! counters (`/sys/block/loopN/stat`) measure the bytes and flushes each system issued.
+//! counters (`/sys/block/loopN/stat`) measure the bytes and flushes each system issued. With
+//! [`JournalPlace::External`] the journal gets an image and loop device of its own, so that
+//! journal bytes and home bytes are counted apart ([`Traffic`]).
 //!
 //! Invariants:
-//! - A [`Target`] drops in the order mount, loop device, image file: nothing is detached while
+//! - A [`Target`] drops in the order mount, loop devices, image files: nothing is detached while
 //!   mounted, and nothing stays behind on an error or a panic.
 
 use std::path::{Path, PathBuf};
