@@ -206,16 +206,17 @@ pub struct Panel<'a> {
     pub series: &'a [Series],
 }
 
-/// Draws `series` as lines with markers into an SVG file. With `log2_x` the x axis is drawn in
-/// powers of two (thread counts 1, 4, 16, 64 spread evenly) and labelled with the counts.
+/// Draws `series` as lines with markers into an SVG file. With `log_x` the x axis is
+/// logarithmic, in powers of ten when every x is one (stream counts 1, 10, 100, 1000), else in
+/// powers of two (thread counts 1, 4, 16, 64), and labelled with the counts.
 pub fn plot_lines(
     path: &Path,
     title: &str,
     (x_desc, y_desc): (&str, &str),
     series: &[Series],
-    log2_x: bool,
+    log_x: bool,
 ) -> Result<(), CliError> {
-    plot_panels(path, title, x_desc, &[Panel { y_desc, series }], log2_x)
+    plot_panels(path, title, x_desc, &[Panel { y_desc, series }], log_x)
 }
 
 /// Draws several charts with the same x axis into one SVG file, two side by side per row, as
@@ -225,7 +226,7 @@ pub fn plot_panels(
     title: &str,
     x_desc: &str,
     panels: &[Panel],
-    log2_x: bool,
+    log_x: bool,
 ) -> Result<(), CliError> {
     let failed = |e: String| CliError::new(format!("bench: plot {}", path.display()), e);
     if panels
@@ -252,7 +253,7 @@ pub fn plot_panels(
         } else {
             title
         };
-        draw_chart(area, caption, (x_desc, panel.y_desc), panel.series, log2_x).map_err(failed)?;
+        draw_chart(area, caption, (x_desc, panel.y_desc), panel.series, log_x).map_err(failed)?;
     }
     root.present().map_err(|e| failed(e.to_string()))
 }
@@ -263,14 +264,24 @@ fn draw_chart<DB: DrawingBackend>(
     caption: &str,
     (x_desc, y_desc): (&str, &str),
     series: &[Series],
-    log2_x: bool,
+    log_x: bool,
 ) -> Result<(), String>
 where
     DB::ErrorType: 'static,
 {
+    let power_of_ten = |x: f64| x >= 1.0 && (x.log10() - x.log10().round()).abs() < 1e-9;
+    let base: f64 = if series
+        .iter()
+        .flat_map(|s| &s.points)
+        .all(|p| power_of_ten(p.0))
+    {
+        10.0
+    } else {
+        2.0
+    };
     let x_of = |x: f64| {
-        if log2_x {
-            x.max(f64::MIN_POSITIVE).log2()
+        if log_x {
+            x.max(f64::MIN_POSITIVE).log(base)
         } else {
             x
         }
@@ -305,8 +316,8 @@ where
         .build_cartesian_2d(x_lo - pad..x_hi + pad, 0.0..y_top)
         .map_err(|e| e.to_string())?;
     let x_label = |x: &f64| {
-        if log2_x {
-            format!("{:.0}", x.exp2())
+        if log_x {
+            format!("{:.0}", base.powf(*x))
         } else {
             format!("{x:.0}")
         }
@@ -315,7 +326,7 @@ where
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc(y_desc)
-        .x_labels(if log2_x {
+        .x_labels(if log_x {
             (x_hi - x_lo) as usize + 2
         } else {
             10
@@ -347,12 +358,26 @@ where
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(legend_corner(series))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Where the legend hides the least: the upper corner on the side where the lines end lower.
+fn legend_corner(series: &[Series]) -> SeriesLabelPosition {
+    let (mut left, mut right) = (0.0, 0.0);
+    for s in series {
+        left += s.points.first().map_or(0.0, |p| p.1);
+        right += s.points.last().map_or(0.0, |p| p.1);
+    }
+    if right < left {
+        SeriesLabelPosition::UpperRight
+    } else {
+        SeriesLabelPosition::UpperLeft
+    }
 }
 
 /// A progress bar over `total` steps on stderr; hidden when stderr is not a terminal.

@@ -293,7 +293,7 @@ pub fn run(args: StreamsArgs) -> Result<(), CliError> {
             "workload": workload.json(),
             "seconds": args.seconds,
             "runs": args.common.runs,
-            "journal": "external, own loop device with direct I/O (fuse2fs: internal, unused)",
+            "journal": "on its own loop device with direct I/O (fuse2fs: none apart, home bytes only)",
             "rows": rows,
             "cells": cells,
         });
