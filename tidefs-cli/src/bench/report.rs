@@ -39,6 +39,13 @@ impl Latency {
             max_us: samples.last().copied().unwrap_or(0),
         }
     }
+
+    /// The table cells p50, p99 and max, in milliseconds ([`ms_cell`]).
+    pub fn cells(&self) -> Vec<String> {
+        [self.p50_us, self.p99_us, self.max_us]
+            .map(ms_cell)
+            .to_vec()
+    }
 }
 
 /// Microseconds of a duration, saturating.

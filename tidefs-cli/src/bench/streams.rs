@@ -524,19 +524,22 @@ fn print_rows(rows: &[Row], args: &StreamsArgs, workload: Workload) {
         "system|streams|journal B/app B|home B/app B|ops/s|p50|p99|max|commits|cpu s",
         rows,
         |r| {
-            vec![
-                r.system.clone(),
-                r.streams.to_string(),
-                r.journal_bytes_per_app_byte
-                    .map_or_else(|| "-".into(), ratio),
-                ratio(r.home_bytes_per_app_byte),
-                format!("{:.0}", r.ops_per_s),
-                report::ms_cell(r.latency.p50_us),
-                report::ms_cell(r.latency.p99_us),
-                report::ms_cell(r.latency.max_us),
-                r.commits.map_or_else(|| "-".into(), |c| c.to_string()),
-                r.cpu_s.map_or_else(|| "-".into(), |c| format!("{c:.2}")),
+            [
+                vec![
+                    r.system.clone(),
+                    r.streams.to_string(),
+                    r.journal_bytes_per_app_byte
+                        .map_or_else(|| "-".into(), ratio),
+                    ratio(r.home_bytes_per_app_byte),
+                    format!("{:.0}", r.ops_per_s),
+                ],
+                r.latency.cells(),
+                vec![
+                    r.commits.map_or_else(|| "-".into(), |c| c.to_string()),
+                    r.cpu_s.map_or_else(|| "-".into(), |c| format!("{c:.2}")),
+                ],
             ]
+            .concat()
         },
     );
     if rows.iter().any(|r| r.journal_bytes_per_app_byte.is_none()) {
