@@ -12,10 +12,11 @@
 //!   interval: slot `j` belongs to stream `j % N` and is due at `j * interval / N`, so one
 //!   atomic counter is the whole timer wheel. A pool of threads (`--threads`, default one per
 //!   stream up to 256) takes the slots in order, sleeps until each is due and runs it. The
-//!   pool bounds the fdatasyncs in flight (group commit feeds on them); 256 is more than the
-//!   kernel's ext4 keeps in flight at 1K × 1000, and on a small machine one thread per stream
-//!   measures the scheduler more than the file system (on the 2-core development machine,
-//!   10K × 1000 with 1000 threads cut ext4's rate by a sixth and quadrupled its p50). How late
+//!   pool bounds the fdatasyncs in flight (group commit feeds on them); at 1K × 1000 a system
+//!   with millisecond fdatasyncs needs only a handful in flight, and on a small machine one
+//!   thread per stream measures the scheduler more than the file system (in one trial on the
+//!   2-core development machine, 10K × 1000 with 1000 threads instead of 256 cut ext4's rate
+//!   by a sixth and nearly quadrupled its p50). How late
 //!   records started is measured; the table notes a system whose p99 lateness exceeds the
 //!   interval, i.e. that (or whose pool) did not keep up.
 //! - **Burst** (`--burst SIZE`): one thread per stream appends back to back, as
