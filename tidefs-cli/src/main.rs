@@ -207,6 +207,10 @@ enum BenchCommand {
     Postmark(bench::postmark::PostmarkArgs),
     /// SQLite autocommit transactions with synchronous=FULL, rollback journal and WAL.
     Sqlite(bench::sqlite::SqliteArgs),
+    /// Many streams each appending records to their own file with fdatasync after each,
+    /// paced at a bit rate or in a burst; journal and home bytes per app byte (journal on its
+    /// own device), latency, commits and CPU, side by side.
+    Streams(bench::streams::StreamsArgs),
 }
 
 /// The data modes named by a `--mode` argument (`all` for every mode).
@@ -430,6 +434,10 @@ fn run_bench(which: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Sqlite(args) => {
             bench::catch_interrupts()?;
             bench::sqlite::run(args)
+        }
+        BenchCommand::Streams(args) => {
+            bench::catch_interrupts()?;
+            bench::streams::run(args)
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Goal: every `tidefs bench` subcommand runs its systems side by side and reports the shape
 //! its documentation promises. Method: tiny runs through the built binary (recovery, burst with
-//! its probe, postmark, sqlite); the JSON and the printed table must name every system, thread
-//! count or journal mode, carry the ratio to ext4 `data=ordered`, and the SVG plot must exist.
-//! Bad `--systems` lists are usage errors. No timing is asserted.
+//! its probe, postmark, sqlite, streams paced and in a burst); the JSON and the printed table
+//! must name every system, thread count, stream count or journal mode, carry the ratio to ext4
+//! `data=ordered` where the benchmark compares, and the SVG plot must exist. Bad `--systems`
+//! lists and bad options are usage errors. No timing is asserted.
 
 mod common;
 
@@ -227,15 +228,9 @@ fn burst_reports_every_system_thread_count_and_probe() {
             "{probe}"
         );
     }
-    let plot = std::fs::read_to_string(&svg).expect("OK to unwrap: the plot exists");
-    assert!(
-        plot.starts_with("<svg"),
-        "not an SVG: {}",
-        &plot[..plot.len().min(80)]
-    );
-    assert!(
-        plot.contains("tidefs-embedded:journal"),
-        "the legend names every system"
+    assert_plot(
+        &svg,
+        &["tidefs:ordered", "tidefs-embedded:journal", "ext4:ordered"],
     );
 }
 
@@ -267,7 +262,13 @@ fn postmark_reports_every_system() {
             "tidefs:writeback,ext4:ordered,fuse2fs",
         ],
     );
-    for header in ["tx/s", "total s", "dev MB written", "vs ext4:ordered"] {
+    for header in [
+        "tx/s",
+        "total s",
+        "dev MB written",
+        "of which journal",
+        "vs ext4:ordered",
+    ] {
         assert!(text.contains(header), "no column {header}:\n{text}");
     }
     assert_eq!(
@@ -275,6 +276,15 @@ fn postmark_reports_every_system() {
         ["tidefs:writeback", "ext4:ordered", "fuse2fs"]
     );
     assert_compared(&report["rows"], "transactions_per_s");
+    // The journals are on their own devices; fuse2fs has none.
+    for row in report["rows"].as_array().expect("OK to unwrap: array") {
+        let journal = row["journal_bytes_written"].as_f64();
+        if row["system"] == "fuse2fs" {
+            assert_eq!(journal, None, "{row}");
+        } else {
+            assert!(journal.is_some_and(|j| j > 0.0), "{row}");
+        }
+    }
 }
 
 /// Goal: sqlite times autocommit inserts in both journal modes on each system, with the ratio
@@ -336,6 +346,158 @@ fn bench_systems_lists_are_checked() {
         (&["burst", "--threads", "0"][..], "positive"),
     ] {
         let out = output(tidefs().arg("bench").args(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(expected),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+/// The SVG at `path` exists and its legends name every one of `systems`.
+fn assert_plot(path: &std::path::Path, systems: &[&str]) {
+    let plot = std::fs::read_to_string(path).expect("OK to unwrap: the plot exists");
+    assert!(
+        plot.starts_with("<svg"),
+        "not an SVG: {}",
+        &plot[..plot.len().min(80)]
+    );
+    for system in systems {
+        assert!(plot.contains(system), "the legend names {system}");
+    }
+}
+
+/// Checks the rows of a streams report: the `systems` at each of `streams`, in that order,
+/// bytes per app byte positive and finite (journal bytes where a journal device exists),
+/// records timed, commits counted.
+fn assert_streams_rows(report: &serde_json::Value, systems: &[&str], streams: &[u64]) {
+    let rows = &report["rows"];
+    let expected: Vec<&str> = streams
+        .iter()
+        .flat_map(|_| systems.iter().copied())
+        .collect();
+    assert_eq!(names(rows, "system"), expected);
+    for (i, row) in rows
+        .as_array()
+        .expect("OK to unwrap: array")
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(
+            row["streams"].as_u64(),
+            Some(streams[i / systems.len()]),
+            "{row}"
+        );
+        for key in ["journal_bytes_per_app_byte", "home_bytes_per_app_byte"] {
+            let value = row[key].as_f64().expect("OK to unwrap: a number");
+            assert!(value.is_finite() && value > 0.0, "{key}: {row}");
+        }
+        assert!(
+            row["latency"]["count"].as_u64().is_some_and(|c| c > 0),
+            "{row}"
+        );
+        assert!(row["ops_per_s"].as_f64().is_some_and(|o| o > 0.0), "{row}");
+        assert!(row["commits"].as_u64().is_some(), "{row}");
+        assert!(row["cpu_s"].as_f64().is_some(), "{row}");
+    }
+    for cell in report["cells"].as_array().expect("OK to unwrap: array") {
+        let app = cell["app_bytes"].as_u64().expect("OK to unwrap: app bytes");
+        let journal = cell["traffic"]["journal"]["bytes_written"].as_u64();
+        assert!(app > 0 && journal.is_some_and(|j| j > 0), "{cell}");
+    }
+}
+
+/// Goal: streams measures FUSE, embedded and kernel systems with their journals on their own
+/// devices, paced and in a burst, and reports bytes per app byte, latency, commits and CPU.
+/// Method: 4 paced streams at 10 Kbit/s for 2 s (table, JSON and the SVG checked); then a
+/// 1-second burst at 1 and 2 streams on two systems. No timing asserted.
+#[test]
+fn streams_reports_every_system() {
+    let test = "streams_reports_every_system";
+    if bench_skip(test) {
+        return;
+    }
+    let systems = ["tidefs:ordered", "tidefs-embedded:journal", "ext4:ordered"];
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let svg = dir.path().join("streams.svg");
+    let (text, report) = run_bench(
+        dir.path(),
+        &[
+            "streams",
+            "--rate",
+            "10K",
+            "--streams",
+            "4",
+            "--seconds",
+            "2",
+            "--systems",
+            &systems.join(","),
+            "--plot",
+            svg.to_str().expect("OK to unwrap: temp paths are UTF-8"),
+        ],
+    );
+    for header in [
+        "journal B/app B",
+        "home B/app B",
+        "ops/s",
+        "p50",
+        "p99",
+        "max",
+        "commits",
+        "cpu s",
+    ] {
+        assert!(text.contains(header), "no column {header}:\n{text}");
+    }
+    for system in systems {
+        assert!(text.contains(system), "no row {system}:\n{text}");
+    }
+    assert_eq!(report["workload"]["mode"], "paced");
+    assert_eq!(report["workload"]["record_size"], 125);
+    assert_streams_rows(&report, &systems, &[4]);
+    for row in report["rows"].as_array().expect("OK to unwrap: array") {
+        assert!(row["lateness_p99_us"].as_u64().is_some(), "{row}");
+    }
+    assert_plot(&svg, &systems);
+
+    let systems = ["tidefs-embedded:ordered", "ext4:fast_commit"];
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let (_, report) = run_bench(
+        dir.path(),
+        &[
+            "streams",
+            "--burst",
+            "125",
+            "--streams",
+            "1,2",
+            "--seconds",
+            "1",
+            "--systems",
+            &systems.join(","),
+        ],
+    );
+    assert_eq!(report["workload"]["mode"], "burst");
+    assert_streams_rows(&report, &systems, &[1, 2]);
+}
+
+/// Goal: streams refuses bad options with a usage error (exit 2) that names the problem,
+/// before anything is set up; a tidefs mode is refused in tidefs' own words.
+#[test]
+fn streams_options_are_checked() {
+    for (args, expected) in [
+        (&["--rate", "5X"][..], "'5X' is not a bit rate"),
+        (&["--systems", "nosuch"][..], "unknown system 'nosuch'"),
+        (&["--systems", "tidefs:nosuch"][..], "data=nosuch"),
+        (&["--streams", "0"][..], "--streams needs positive counts"),
+        (&["--streams", "4,x"][..], "invalid value 'x'"),
+        (&["--burst", "0"][..], "--burst needs a positive size"),
+        (
+            &["--rate", "1K", "--burst", "125"][..],
+            "cannot be used with",
+        ),
+        (&["--seconds", "0"][..], "--seconds must be positive"),
+    ] {
+        let out = output(tidefs().args(["bench", "streams"]).args(args));
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(
             stderr(&out).contains(expected),

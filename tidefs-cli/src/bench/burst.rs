@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tidefs::fs::{Creds, Fs, ROOT_INO};
 
 use super::report::{self, Latency, Series};
-use super::systems::{DeviceCounters, System, Target};
+use super::systems::{DeviceCounters, JournalPlace, System, Target};
 use crate::CliError;
 
 /// Arguments of `tidefs bench burst`.
@@ -65,7 +65,7 @@ pub struct BurstArgs {
 
 /// How long each writer goes on.
 #[derive(Clone, Copy, Debug)]
-enum Budget {
+pub(super) enum Budget {
     /// This many operations per thread.
     Ops(u64),
     /// Until this much time has passed.
@@ -159,8 +159,13 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
     let record = vec![b'b'; args.record_size];
 
     let mut targets = Vec::new();
-    for &system in &systems {
-        targets.push(Target::prepare(system, &dir, args.common.size)?);
+    for system in &systems {
+        targets.push(Target::prepare(
+            system.clone(),
+            &dir,
+            args.common.size,
+            JournalPlace::Internal,
+        )?);
     }
     let probed: Vec<&Target> = targets.iter().filter(|t| t.system.has_path()).collect();
     let steps = args.common.runs * args.threads.len() * targets.len()
@@ -189,7 +194,7 @@ pub fn run(args: BurstArgs) -> Result<(), CliError> {
     bar.finish_and_clear();
     drop(targets);
 
-    let rows = aggregate(&systems, &args.threads, cells.as_mut_slice());
+    let rows = aggregate(&systems, &args.threads, &cells);
     print_rows(&rows, &args, budget);
     let probe_rows = probe_rows(probes, args.probe_threads);
     if args.probe {
@@ -253,7 +258,7 @@ fn measure(
     let commits = commits_before
         .zip(target.commits())
         .map(|(a, b)| b.saturating_sub(a));
-    let device = target.counters().since(device_before);
+    let device = target.counters().since(device_before).total();
     let mut sorted = samples.clone();
     let ops = samples.len() as u64;
     let seconds = elapsed.as_secs_f64();
@@ -281,64 +286,80 @@ fn storm(
     record: &[u8],
     done: Option<&AtomicBool>,
 ) -> Result<(Duration, Vec<u64>), String> {
-    let result = match (target.root(), target.embedded()) {
-        (Some(root), _) => {
-            let dir = root.join(label);
-            std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-            drive(threads, budget, |i| {
-                let path = dir.join(format!("f{i}"));
-                let mut file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                Ok(move || {
-                    file.write_all(record).map_err(|e| format!("write: {e}"))?;
-                    file.sync_data().map_err(|e| format!("fdatasync: {e}"))
-                })
-            })
-        }
-        (None, Some(fs)) => embedded_storm(fs, label, threads, budget, record),
-        (None, None) => Err("the system has neither a path nor a library handle".into()),
-    };
+    let result = appender(target, label, record).and_then(|open| drive(threads, budget, open));
     if let Some(done) = done {
         done.store(true, Ordering::SeqCst);
     }
     result
 }
 
-fn embedded_storm(
-    fs: &Arc<Fs>,
+/// One stream's operation: append the record to its file and fdatasync it.
+pub(super) type Append<'a> = Box<dyn FnMut() -> Result<(), String> + Send + 'a>;
+
+/// Makes directory `label` in `target` and returns the maker of its streams: `open(i)` creates
+/// file `f{i}` there and returns its [`Append`] of `record`, through the mounted path or the
+/// embedded library.
+pub(super) fn appender<'a>(
+    target: &'a Target,
     label: &str,
-    threads: usize,
-    budget: Budget,
-    record: &[u8],
-) -> Result<(Duration, Vec<u64>), String> {
-    let dir = fs
-        .mkdir(ROOT_INO, label.as_bytes(), 0o755, Creds::ROOT)
-        .map_err(|e| format!("mkdir {label}: {e}"))?
-        .ino;
-    drive(threads, budget, |i| {
+    record: &'a [u8],
+) -> Result<impl Fn(usize) -> Result<Append<'a>, String> + Sync + 'a, String> {
+    enum Place<'a> {
+        Path(PathBuf),
+        Embedded(&'a Arc<Fs>, u64),
+    }
+    let place = match (target.root(), target.embedded()) {
+        (Some(root), _) => {
+            let dir = root.join(label);
+            std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+            Place::Path(dir)
+        }
+        (None, Some(fs)) => {
+            let dir = fs
+                .mkdir(ROOT_INO, label.as_bytes(), 0o755, Creds::ROOT)
+                .map_err(|e| format!("mkdir {label}: {e}"))?
+                .ino;
+            Place::Embedded(fs, dir)
+        }
+        (None, None) => return Err("the system has neither a path nor a library handle".into()),
+    };
+    Ok(move |i: usize| -> Result<Append<'a>, String> {
         let name = format!("f{i}");
-        let ino = fs
-            .create(dir, name.as_bytes(), 0o100644, 0, Creds::ROOT)
-            .map_err(|e| format!("create {name}: {e}"))?
-            .ino;
-        let mut offset = 0u64;
-        Ok(move || {
-            fs.write(ino, offset, record)
-                .map_err(|e| format!("write: {e}"))?;
-            fs.fsync(ino, true).map_err(|e| format!("fdatasync: {e}"))?;
-            offset += record.len() as u64;
-            Ok(())
-        })
+        match &place {
+            Place::Path(dir) => {
+                let path = dir.join(&name);
+                let mut file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                Ok(Box::new(move || {
+                    file.write_all(record).map_err(|e| format!("write: {e}"))?;
+                    file.sync_data().map_err(|e| format!("fdatasync: {e}"))
+                }))
+            }
+            &Place::Embedded(fs, dir) => {
+                let ino = fs
+                    .create(dir, name.as_bytes(), 0o100644, 0, Creds::ROOT)
+                    .map_err(|e| format!("create {name}: {e}"))?
+                    .ino;
+                let mut offset = 0u64;
+                Ok(Box::new(move || {
+                    fs.write(ino, offset, record)
+                        .map_err(|e| format!("write: {e}"))?;
+                    fs.fsync(ino, true).map_err(|e| format!("fdatasync: {e}"))?;
+                    offset += record.len() as u64;
+                    Ok(())
+                }))
+            }
+        }
     })
 }
 
 /// Starts `threads` threads; each gets its operation from `open(index)`, all start together,
 /// and each repeats the operation while `budget` allows. Returns the wall time from the start
 /// to the last thread's end and every operation's latency in microseconds.
-fn drive<Open, Op>(
+pub(super) fn drive<Open, Op>(
     threads: usize,
     budget: Budget,
     open: Open,
@@ -471,16 +492,11 @@ fn probe_rows(probes: Vec<(String, f64, Vec<u64>)>, storm_threads: usize) -> Vec
 }
 
 /// Folds the runs into one row per system and thread count.
-fn aggregate(systems: &[System], threads: &[usize], cells: &mut [Cell]) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for &t in threads {
-        let mut block = Vec::new();
-        for system in systems {
-            let name = system.name();
-            let mine: Vec<&Cell> = cells
-                .iter()
-                .filter(|c| c.system == name && c.threads == t)
-                .collect();
+fn aggregate(systems: &[System], threads: &[usize], cells: &[Cell]) -> Vec<Row> {
+    let groups = report::grouped(threads, systems, cells, |c| (&c.system, c.threads));
+    let mut rows: Vec<Row> = groups
+        .into_iter()
+        .map(|(t, name, mine)| {
             let mut rates: Vec<f64> = mine.iter().map(|c| c.ops_per_s).collect();
             let mut samples: Vec<u64> = mine.iter().flat_map(|c| c.samples.clone()).collect();
             let mut commits: Vec<u64> = mine.iter().filter_map(|c| c.commits).collect();
@@ -492,7 +508,7 @@ fn aggregate(systems: &[System], threads: &[usize], cells: &mut [Cell]) -> Vec<R
                     bytes_written: acc.bytes_written + c.device.bytes_written,
                     flushes: acc.flushes + c.device.flushes,
                 });
-            block.push(Row {
+            Row {
                 system: name,
                 threads: t,
                 ops_per_s: report::median(&mut rates),
@@ -501,10 +517,12 @@ fn aggregate(systems: &[System], threads: &[usize], cells: &mut [Cell]) -> Vec<R
                 device_bytes_per_op: device.bytes_written as f64 / ops as f64,
                 flushes_per_op: device.flushes as f64 / ops as f64,
                 ratio_to_ext4_ordered: None,
-            });
-        }
-        report::set_ratios(&mut block);
-        rows.extend(block);
+            }
+        })
+        .collect();
+    // Each thread count is a block of one row per system, compared within.
+    for block in rows.chunks_mut(systems.len().max(1)) {
+        report::set_ratios(block);
     }
     rows
 }
@@ -528,18 +546,21 @@ fn print_rows(rows: &[Row], args: &BurstArgs, budget: Budget) {
         "system|threads|ops/s|p50|p99|max|commits|dev B/op|flush/op|vs ext4:ordered",
         rows,
         |r| {
-            vec![
-                r.system.clone(),
-                r.threads.to_string(),
-                format!("{:.0}", r.ops_per_s),
-                report::ms_cell(r.latency.p50_us),
-                report::ms_cell(r.latency.p99_us),
-                report::ms_cell(r.latency.max_us),
-                r.commits.map_or_else(|| "-".into(), |c| c.to_string()),
-                format!("{:.0}", r.device_bytes_per_op),
-                format!("{:.2}", r.flushes_per_op),
-                report::ratio_cell(r.ratio_to_ext4_ordered),
+            [
+                vec![
+                    r.system.clone(),
+                    r.threads.to_string(),
+                    format!("{:.0}", r.ops_per_s),
+                ],
+                r.latency.cells(),
+                vec![
+                    r.commits.map_or_else(|| "-".into(), |c| c.to_string()),
+                    format!("{:.0}", r.device_bytes_per_op),
+                    format!("{:.2}", r.flushes_per_op),
+                    report::ratio_cell(r.ratio_to_ext4_ordered),
+                ],
             ]
+            .concat()
         },
     );
 }
@@ -555,15 +576,15 @@ fn print_probes(rows: &[ProbeRow], args: &BurstArgs) {
         "system|probes|p50|p99|max|storm ops/s|p99 vs ext4:ordered",
         rows,
         |r| {
-            vec![
-                r.system.clone(),
-                r.probe.count.to_string(),
-                report::ms_cell(r.probe.p50_us),
-                report::ms_cell(r.probe.p99_us),
-                report::ms_cell(r.probe.max_us),
-                format!("{:.0}", r.storm_ops_per_s),
-                report::ratio_cell(r.p99_ratio_to_ext4_ordered),
+            [
+                vec![r.system.clone(), r.probe.count.to_string()],
+                r.probe.cells(),
+                vec![
+                    format!("{:.0}", r.storm_ops_per_s),
+                    report::ratio_cell(r.p99_ratio_to_ext4_ordered),
+                ],
             ]
+            .concat()
         },
     );
 }

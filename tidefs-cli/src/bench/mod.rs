@@ -5,6 +5,9 @@
 //!   tidefs through FUSE, tidefs in-process and the kernel's ext4; plus a read-latency probe.
 //! - `postmark` ([`postmark`]): Debian's `postmark` with one configuration for every system.
 //! - `sqlite` ([`sqlite`]): SQLite autocommit transactions with `synchronous=FULL`.
+//! - `streams` ([`streams`]): many streams each appending records with fdatasync, paced at a
+//!   bit rate or in a burst; journal and home bytes per app byte with the journal on its own
+//!   device.
 //!
 //! [`systems`] sets up each system on its own loop device with direct I/O (so that every system
 //! reaches the same backing disk the same way and the device's counters measure them all alike)
@@ -23,6 +26,7 @@ pub mod postmark;
 pub mod recovery;
 mod report;
 pub mod sqlite;
+pub mod streams;
 mod systems;
 
 use std::path::{Path, PathBuf};
@@ -37,11 +41,7 @@ pub fn default_dir() -> PathBuf {
     Path::new("/var/tmp").join("tidefs-bench")
 }
 
-/// The default systems of the benchmarks that run programs on a mounted path.
-pub const PATH_SYSTEMS: &str = "tidefs:lightweight,tidefs:writeback,tidefs:ordered,tidefs:journal,\
-                                ext4:ordered,ext4:journal,ext4:writeback,fuse2fs";
-
-/// The options the comparison benchmarks (burst, postmark, sqlite) share.
+/// The options the comparison benchmarks (burst, postmark, sqlite, streams) share.
 #[derive(clap::Args, Debug)]
 pub struct CommonArgs {
     /// Rounds over every measurement; the tables show the median.

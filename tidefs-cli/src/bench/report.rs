@@ -1,5 +1,5 @@
 //! What the benchmarks print and write: latency percentiles, ratios, aligned text tables, JSON
-//! files, SVG line plots (plotters) and progress bars (indicatif, shown only on a terminal).
+//! files, SVG line plots with one or several charts (plotters) and progress bars (indicatif, shown only on a terminal).
 
 use std::path::Path;
 use std::time::Duration;
@@ -38,6 +38,13 @@ impl Latency {
             p99_us: at(99),
             max_us: samples.last().copied().unwrap_or(0),
         }
+    }
+
+    /// The table cells p50, p99 and max, in milliseconds ([`ms_cell`]).
+    pub fn cells(&self) -> Vec<String> {
+        [self.p50_us, self.p99_us, self.max_us]
+            .map(ms_cell)
+            .to_vec()
     }
 }
 
@@ -96,6 +103,26 @@ pub fn set_ratios<R: Compared>(rows: &mut [R]) {
         let r = ratio(row.figure(), base);
         row.set_ratio(r);
     }
+}
+
+/// The measurements of a table, grouped as its rows: for each count of `counts` (threads,
+/// streams), for each of `systems`, the count, the system's name and the items measured on it
+/// at that count, which `of(item)` names as (system, count).
+pub fn grouped<'a, T>(
+    counts: &[usize],
+    systems: &[super::systems::System],
+    items: &'a [T],
+    of: impl Fn(&T) -> (&str, usize),
+) -> Vec<(usize, String, Vec<&'a T>)> {
+    let mut groups = Vec::new();
+    for &count in counts {
+        for system in systems {
+            let name = system.name();
+            let mine = items.iter().filter(|i| of(i) == (&name, count)).collect();
+            groups.push((count, name, mine));
+        }
+    }
+    groups
 }
 
 /// A ratio cell: `0.52x`, or `-` when there is no base.
@@ -178,19 +205,90 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
 ];
 
-/// Draws `series` as lines with markers into an SVG file. With `log2_x` the x axis is drawn in
-/// powers of two (thread counts 1, 4, 16, 64 spread evenly) and labelled with the counts.
+/// One chart of a figure: its y axis and its lines.
+pub struct Panel<'a> {
+    /// The y axis' description.
+    pub y_desc: &'a str,
+    /// The lines.
+    pub series: &'a [Series],
+}
+
+/// Draws `series` as lines with markers into an SVG file. With `log_x` the x axis is
+/// logarithmic, in powers of ten when every x is one (stream counts 1, 10, 100, 1000), else in
+/// powers of two (thread counts 1, 4, 16, 64), and labelled with the counts.
 pub fn plot_lines(
     path: &Path,
     title: &str,
     (x_desc, y_desc): (&str, &str),
     series: &[Series],
-    log2_x: bool,
+    log_x: bool,
+) -> Result<(), CliError> {
+    plot_panels(path, title, x_desc, &[Panel { y_desc, series }], log_x)
+}
+
+/// Draws several charts with the same x axis into one SVG file, two side by side per row, as
+/// [`plot_lines`] draws one; `title` goes above them all.
+pub fn plot_panels(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    panels: &[Panel],
+    log_x: bool,
 ) -> Result<(), CliError> {
     let failed = |e: String| CliError::new(format!("bench: plot {}", path.display()), e);
+    if panels
+        .iter()
+        .all(|p| p.series.iter().all(|s| s.points.is_empty()))
+    {
+        return Err(failed("nothing to plot".into()));
+    }
+    let columns = panels.len().clamp(1, 2);
+    let rows = panels.len().div_ceil(columns).max(1);
+    let size = (900 * columns as u32, 560 * rows as u32 + 40);
+    let root = SVGBackend::new(path, size).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(e.to_string()))?;
+    let body = if panels.len() > 1 {
+        root.titled(title, ("sans-serif", 24))
+            .map_err(|e| failed(e.to_string()))?
+    } else {
+        root.clone()
+    };
+    let areas = body.split_evenly((rows, columns));
+    for (panel, area) in panels.iter().zip(&areas) {
+        let caption = if panels.len() > 1 {
+            panel.y_desc
+        } else {
+            title
+        };
+        draw_chart(area, caption, (x_desc, panel.y_desc), panel.series, log_x).map_err(failed)?;
+    }
+    root.present().map_err(|e| failed(e.to_string()))
+}
+
+/// Draws one chart of [`plot_panels`] into `area`.
+fn draw_chart<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    caption: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+    log_x: bool,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let power_of_ten = |x: f64| x >= 1.0 && (x.log10() - x.log10().round()).abs() < 1e-9;
+    let base: f64 = if series
+        .iter()
+        .flat_map(|s| &s.points)
+        .all(|p| power_of_ten(p.0))
+    {
+        10.0
+    } else {
+        2.0
+    };
     let x_of = |x: f64| {
-        if log2_x {
-            x.max(f64::MIN_POSITIVE).log2()
+        if log_x {
+            x.max(f64::MIN_POSITIVE).log(base)
         } else {
             x
         }
@@ -200,25 +298,33 @@ pub fn plot_lines(
         .flat_map(|s| s.points.iter().map(|p| x_of(p.0)));
     let (x_lo, x_hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
     if x_lo > x_hi {
-        return Err(failed("nothing to plot".into()));
+        return Ok(());
     }
     let pad = ((x_hi - x_lo) * 0.05).max(0.5);
     let y_hi = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
+        .filter(|y| y.is_finite())
         .fold(0.0_f64, f64::max);
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| failed(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
+    // Small ranges (bytes per app byte near 1) need decimals on the axis.
+    let y_top = if y_hi > 0.0 { y_hi * 1.1 } else { 1.0 };
+    let decimals = if y_top < 1.0 {
+        2
+    } else if y_top < 10.0 {
+        1
+    } else {
+        0
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(x_lo - pad..x_hi + pad, 0.0..(y_hi * 1.1).max(1.0))
-        .map_err(|e| failed(e.to_string()))?;
+        .build_cartesian_2d(x_lo - pad..x_hi + pad, 0.0..y_top)
+        .map_err(|e| e.to_string())?;
     let x_label = |x: &f64| {
-        if log2_x {
-            format!("{:.0}", x.exp2())
+        if log_x {
+            format!("{:.0}", base.powf(*x))
         } else {
             format!("{x:.0}")
         }
@@ -227,21 +333,26 @@ pub fn plot_lines(
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc(y_desc)
-        .x_labels(if log2_x {
+        .x_labels(if log_x {
             (x_hi - x_lo) as usize + 2
         } else {
             10
         })
         .x_label_formatter(&x_label)
-        .y_label_formatter(&|y| format!("{y:.0}"))
+        .y_label_formatter(&|y| format!("{y:.decimals$}"))
         .draw()
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
     for (i, s) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x_of(x), y)).collect();
+        let points: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .filter(|p| p.1.is_finite())
+            .map(|&(x, y)| (x_of(x), y))
+            .collect();
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .map_err(|e| failed(e.to_string()))?
+            .map_err(|e| e.to_string())?
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart
@@ -250,16 +361,30 @@ pub fn plot_lines(
                     .into_iter()
                     .map(|p| Circle::new(p, 3, color.filled())),
             )
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| e.to_string())?;
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(legend_corner(series))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| failed(e.to_string()))?;
-    root.present().map_err(|e| failed(e.to_string()))
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Where the legend hides the least: the upper corner on the side where the lines end lower.
+fn legend_corner(series: &[Series]) -> SeriesLabelPosition {
+    let (mut left, mut right) = (0.0, 0.0);
+    for s in series {
+        left += s.points.first().map_or(0.0, |p| p.1);
+        right += s.points.last().map_or(0.0, |p| p.1);
+    }
+    if right < left {
+        SeriesLabelPosition::UpperRight
+    } else {
+        SeriesLabelPosition::UpperLeft
+    }
 }
 
 /// A progress bar over `total` steps on stderr; hidden when stderr is not a terminal.

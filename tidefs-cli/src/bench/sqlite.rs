@@ -15,7 +15,7 @@ use std::time::Instant;
 use rusqlite::Connection;
 
 use super::report;
-use super::systems::{DeviceCounters, System, Target};
+use super::systems::{DeviceCounters, JournalPlace, System, Target};
 use crate::CliError;
 
 /// Arguments of `tidefs bench sqlite`.
@@ -27,10 +27,10 @@ pub struct SqliteArgs {
     /// SQLite journal modes, comma-separated: delete, wal.
     #[arg(long, default_value = "delete,wal")]
     pub journal_modes: String,
-    /// Systems, comma-separated (no embedded ones: SQLite opens a path). fuse2fs is left out
-    /// with a note when it is in the default list but not installed.
-    #[arg(long, default_value = super::PATH_SYSTEMS)]
-    pub systems: String,
+    /// Systems, comma-separated (no embedded ones: SQLite opens a path). Default: tidefs in
+    /// every data mode, ext4 in every mode, and fuse2fs if it is installed.
+    #[arg(long)]
+    pub systems: Option<String>,
     #[command(flatten)]
     pub common: super::CommonArgs,
 }
@@ -141,14 +141,19 @@ pub fn run(args: SqliteArgs) -> Result<(), CliError> {
         return Err(CliError::usage(what, "counts must be positive"));
     }
     let modes = JournalMode::parse_list(&args.journal_modes)?;
-    let systems = System::parse_path_list(what, &args.systems)?;
+    let systems = System::parse_path_list(what, args.systems.as_deref())?;
     let dir = args.common.dir();
 
     let bar = report::progress(args.common.runs * systems.len() * modes.len(), "sqlite");
     let mut samples = Vec::new();
     for run in 0..args.common.runs {
-        for &system in &systems {
-            let target = Target::prepare(system, &dir, args.common.size)?;
+        for system in &systems {
+            let target = Target::prepare(
+                system.clone(),
+                &dir,
+                args.common.size,
+                JournalPlace::Internal,
+            )?;
             for &mode in &modes {
                 bar.set_message(format!("{} {}", system.name(), mode.name()));
                 samples.extend(one_database(&target, mode, args.ops, run)?);
@@ -271,7 +276,7 @@ fn one_database(
             transactions: ops,
             seconds,
             transactions_per_s: ops as f64 / seconds.max(1e-9),
-            device: target.counters().since(device_before),
+            device: target.counters().since(device_before).total(),
             commits: commits_before
                 .zip(target.commits())
                 .map(|(a, b)| b.saturating_sub(a)),

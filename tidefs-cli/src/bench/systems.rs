@@ -2,7 +2,9 @@
 //!
 //! Names on the command line (`--systems`, comma-separated):
 //! - `tidefs:MODE`: tidefs through a real FUSE mount served by the `tidefs mount` daemon;
-//! - `tidefs-embedded:MODE`: the library in this process (`Fs::open`), no FUSE;
+//! - `tidefs-embedded:MODE`: the library in this process (`Fs::open`), no FUSE; MODE is passed
+//!   through as `-o data=MODE`, checked by tidefs' own option parser, so new modes need nothing
+//!   here;
 //! - `ext4:ordered`, `ext4:writeback`, `ext4:journal`: the kernel's ext4 with that `data=` mode;
 //!   `ext4:fast_commit`: `data=ordered` on a file system made with `-O fast_commit`;
 //! - `fuse2fs`: e2fsprogs' FUSE driver on an ext4 file system (it does not use the journal).
@@ -10,10 +12,12 @@
 //! Every system lives on a fresh sparse image file attached to its own loop device with direct
 //! I/O (`losetup --direct-io=on`): the loop device passes writes and flushes straight to the
 //! backing file, so no system gains from the host's page cache below it, and the device's
-//! counters (`/sys/block/loopN/stat`) measure the bytes and flushes each system issued.
+//! counters (`/sys/block/loopN/stat`) measure the bytes and flushes each system issued. With
+//! [`JournalPlace::External`] the journal gets an image and loop device of its own, so that
+//! journal bytes and home bytes are counted apart ([`Traffic`]).
 //!
 //! Invariants:
-//! - A [`Target`] drops in the order mount, loop device, image file: nothing is detached while
+//! - A [`Target`] drops in the order mount, loop devices, image files: nothing is detached while
 //!   mounted, and nothing stays behind on an error or a panic.
 
 use std::path::{Path, PathBuf};
@@ -72,12 +76,12 @@ impl Ext4Mode {
 }
 
 /// One system under test.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum System {
-    /// tidefs through FUSE.
-    Tidefs(DataMode),
-    /// tidefs in this process.
-    Embedded(DataMode),
+    /// tidefs through FUSE, with this `-o data=` mode (passed through as written).
+    Tidefs(String),
+    /// tidefs in this process, with this `-o data=` mode.
+    Embedded(String),
     /// The kernel's ext4.
     Ext4(Ext4Mode),
     /// e2fsprogs' fuse2fs.
@@ -89,26 +93,34 @@ impl System {
     pub const BASELINE: System = System::Ext4(Ext4Mode::Ordered);
 
     /// The name as written on the command line and in reports.
-    pub fn name(self) -> String {
+    pub fn name(&self) -> String {
         match self {
-            System::Tidefs(m) => format!("tidefs:{}", m.name()),
-            System::Embedded(m) => format!("tidefs-embedded:{}", m.name()),
+            System::Tidefs(m) => format!("tidefs:{m}"),
+            System::Embedded(m) => format!("tidefs-embedded:{m}"),
             System::Ext4(m) => format!("ext4:{}", m.name()),
             System::Fuse2fs => "fuse2fs".to_string(),
         }
     }
 
-    fn parse(text: &str) -> Option<System> {
+    /// The system `text` names; `Err(None)` for an unknown name, `Err(Some(why))` for a tidefs
+    /// mode that tidefs' own `-o data=` parser refuses (so that modes tidefs learns need no
+    /// change here).
+    fn parse(text: &str) -> Result<System, Option<String>> {
         let (kind, mode) = text.split_once(':').unwrap_or((text, ""));
+        let tidefs_mode = || -> Result<String, Option<String>> {
+            tidefs_options(mode).map_err(Some)?;
+            Ok(mode.to_string())
+        };
         match kind {
-            "tidefs" => DataMode::parse(mode).map(System::Tidefs),
-            "tidefs-embedded" => DataMode::parse(mode).map(System::Embedded),
+            "tidefs" => tidefs_mode().map(System::Tidefs),
+            "tidefs-embedded" => tidefs_mode().map(System::Embedded),
             "ext4" => Ext4Mode::ALL
                 .into_iter()
                 .find(|m| m.name() == mode)
-                .map(System::Ext4),
-            "fuse2fs" if mode.is_empty() => Some(System::Fuse2fs),
-            _ => None,
+                .map(System::Ext4)
+                .ok_or(None),
+            "fuse2fs" if mode.is_empty() => Ok(System::Fuse2fs),
+            _ => Err(None),
         }
     }
 
@@ -117,14 +129,17 @@ impl System {
     pub fn parse_list(what: &str, text: &str, path_only: bool) -> Result<Vec<System>, CliError> {
         let mut systems = Vec::new();
         for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            let system = System::parse(name).ok_or_else(|| {
+            let system = System::parse(name).map_err(|why| {
                 CliError::usage(
                     what,
-                    format!(
-                        "unknown system '{name}': expected tidefs:MODE, tidefs-embedded:MODE \
-                         (MODE: lightweight, writeback, ordered, journal), ext4:ordered, \
-                         ext4:writeback, ext4:journal, ext4:fast_commit or fuse2fs"
-                    ),
+                    match why {
+                        Some(why) => format!("{name}: {why}"),
+                        None => format!(
+                            "unknown system '{name}': expected tidefs:MODE, tidefs-embedded:MODE \
+                             (MODE as for `tidefs mount -o data=MODE`), ext4:ordered, \
+                             ext4:writeback, ext4:journal, ext4:fast_commit or fuse2fs"
+                        ),
+                    },
                 )
             })?;
             if path_only && matches!(system, System::Embedded(_)) {
@@ -144,23 +159,44 @@ impl System {
     }
 
     /// Parses `--systems` for a benchmark that runs programs on a mounted path: no embedded
-    /// systems; fuse2fs is left out with a note when the default list names it and it is not
-    /// installed.
-    pub fn parse_path_list(what: &str, text: &str) -> Result<Vec<System>, CliError> {
-        let mut systems = System::parse_list(what, text, true)?;
-        if text == super::PATH_SYSTEMS && find_tool("fuse2fs").is_none() {
-            eprintln!(
-                "tidefs: {what}: fuse2fs is not installed (Debian package fuse2fs); left out"
-            );
-            systems.retain(|s| *s != System::Fuse2fs);
-        }
-        Ok(systems)
+    /// systems. Without a list: every tidefs mode and every ext4 mode ([`path_systems`]) and
+    /// fuse2fs, which is left out with a note when it is not installed.
+    pub fn parse_path_list(what: &str, text: Option<&str>) -> Result<Vec<System>, CliError> {
+        let Some(text) = text else {
+            let mut systems = System::parse_list(what, &path_systems(), true)?;
+            if find_tool("fuse2fs").is_none() {
+                eprintln!(
+                    "tidefs: {what}: fuse2fs is not installed (Debian package fuse2fs); left out"
+                );
+                systems.retain(|s| *s != System::Fuse2fs);
+            }
+            return Ok(systems);
+        };
+        System::parse_list(what, text, true)
     }
 
     /// Whether the system is reached through a path (everything but the embedded library).
-    pub fn has_path(self) -> bool {
+    pub fn has_path(&self) -> bool {
         !matches!(self, System::Embedded(_))
     }
+}
+
+/// The default systems of the benchmarks that run programs on a mounted path: tidefs in every
+/// data mode the library lists, ext4 in every mode, fuse2fs.
+pub fn path_systems() -> String {
+    DataMode::ALL
+        .iter()
+        .map(|m| format!("tidefs:{}", m.name()))
+        .chain(Ext4Mode::ALL.map(|m| format!("ext4:{}", m.name())))
+        .chain(["fuse2fs".to_string()])
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// tidefs' mount options for `-o data=MODE`, as `tidefs mount` parses them: an unknown mode is
+/// refused in tidefs' own words.
+fn tidefs_options(mode: &str) -> Result<crate::mount::MountConfig, String> {
+    crate::mount::MountConfig::parse(&[format!("data={mode}")])
 }
 
 /// A program the benchmarks run, found in PATH or the sbin directories; the error names the
@@ -220,6 +256,50 @@ impl DeviceCounters {
             flushes: self.flushes.saturating_sub(earlier.flushes),
         }
     }
+
+    fn plus(self, other: DeviceCounters) -> DeviceCounters {
+        DeviceCounters {
+            bytes_written: self.bytes_written + other.bytes_written,
+            flushes: self.flushes + other.flushes,
+        }
+    }
+}
+
+/// What a system's devices have received: the file system's own device ("home") and, with
+/// [`JournalPlace::External`], the journal's.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Traffic {
+    /// The file system's device.
+    pub home: DeviceCounters,
+    /// The external journal device; `None` when the journal is inside the file system (or the
+    /// system has none, as fuse2fs).
+    pub journal: Option<DeviceCounters>,
+}
+
+impl Traffic {
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: Traffic) -> Traffic {
+        Traffic {
+            home: self.home.since(earlier.home),
+            journal: self.journal.zip(earlier.journal).map(|(a, b)| a.since(b)),
+        }
+    }
+
+    /// Both devices together.
+    pub fn total(self) -> DeviceCounters {
+        self.home.plus(self.journal.unwrap_or_default())
+    }
+}
+
+/// Where a system's journal lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalPlace {
+    /// Inside the file system's image.
+    Internal,
+    /// On its own image and loop device (tidefs: `mkfs --journal-device`, `-o journal_device=`;
+    /// ext4: `mke2fs -O journal_dev`, `-J device=`, `-o journal_path=`), so that its bytes are
+    /// counted apart. fuse2fs cannot use one and keeps its internal journal.
+    External,
 }
 
 /// A sparse image file, removed on drop.
@@ -249,7 +329,8 @@ struct LoopDevice {
 }
 
 impl LoopDevice {
-    fn attach(image: &Path) -> Result<LoopDevice, CliError> {
+    /// Attaches `image`; warns when the kernel does buffered I/O instead.
+    fn attach(image: &Path, name: &str) -> Result<LoopDevice, CliError> {
         let losetup = need_tool("losetup", "mount")?;
         let out = run_tool(
             Command::new(losetup)
@@ -261,7 +342,14 @@ impl LoopDevice {
         if !path.starts_with("/dev") {
             return Err(CliError::new("bench: losetup", format!("printed '{out}'")));
         }
-        Ok(LoopDevice { path })
+        let device = LoopDevice { path };
+        if !device.direct_io() {
+            eprintln!(
+                "tidefs: bench: {name}: the kernel refused direct I/O for {}; it is buffered",
+                device.path.display()
+            );
+        }
+        Ok(device)
     }
 
     /// `loopN`.
@@ -315,6 +403,12 @@ impl Drop for LoopDevice {
             self.path.display()
         );
     }
+}
+
+/// An external journal: its loop device, then its image (drop order).
+struct ExternalJournal {
+    device: LoopDevice,
+    _image: ImageFile,
 }
 
 /// A mounted system, unmounted on drop.
@@ -371,43 +465,78 @@ fn lazy_unmount(mnt: &Path) {
 pub struct Target {
     /// Which system.
     pub system: System,
-    // Field order is drop order: unmount, then detach, then remove the image.
+    // Field order is drop order: unmount, then detach, then remove the images.
     mounted: Mounted,
     mountpoint: Mountpoint,
     device: LoopDevice,
+    journal: Option<ExternalJournal>,
     _image: ImageFile,
 }
 
 impl Target {
-    /// Makes a fresh file system of `size` bytes for `system` under `dir` and mounts it.
-    pub fn prepare(system: System, dir: &Path, size: u64) -> Result<Target, CliError> {
+    /// Makes a fresh file system of `size` bytes for `system` under `dir`, with its journal at
+    /// `place`, and mounts it.
+    pub fn prepare(
+        system: System,
+        dir: &Path,
+        size: u64,
+        place: JournalPlace,
+    ) -> Result<Target, CliError> {
         let name = system.name().replace(':', "-");
         let failed = |e: std::io::Error| CliError::new(format!("bench: {name}"), e.to_string());
         std::fs::create_dir_all(dir).map_err(failed)?;
-        let image_path = dir.join(format!("{name}.img"));
-        let _ = std::fs::remove_file(&image_path);
-        let image = ImageFile(image_path.clone());
-        match system {
-            System::Tidefs(_) | System::Embedded(_) => format_tidefs(&image_path, size)?,
-            System::Ext4(mode) => format_ext4(&image_path, size, mode == Ext4Mode::FastCommit)?,
-            System::Fuse2fs => format_ext4(&image_path, size, false)?,
+        let fresh_image = |suffix: &str| {
+            let path = dir.join(format!("{name}{suffix}.img"));
+            let _ = std::fs::remove_file(&path);
+            ImageFile(path)
+        };
+        let image = fresh_image("");
+        let journal_image = (place == JournalPlace::External && system != System::Fuse2fs)
+            .then(|| fresh_image("-journal"));
+        let journal_size = journal_size(size);
+        // ext4 is formatted on the attached journal device (mke2fs takes only a block device
+        // as an external journal); tidefs' mkfs attaches a journal file itself.
+        let mut journal = None;
+        match (&system, journal_image) {
+            (System::Tidefs(_) | System::Embedded(_), journal_image) => {
+                let journal_path = journal_image.as_ref().map(|j| j.0.clone());
+                format_tidefs(&image.0, size, journal_path)?;
+                if let Some(journal_image) = journal_image {
+                    journal = Some(ExternalJournal {
+                        device: LoopDevice::attach(&journal_image.0, &name)?,
+                        _image: journal_image,
+                    });
+                }
+            }
+            (System::Ext4(mode), journal_image) => {
+                let fast_commit = *mode == Ext4Mode::FastCommit;
+                if let Some(journal_image) = journal_image {
+                    format_ext4_journal(&journal_image.0, journal_size)?;
+                    let device = LoopDevice::attach(&journal_image.0, &name)?;
+                    let external = ExternalJournal {
+                        device,
+                        _image: journal_image,
+                    };
+                    format_ext4(&image.0, size, fast_commit, Some(&external.device.path))?;
+                    journal = Some(external);
+                } else {
+                    format_ext4(&image.0, size, fast_commit, None)?;
+                }
+            }
+            (System::Fuse2fs, _) => format_ext4(&image.0, size, false, None)?,
         }
-        let device = LoopDevice::attach(&image_path)?;
-        if !device.direct_io() {
-            eprintln!(
-                "tidefs: bench: {}: the kernel refused direct I/O for {}; it is buffered",
-                name,
-                device.path.display()
-            );
-        }
+        let device = LoopDevice::attach(&image.0, &name)?;
+        let journal_path = journal.as_ref().map(|j| j.device.path.clone());
         let mountpoint = dir.join(format!("{name}.mnt"));
         if system.has_path() {
             std::fs::create_dir_all(&mountpoint).map_err(failed)?;
         }
-        let mounted = match system {
+        let mounted = match &system {
             System::Embedded(mode) => {
+                let config = tidefs_options(mode).map_err(|e| CliError::usage("bench", e))?;
                 let opts = MountOptions {
-                    data_mode: mode,
+                    data_mode: config.data_mode.unwrap_or_default(),
+                    journal_device: journal_path,
                     ..MountOptions::default()
                 };
                 let fs = Fs::open(&device.path, &opts)
@@ -416,11 +545,15 @@ impl Target {
             }
             System::Tidefs(mode) => {
                 let exe = std::env::current_exe().map_err(failed)?;
+                let mut options = format!("data={mode}");
+                if let Some(journal) = &journal_path {
+                    options += &format!(",journal_device={}", journal.display());
+                }
                 run_tool(
                     Command::new(exe)
                         .arg("mount")
                         .arg("-o")
-                        .arg(format!("data={}", mode.name()))
+                        .arg(options)
                         .arg(&device.path)
                         .arg(&mountpoint),
                     &format!("{name}: tidefs mount"),
@@ -428,10 +561,14 @@ impl Target {
                 Mounted::Tidefs(mountpoint.clone())
             }
             System::Ext4(mode) => {
+                let mut options = format!("data={}", mode.data_option());
+                if let Some(journal) = &journal_path {
+                    options += &format!(",journal_path={}", journal.display());
+                }
                 run_tool(
                     Command::new("mount")
                         .args(["-t", "ext4", "-o"])
-                        .arg(format!("data={}", mode.data_option()))
+                        .arg(options)
                         .arg(&device.path)
                         .arg(&mountpoint),
                     &format!("{name}: mount"),
@@ -459,10 +596,11 @@ impl Target {
             }
         };
         Ok(Target {
+            mountpoint: Mountpoint(system.has_path().then_some(mountpoint)),
             system,
             mounted,
             device,
-            mountpoint: Mountpoint(system.has_path().then_some(mountpoint)),
+            journal,
             _image: image,
         })
     }
@@ -495,35 +633,78 @@ impl Target {
                     let text = std::fs::read_to_string(path).ok()?;
                     text.split_whitespace().find_map(|w| w.parse().ok())
                 };
-                let device = self.device.name();
                 // jbd2's first line: "N transactions (M requested), each up to B blocks".
-                let full = first_number(format!("/proc/fs/jbd2/{device}-8/info"))?;
+                let full = first_number(format!("/proc/fs/jbd2/{}/info", self.jbd2_name()))?;
                 // Fast commits are not jbd2 transactions; ext4 counts them apart
                 // ("fc stats:" then "N commits").
-                let fast = first_number(format!("/proc/fs/ext4/{device}/fc_info")).unwrap_or(0);
+                let fast = first_number(format!("/proc/fs/ext4/{}/fc_info", self.device.name()))
+                    .unwrap_or(0);
                 Some(full + fast)
             }
             Mounted::Fuse2fs(..) => None,
         }
     }
 
-    /// What the loop device received so far.
-    pub fn counters(&self) -> DeviceCounters {
-        self.device.counters()
+    /// The kernel's name of an ext4 journal (`/proc/fs/jbd2/NAME`, thread `jbd2/NAME`): the
+    /// external journal's device, or the file system's device and the journal inode (8).
+    fn jbd2_name(&self) -> String {
+        match &self.journal {
+            Some(journal) => journal.device.name(),
+            None => format!("{}-8", self.device.name()),
+        }
     }
 
-    /// Unmounts (or closes the embedded file system) and returns what the device received
+    /// CPU seconds (user + system) the process or kernel thread serving the file system has
+    /// used so far: the `tidefs mount` daemon, fuse2fs, or ext4's jbd2 thread (ext4 does the
+    /// rest of its work in the callers' system calls). `None` for the embedded library, whose
+    /// work is the calling process's.
+    pub fn server_cpu_seconds(&self) -> Option<f64> {
+        match &self.mounted {
+            Mounted::Embedded(_) => None,
+            Mounted::Tidefs(mnt) => {
+                let mut client = crate::control::Client::connect(mnt).ok()?;
+                let pid = client.request("status").ok()?["pid"].as_u64()?;
+                cpu_seconds(&pid.to_string())
+            }
+            Mounted::Fuse2fs(_, child) => cpu_seconds(&child.id().to_string()),
+            Mounted::Kernel(_) => {
+                let comm = format!("jbd2/{}", self.jbd2_name());
+                std::fs::read_dir("/proc")
+                    .ok()?
+                    .flatten()
+                    .find_map(|entry| {
+                        let pid = entry.file_name().to_string_lossy().into_owned();
+                        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+                        (name.trim_end() == comm).then(|| cpu_seconds(&pid))?
+                    })
+            }
+        }
+    }
+
+    /// What the devices received so far.
+    pub fn counters(&self) -> Traffic {
+        Traffic {
+            home: self.device.counters(),
+            journal: self.journal.as_ref().map(|j| j.device.counters()),
+        }
+    }
+
+    /// Unmounts (or closes the embedded file system) and returns what the devices received
     /// in all, up to the end of the unmount: fuse2fs, for one, writes its cache only then.
-    pub fn finish(self) -> DeviceCounters {
+    pub fn finish(self) -> Traffic {
         let Target {
             mounted,
             mountpoint,
             device,
+            journal,
             ..
         } = self;
         drop(mounted);
         drop(mountpoint);
-        device.counters()
+        Traffic {
+            home: device.counters(),
+            journal: journal.as_ref().map(|j| j.device.counters()),
+        }
     }
 
     /// Makes everything written so far durable (`sync -f` on the mount; `tidefs sync` for
@@ -545,24 +726,69 @@ impl Target {
     }
 }
 
-/// Formats an image for tidefs: the one place the benchmarks call `tidefs_mkfs`.
-fn format_tidefs(image: &Path, size: u64) -> Result<(), CliError> {
+/// CPU seconds (user + system, all threads) of process `pid` (`self` for this one) from
+/// `/proc/PID/stat`, whose fields 14 and 15 count clock ticks of USER_HZ, which Linux fixes
+/// at 100 for user space on every architecture it runs tidefs on.
+pub fn cpu_seconds(pid: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces; count after it.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    // `rest` starts at field 3, so field 14 is index 11.
+    Some((ticks(11)? + ticks(12)?) as f64 / 100.0)
+}
+
+/// Formats an image for tidefs, with its journal in the file `journal` if given: the one place
+/// the benchmarks call `tidefs_mkfs`.
+fn format_tidefs(image: &Path, size: u64, journal: Option<PathBuf>) -> Result<(), CliError> {
     let opts = tidefs_mkfs::MkfsOptions {
         size: Some(size),
         journal_size: Some(journal_size(size)),
+        journal_device: journal,
         ..tidefs_mkfs::MkfsOptions::default()
     };
     tidefs_mkfs::mkfs(image, &opts).map_err(|e| CliError::new("bench: mkfs", e.to_string()))
 }
 
+/// A sparse file of `size` bytes at `path`.
+fn sparse_file(path: &Path, size: u64) -> Result<(), CliError> {
+    let failed =
+        |e: std::io::Error| CliError::new(format!("bench: {}", path.display()), e.to_string());
+    std::fs::File::create(path)
+        .map_err(failed)?
+        .set_len(size)
+        .map_err(failed)
+}
+
+/// Formats an external ext4 journal of `size` bytes (`mke2fs -O journal_dev`).
+fn format_ext4_journal(image: &Path, size: u64) -> Result<(), CliError> {
+    let mke2fs = need_tool("mke2fs", "e2fsprogs")?;
+    sparse_file(image, size)?;
+    run_tool(
+        Command::new(mke2fs)
+            .args(["-F", "-q", "-O", "journal_dev", "-b", "4096"])
+            .arg(image),
+        "mke2fs -O journal_dev",
+    )
+    .map(drop)
+}
+
 /// Formats an image for the kernel's ext4 (and fuse2fs): 4 KiB blocks, the same journal size
-/// as tidefs, inode tables and journal written out now rather than in the background.
-fn format_ext4(image: &Path, size: u64, fast_commit: bool) -> Result<(), CliError> {
+/// as tidefs (or the external journal on `journal_device`), inode tables and journal written
+/// out now rather than in the background.
+fn format_ext4(
+    image: &Path,
+    size: u64,
+    fast_commit: bool,
+    journal_device: Option<&Path>,
+) -> Result<(), CliError> {
     let mkfs = need_tool("mkfs.ext4", "e2fsprogs")?;
-    let file = std::fs::File::create(image)
-        .map_err(|e| CliError::new(format!("bench: {}", image.display()), e.to_string()))?;
-    file.set_len(size)
-        .map_err(|e| CliError::new(format!("bench: {}", image.display()), e.to_string()))?;
+    sparse_file(image, size)?;
+    let journal = match journal_device {
+        Some(device) => format!("device={}", device.display()),
+        None => format!("size={}", journal_size(size) >> 20),
+    };
     let mut command = Command::new(mkfs);
     command.args([
         "-F",
@@ -570,7 +796,7 @@ fn format_ext4(image: &Path, size: u64, fast_commit: bool) -> Result<(), CliErro
         "-b",
         "4096",
         "-J",
-        &format!("size={}", journal_size(size) >> 20),
+        &journal,
         "-E",
         "lazy_itable_init=0,lazy_journal_init=0",
     ]);
@@ -604,27 +830,47 @@ mod tests {
     use super::*;
 
     /// Goal: every system's name parses back to it; bad names and misplaced systems are usage
-    /// errors.
+    /// errors, and a tidefs mode is refused in the words of tidefs' own option parser.
     #[test]
     fn system_names_round_trip() {
         let all: Vec<System> = DataMode::ALL
             .into_iter()
-            .flat_map(|m| [System::Tidefs(m), System::Embedded(m)])
+            .flat_map(|m| {
+                [
+                    System::Tidefs(m.name().to_string()),
+                    System::Embedded(m.name().to_string()),
+                ]
+            })
             .chain(Ext4Mode::ALL.map(System::Ext4))
             .chain([System::Fuse2fs])
             .collect();
-        let text: Vec<String> = all.iter().map(|s| s.name()).collect();
+        let text: Vec<String> = all.iter().map(System::name).collect();
         assert_eq!(
             System::parse_list("t", &text.join(","), false).ok(),
             Some(all)
         );
-        for bad in ["ext4", "tidefs:fast", "fuse2fs:x", "xfs:ordered"] {
+        for bad in ["ext4", "tidefs:fast", "fuse2fs:x", "xfs:ordered", "tidefs"] {
             let e = System::parse_list("t", bad, false).err();
             assert_eq!(e.map(|e| e.code), Some(2), "{bad}");
         }
+        let e = System::parse_list("t", "tidefs-embedded:fast", false).err();
+        let why = tidefs_options("fast").err();
+        assert_eq!(
+            e.map(|e| e.why),
+            why.map(|w| format!("tidefs-embedded:fast: {w}"))
+        );
         assert!(System::parse_list("t", "tidefs-embedded:ordered", true).is_err());
+        assert!(path_systems().contains("tidefs:journal,"));
+        assert!(path_systems().ends_with("ext4:fast_commit,fuse2fs"));
         assert_eq!(journal_size(1 << 30), 64 << 20);
         assert_eq!(journal_size(128 << 20), 8 << 20);
         assert_eq!(journal_size(16 << 20), 4 << 20);
+    }
+
+    /// Goal: CPU time is read from /proc for this process, and a missing process has none.
+    #[test]
+    fn cpu_seconds_of_this_process() {
+        assert!(cpu_seconds("self").is_some_and(|s| s >= 0.0));
+        assert_eq!(cpu_seconds("0"), None);
     }
 }
