@@ -322,11 +322,19 @@ pub fn check_atomic_writes(
 ) {
     let by_ino: HashMap<Ino, (&String, &RObj)> =
         tree.iter().map(|(p, o)| (o.ino, (p, o))).collect();
+    let has_large: std::collections::HashSet<_> = rec
+        .writes
+        .iter()
+        .filter(|x| x.len >= limit)
+        .map(|x| x.fid)
+        .collect();
     for w in &rec.writes {
-        if w.pos == 0 || w.pos >= crash_pos {
+        // Writes before the ops (setup, and the prelude that positions the journal) were all
+        // made durable before any crash point: the promise checks cover them.
+        if w.pos < rec.first_op_pos || w.pos >= crash_pos {
             continue;
         }
-        if rec.writes.iter().any(|x| x.fid == w.fid && x.len >= limit) {
+        if has_large.contains(&w.fid) {
             continue;
         }
         let Some(&ino) = rec.fid_ino.get(&w.fid) else {

@@ -587,9 +587,13 @@ fn run_stream(fs: &Fs, markers: &Markers<'_>, stream: &mut Stream, ops: &[Op], l
     }
 }
 
-/// Journal blocks a prelude leaves free before the end of the log: the threads' first few
-/// commits then wrap.
-const PRELUDE_MARGIN_BLOCKS: u64 = 24;
+/// Journal blocks a prelude leaves free before the end of the log, at the least: the
+/// threads' first few commits then wrap, even where each commit is one compact commit of a
+/// sector or two (wasteless, selective), eight or more to a block. Larger commits get a
+/// margin of [`PRELUDE_MARGIN_COMMITS`] of them.
+const PRELUDE_MARGIN_BLOCKS: u64 = 2;
+/// Commits of the prelude's size that the margin holds on top of [`PRELUDE_MARGIN_BLOCKS`].
+const PRELUDE_MARGIN_COMMITS: u64 = 8;
 /// The prelude's file.
 const PRELUDE_FILE: &str = "wrap";
 
@@ -638,8 +642,11 @@ fn prelude(fs: &Fs, devs: &RecordDevices, stream: &mut Stream) -> tidefs::Result
         &[Op::Create(PRELUDE_FILE)],
         "prelude ",
     );
-    // Each round writes at least two journal blocks; the bound only stops a runaway loop.
-    for _ in 0..log_blocks {
+    // Each round writes at least two journal blocks, or one sector of a block as a compact
+    // commit (wasteless, selective): eight to a 4 KiB block with 512-byte sectors. The bound
+    // only stops a runaway loop.
+    let mut last_head = None;
+    for _ in 0..log_blocks * 8 {
         let start = devs.recording.position();
         run_stream(
             fs,
@@ -651,9 +658,13 @@ fn prelude(fs: &Fs, devs: &RecordDevices, stream: &mut Stream) -> tidefs::Result
             ],
             "prelude ",
         );
-        let log = devs.recording.recording().log;
-        let head = last_log_block(&log, start, &devs.journal).unwrap_or(0);
-        if head + PRELUDE_MARGIN_BLOCKS >= log_blocks || !stream.failures.is_empty() {
+        let log = devs.recording.log_since(start);
+        let head = last_log_block(&log, 0, &devs.journal).unwrap_or(0);
+        // Blocks this round's commit took (0 while compact commits share a block).
+        let round = last_head.map_or(0, |l: u64| head.saturating_sub(l));
+        last_head = Some(head);
+        let margin = PRELUDE_MARGIN_BLOCKS + PRELUDE_MARGIN_COMMITS * round;
+        if head + margin >= log_blocks || !stream.failures.is_empty() {
             break;
         }
     }

@@ -108,6 +108,15 @@ impl RecordingDevice {
         self.state.lock().log.len()
     }
 
+    /// A copy of the log entries from position `from` on (cheaper than [`Self::recording`]
+    /// when only the tail is needed).
+    pub fn log_since(&self, from: usize) -> Vec<LogEntry> {
+        let s = self.state.lock();
+        s.log
+            .get(from..)
+            .map_or_else(Vec::new, <[LogEntry]>::to_vec)
+    }
+
     /// A copy of the base image and of the log so far.
     pub fn recording(&self) -> Recording {
         Recording {
