@@ -591,7 +591,7 @@ fn run_stream(fs: &Fs, markers: &Markers<'_>, stream: &mut Stream, ops: &[Op], l
 /// threads' first few commits then wrap, even where each commit is one compact commit of a
 /// sector or two (wasteless, selective), eight or more to a block. Larger commits get a
 /// margin of [`PRELUDE_MARGIN_COMMITS`] of them.
-const PRELUDE_MARGIN_BLOCKS: u64 = 2;
+const PRELUDE_MARGIN_BLOCKS: u64 = 1;
 /// Commits of the prelude's size that the margin holds on top of [`PRELUDE_MARGIN_BLOCKS`].
 const PRELUDE_MARGIN_COMMITS: u64 = 8;
 /// The prelude's file.

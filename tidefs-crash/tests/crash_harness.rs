@@ -102,10 +102,20 @@ fn assert_mode_clean_with_threads(mode: DataMode) {
     });
     assert_clean(&report, THREAD_STATES_PER_MODE);
     assert!(report.workloads >= 1, "{report}");
-    assert_eq!(
-        report.journal_wraps, report.workloads,
-        "every threads workload wraps the journal: {report}"
-    );
+    if mode.logs_byte_ranges() {
+        // Compact commits take a sector each, and group commit merges the threads' fsyncs
+        // into a number of commits that varies from run to run: the prelude leaves the head
+        // in the last block, which most workloads fill.
+        assert!(
+            report.journal_wraps >= 1,
+            "no workload wrapped the journal: {report}"
+        );
+    } else {
+        assert_eq!(
+            report.journal_wraps, report.workloads,
+            "every threads workload wraps the journal: {report}"
+        );
+    }
 }
 
 /// Goal: lightweight mode keeps its crash promise over the seeded states (see the module doc).
