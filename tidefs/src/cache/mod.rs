@@ -198,8 +198,8 @@ impl BlockCache {
     /// Adds a block the running transaction allocated, with its first content: dirty and
     /// fresh (logged whole at commit).
     pub fn insert_new(&mut self, nr: u64, data: Box<[u8]>) {
+        // `forget` records the block's state for the open operation.
         self.forget(nr);
-        self.note(nr);
         self.undo_changed |= self.undo.is_some();
         self.changed.entry(nr).or_default().add(0, block_len(&data));
         self.blocks.insert(nr, data);

@@ -28,11 +28,16 @@ const MAX_ENTRIES: usize = 64 * 1024;
 #[derive(Default)]
 pub(crate) struct NameCache {
     attrs: RwLock<HashMap<u32, Attr>>,
-    names: RwLock<HashMap<NameKey, u32>>,
+    names: RwLock<Names>,
 }
 
-/// A directory and a name in it.
-type NameKey = (u32, Box<[u8]>);
+/// Directory → name → inode, nested so that a lookup borrows the name instead of allocating
+/// a key; with the number of names held.
+#[derive(Default)]
+struct Names {
+    dirs: HashMap<u32, HashMap<Box<[u8]>, u32>>,
+    len: usize,
+}
 
 impl NameCache {
     /// The cached attributes of `ino`.
@@ -42,8 +47,7 @@ impl NameCache {
 
     /// The inode `name` in directory `dir` names, if cached.
     pub fn name(&self, dir: u32, name: &[u8]) -> Option<u32> {
-        // The key type needs an owned name; names are short.
-        self.names.read().get(&(dir, Box::from(name))).copied()
+        self.names.read().dirs.get(&dir)?.get(name).copied()
     }
 
     /// Caches `attr` (the caller holds the metadata lock and read it under that lock).
@@ -61,10 +65,17 @@ impl NameCache {
     /// Caches that `name` in `dir` is `ino` (same rule as `put_attr`).
     pub fn put_name(&self, dir: u32, name: &[u8], ino: u32) {
         let mut n = self.names.write();
-        if n.len() >= MAX_ENTRIES {
-            n.clear();
+        if n.len >= MAX_ENTRIES {
+            *n = Names::default();
         }
-        n.insert((dir, Box::from(name)), ino);
+        if n.dirs
+            .entry(dir)
+            .or_default()
+            .insert(Box::from(name), ino)
+            .is_none()
+        {
+            n.len += 1;
+        }
     }
 
     /// Inode `ino` is changing.
@@ -76,9 +87,20 @@ impl NameCache {
 
     /// Entry `name` of `dir` is changing.
     pub fn forget_name(&self, dir: u32, name: &[u8]) {
-        let key = (dir, Box::from(name));
-        if self.names.read().contains_key(&key) {
-            self.names.write().remove(&key);
+        let cached = |n: &Names| n.dirs.get(&dir).is_some_and(|d| d.contains_key(name));
+        if !cached(&self.names.read()) {
+            return;
+        }
+        let mut n = self.names.write();
+        let Some(d) = n.dirs.get_mut(&dir) else {
+            return;
+        };
+        if d.remove(name).is_some() {
+            let empty = d.is_empty();
+            n.len -= 1;
+            if empty {
+                n.dirs.remove(&dir);
+            }
         }
     }
 }
@@ -123,5 +145,15 @@ mod tests {
             c.put_attr(&attr(i + 1, 0));
         }
         assert!(c.attrs.read().len() <= MAX_ENTRIES);
+        for i in 0..MAX_ENTRIES as u32 + 1 {
+            c.put_name(i % 7, &i.to_le_bytes(), i);
+        }
+        assert!(c.names.read().len <= MAX_ENTRIES);
+        c.put_name(3, b"x", 9);
+        c.put_name(3, b"x", 10);
+        let before = c.names.read().len;
+        c.forget_name(3, b"x");
+        assert_eq!(c.names.read().len, before - 1);
+        assert_eq!(c.name(3, b"x"), None);
     }
 }

@@ -57,8 +57,8 @@ impl Meta {
         let mut out = Vec::new();
         for ino in files {
             let mode = self.data_mode(ino);
-            if scope != Scope::All && mode.journals_data(0) && !mode.logs_byte_ranges() {
-                // journal and wasteless: every page goes through the journal.
+            if scope != Scope::All && mode.journals_data(usize::MAX) {
+                // journal and wasteless: every page goes through the journal, none home.
                 continue;
             }
             let pages = self.data.dirty_pages(ino);
