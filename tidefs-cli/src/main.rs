@@ -237,7 +237,7 @@ pub fn parse_modes(text: &str) -> Result<Vec<tidefs::fs::DataMode>, CliError> {
     })
 }
 
-fn parse_mode_arg(text: &str) -> Result<tidefs::fs::DataMode, String> {
+pub fn parse_mode_arg(text: &str) -> Result<tidefs::fs::DataMode, String> {
     tidefs::fs::DataMode::parse(text).ok_or_else(|| {
         format!(
             "'{text}' is not a journaling mode: expected {}",
