@@ -6,9 +6,12 @@
 //! Method: 1 KiB-block images (84 extents per leaf, so a few thousand extents make a tree of
 //! depth 2 with dozens of leaves). Two files are written in turns, every other block, so no
 //! two extents can merge; every operation is mirrored on an in-memory model of the bytes,
-//! compared with whole-file reads before and after a clean remount. The cost of a small
-//! change is the number of blocks the commit that carries it writes to the journal
-//! (`Stats::journal_bytes`, ordered mode: metadata blocks, whole).
+//! compared with whole-file reads after a crash and recovery and before and after a clean
+//! remount, each followed by `e2fsck -fn`. A third file, one contiguous run zeroed every other
+//! block, has thousands of extents that merge with their neighbours (across leaves too) as
+//! the blocks between them are zeroed or written. The cost of a small change is the number of
+//! blocks the commit that carries it writes to the journal (`Stats::journal_bytes`, ordered
+//! mode: metadata blocks, whole).
 
 mod common;
 
@@ -152,9 +155,7 @@ fn fragmented_in_mode(mode: DataMode) -> TestResult {
         a.write_block(&fs, 2 * k + 1)?;
     }
     fs.sync()?;
-    // A block between two extents whose physical blocks follow it on both sides cannot be
-    // made here, so merges across leaves are covered by the unit tests; here, the holes
-    // punched below empty whole leaves and split extents at the edges.
+    // Holes punched in the middle empty whole leaves and split extents at their edges.
     fs.punch_hole(a.ino, 100 * BS, 900 * BS)?;
     a.zero(100 * BS, 900 * BS);
     fs.punch_hole(a.ino, 2100 * BS + 300, 333 * BS)?;
@@ -170,6 +171,17 @@ fn fragmented_in_mode(mode: DataMode) -> TestResult {
     a.check(&fs, &what("punched"))?;
     b.check(&fs, &what("zeroed"))?;
     fs.sync()?;
+    // A crash here: recovery replays the commits, and the trees are those the last one left,
+    // valid for e2fsck.
+    fs.crash();
+    drop(fs);
+    let fs = Fs::open(&img, &options(mode))?;
+    a.check(&fs, &what("recovered"))?;
+    b.check(&fs, &what("recovered"))?;
+    fs.unmount()?;
+    drop(fs);
+    common::assert_fsck_clean(&img);
+    let fs = Fs::open(&img, &options(mode))?;
     a.truncate(&fs, 4500 * BS + 17)?;
     b.truncate(&fs, 3333 * BS)?;
     a.check(&fs, &what("truncated"))?;
@@ -191,11 +203,40 @@ fn fragmented_in_mode(mode: DataMode) -> TestResult {
     );
     c.write_block(&fs, 3)?;
 
+    // One contiguous run, every odd block zeroed (unwritten): 2000 extents of one block that
+    // continue each other physically. Zeroing the even blocks of the middle one by one joins
+    // them into one unwritten extent, the joins crossing leaf boundaries and emptying leaves;
+    // writing blocks back splits it again and joins each with its written neighbours.
+    let mut d = Model::create(&fs, b"d", 9)?;
+    let run: Vec<u8> = (0..2000).flat_map(|k| block_bytes(d.seed, k)).collect();
+    fs.write(d.ino, 0, &run)?;
+    d.bytes = run;
+    fs.sync()?;
+    for k in (1..2000u64).step_by(2) {
+        fs.zero_range(d.ino, k * BS, BS, true)?;
+        d.zero(k * BS, BS);
+    }
+    fs.sync()?;
+    assert!(
+        tree_blocks(&fs, d.ino, 2000)? >= 24,
+        "{}",
+        what("zeroed comb")
+    );
+    for k in (500..1500u64).step_by(2) {
+        fs.zero_range(d.ino, k * BS, BS, true)?;
+        d.zero(k * BS, BS);
+    }
+    fs.sync()?;
+    for k in (700..1300u64).step_by(3) {
+        d.write_block(&fs, k)?;
+    }
+    d.check(&fs, &what("joined"))?;
+
     fs.unmount()?;
     drop(fs);
     common::assert_fsck_clean(&img);
     let fs = Fs::open(&img, &options(mode))?;
-    for m in [&a, &b, &c] {
+    for m in [&a, &b, &c, &d] {
         assert_eq!(fs.lookup(ROOT_INO, m.name)?.ino, m.ino);
         m.check(&fs, &what("after remount"))?;
     }

@@ -54,7 +54,8 @@ impl Node {
         }
     }
 
-    fn root(count: usize) -> Node {
+    /// A node not written yet (the root, or a node without a block): dirty.
+    fn fresh(count: usize) -> Node {
         Node {
             count,
             block: 0,
@@ -77,7 +78,7 @@ impl Default for ExtentMap {
     fn default() -> ExtentMap {
         ExtentMap {
             extents: Vec::new(),
-            levels: vec![vec![Node::root(0)]],
+            levels: vec![vec![Node::fresh(0)]],
             released: Vec::new(),
         }
     }
@@ -403,7 +404,7 @@ impl ExtentMap {
             if top > 0 && self.extents.len() <= in_inode {
                 let blocks: Vec<u64> = self.tree_blocks().collect();
                 self.released.extend(blocks);
-                self.levels = vec![vec![Node::root(self.extents.len())]];
+                self.levels = vec![vec![Node::fresh(self.extents.len())]];
                 return Ok(());
             }
             for l in 0..top {
@@ -414,11 +415,8 @@ impl ExtentMap {
                 if top + 1 >= usize::from(MAX_DEPTH) {
                     return Err(FsError::FileTooBig);
                 }
-                self.levels[top][0] = Node {
-                    block: 0,
-                    ..Node::root(root.count)
-                };
-                self.levels.push(vec![Node::root(1)]);
+                self.levels[top][0] = Node::fresh(root.count);
+                self.levels.push(vec![Node::fresh(1)]);
                 continue;
             }
             if top > 0 && root.count == 1 && self.levels[top - 1][0].count <= in_inode {
@@ -427,7 +425,7 @@ impl ExtentMap {
                     self.released.push(child.block);
                 }
                 self.levels.pop();
-                self.levels[top - 1][0] = Node::root(child.count);
+                self.levels[top - 1][0] = Node::fresh(child.count);
                 continue;
             }
             return Ok(());
@@ -464,10 +462,9 @@ impl ExtentMap {
                         .enumerate()
                     {
                         out.push(Node {
-                            count: c,
                             block: if k == 0 { n.block } else { 0 },
                             key: n.key,
-                            dirty: true,
+                            ..Node::fresh(c)
                         });
                         kept += 1;
                     }
