@@ -253,6 +253,22 @@ fn fragmented_in_mode(mode: DataMode) -> TestResult {
     let fs = Fs::open(&img, &options(mode))?;
     a.check(&fs, &what("refilled, after remount"))?;
     fs.unmount()?;
+    drop(fs);
+    kernel_reads(&img, &[&a, &b, &c, &d])
+}
+
+/// The kernel's ext4 reads the files of `models` from `img` as the models say.
+fn kernel_reads(img: &Path, models: &[&Model]) -> TestResult {
+    if !common::can_loop_mount() {
+        return Ok(());
+    }
+    let km = common::KernelMount::mount(img, "ro")?;
+    for m in models {
+        let name = std::str::from_utf8(m.name)?;
+        let got = std::fs::read(km.path().join(name))?;
+        assert!(got == m.bytes, "the kernel reads {name} differently");
+    }
+    km.umount();
     Ok(())
 }
 
@@ -270,6 +286,62 @@ fn fragmented_files_stay_valid_journal() -> TestResult {
         return Ok(());
     }
     fragmented_in_mode(DataMode::Journal)
+}
+
+/// A fragmented tree the kernel made (its leaves split where it appended) is loaded and
+/// edited in place by tidefs, and the result is clean for `e2fsck -fn` and read back by the
+/// kernel.
+#[test]
+fn kernel_made_fragmented_tree_edited_in_place() -> TestResult {
+    if !common::have_e2fsprogs() || !common::can_loop_mount() {
+        return Ok(());
+    }
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir()?;
+    let img = image(dir.path(), "kernel.img");
+    let mut a = Model {
+        ino: 0,
+        name: b"a",
+        seed: 21,
+        bytes: Vec::new(),
+    };
+    {
+        let km = common::KernelMount::mount(&img, "rw")?;
+        let f = std::fs::File::create(km.path().join("a"))?;
+        for k in 0..3000u64 {
+            let bytes = block_bytes(a.seed, 2 * k);
+            f.write_all_at(&bytes, 2 * k * BS)?;
+            if k % 100 == 99 {
+                f.sync_all()?;
+            }
+        }
+        f.sync_all()?;
+        drop(f);
+        km.umount();
+    }
+    for k in 0..3000u64 {
+        let b = block_bytes(a.seed, 2 * k);
+        let at = (2 * k * BS) as usize;
+        a.bytes.resize(at + b.len(), 0);
+        a.bytes[at..].copy_from_slice(&b);
+    }
+    let fs = Fs::open(&img, &options(DataMode::Ordered))?;
+    a.ino = fs.lookup(ROOT_INO, b"a")?.ino;
+    assert!(tree_blocks(&fs, a.ino, 3000)? >= 36, "the kernel's tree");
+    a.check(&fs, "the kernel's file")?;
+    for k in (1001..1800u64).step_by(2) {
+        a.write_block(&fs, k)?;
+    }
+    fs.sync()?;
+    fs.punch_hole(a.ino, 3000 * BS, 1500 * BS)?;
+    a.zero(3000 * BS, 1500 * BS);
+    a.write_block(&fs, 1)?;
+    a.truncate(&fs, 5000 * BS)?;
+    a.check(&fs, "edited")?;
+    fs.unmount()?;
+    drop(fs);
+    common::assert_fsck_clean(&img);
+    kernel_reads(&img, &[&a])
 }
 
 /// Blocks the next commit writes to the journal after `change`.
