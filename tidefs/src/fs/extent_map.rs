@@ -179,6 +179,20 @@ impl ExtentMap {
             .map(|e| (e.physical + u64::from(lblk - e.logical), e.unwritten))
     }
 
+    /// A map of just the extents that hold the logical blocks `lblks` (blocks past the 32-bit
+    /// logical space hold nothing): it maps those blocks as this map does, for looking them up
+    /// after this one changes, without copying the whole list. Not for storing.
+    pub fn excerpt(&self, lblks: impl IntoIterator<Item = u64>) -> ExtentMap {
+        let mut extents: Vec<Extent> = lblks
+            .into_iter()
+            .filter_map(|l| u32::try_from(l).ok().and_then(|l| self.find(l)))
+            .collect();
+        extents.sort_unstable_by_key(|e| e.logical);
+        extents.dedup();
+        let n = extents.len();
+        ExtentMap::from_tree(extents, vec![vec![Node::on_disk(n, 0, 0)]])
+    }
+
     /// Index of the first extent that ends after logical block `lblk`.
     fn index_after(&self, lblk: u64) -> usize {
         self.extents.partition_point(|e| e.logical_end() <= lblk)
@@ -735,6 +749,19 @@ mod tests {
             .extents()
             .iter()
             .all(|e| e.unwritten && e.len <= MAX_UNWRITTEN_LEN));
+    }
+
+    #[test]
+    fn an_excerpt_maps_its_blocks_as_the_map_did() {
+        let mut m = fragmented(100);
+        let part = m.excerpt([10, 11, 10, 150, 1 << 40]);
+        assert_eq!(
+            part.extents(),
+            [ext(10, 1, 10_015, false), ext(150, 1, 10_225, false)]
+        );
+        m.remove_range(0, 200);
+        assert_eq!(part.map(10), Some((10_015, false)));
+        assert_eq!(part.map(11), None);
     }
 
     #[test]

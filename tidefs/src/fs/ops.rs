@@ -1148,7 +1148,7 @@ impl Meta {
         // Splitting an extent may need a new tree block; find it before changing anything.
         self.ensure_space(4)?;
         let mut map = self.take_extent_map(io, ino, &i)?;
-        let edges = map.clone();
+        let edges = map.excerpt([offset / bs, end / bs]);
         self.data.drop_range(ino, offset.div_ceil(bs), end / bs);
         let freed = map.remove_range(offset.div_ceil(bs), end / bs);
         let mut n = 0u64;
@@ -1188,7 +1188,7 @@ impl Meta {
         let mut map = self.take_extent_map(io, ino, &i)?;
         // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
-        let edges = map.clone();
+        let edges = map.excerpt([offset / bs, end / bs]);
         // Whole blocks become unwritten: what their pages hold is zeroed, not written back.
         self.data.drop_range(ino, offset.div_ceil(bs), end / bs);
         map.mark_unwritten_range(offset.div_ceil(bs), end / bs);
