@@ -57,7 +57,8 @@ struct Pending {
 }
 
 /// Reads and validates the whole extent tree whose root is `root` (an inode's `i_block`),
-/// returning its extents in logical order and its tree blocks (in visiting order).
+/// returning its extents in logical order and its tree blocks (leaves first, then each index
+/// level).
 ///
 /// Checked, as the kernel's `ext4_ext_check` and `ext4_valid_extent_entries` do: every node's
 /// header (magic, `eh_entries <= eh_max <= capacity`, depth <= 5) and tail checksum; a
