@@ -863,6 +863,40 @@ mod tests {
     }
 
     #[test]
+    fn a_loaded_key_below_its_leafs_first_extent_is_corrected() {
+        // As the kernel may leave it: leaf B's key (10) is below its first extent (20). An
+        // extent at 12 goes to the end of leaf A, past B's old key: the store must rewrite
+        // the root with B's real first block.
+        let a = vec![
+            ext(0, 2, 100, false),
+            ext(3, 2, 200, false),
+            ext(6, 4, 300, false),
+        ];
+        let b = vec![
+            ext(20, 1, 400, false),
+            ext(22, 1, 500, false),
+            ext(24, 1, 600, false),
+        ];
+        let mut disk = Disk::new();
+        disk.blocks.insert(1, ExtentNode::Leaf(a.clone()));
+        disk.blocks.insert(2, ExtentNode::Leaf(b.clone()));
+        let mut m = ExtentMap::from_tree(
+            [a, b].concat(),
+            vec![
+                vec![Node::on_disk(3, 1, 0), Node::on_disk(3, 2, 10)],
+                vec![Node::on_disk(2, 0, 0)],
+            ],
+        );
+        m.insert(12, 700, false);
+        disk.store(&mut m, 4, 4);
+        assert_eq!(disk.written, 1, "leaf A only");
+        let ExtentNode::Index { entries, .. } = &disk.root else {
+            panic!("depth 1 expected");
+        };
+        assert_eq!(entries[1].logical, 20);
+    }
+
+    #[test]
     fn removals_free_leaves_and_shrink_the_tree() {
         let mut disk = Disk::new();
         let mut m = fragmented(200);
