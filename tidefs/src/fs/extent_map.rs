@@ -2,14 +2,14 @@
 //!
 //! What this file owns: the extents of an inode as one sorted list, partitioned into the nodes
 //! of the tree that holds them on disk (a mirror of each node: how many entries it holds, the
-//! block it lives in, the key its parent names it by, whether its bytes must be rewritten);
-//! the edits file operations make (map a block, merge neighbours, split at a range, truncate,
-//! mark written or unwritten), each of which replaces one window of the list and marks dirty
-//! only the leaves that held it; and the tree's reshaping before a store
-//! ([`ExtentMap::normalize`]: split full nodes, drop empty ones, grow or shrink the depth, as
-//! ext4 does) and the list of nodes whose bytes must be rewritten ([`ExtentMap::take_dirty`]).
-//! Pure data: reading, allocating and writing tree blocks is `fs/extents.rs`; the byte layout
-//! of a node is `format/ext4/extent.rs`.
+//! block it lives in, the key its parent names it by, whether its bytes must be rewritten); the
+//! edits file operations make (map a block, merge neighbours, split at a range, truncate, mark
+//! written or unwritten), each of which replaces one window of the list and marks dirty only
+//! the leaves that held it; and the tree's reshaping before a store ([`ExtentMap::normalize`]:
+//! pass a full node's excess to a neighbour or split it, drop empty nodes, grow or shrink the
+//! depth, as ext4 does) and the list of nodes whose bytes must be rewritten
+//! ([`ExtentMap::take_dirty`]). Pure data: reading, allocating and writing tree blocks is
+//! `fs/extents.rs`; the byte layout of a node is `format/ext4/extent.rs`.
 //!
 //! Invariants:
 //! - `extents` is sorted by logical block, non-overlapping, each extent within the format's
@@ -405,13 +405,14 @@ impl ExtentMap {
         self.extents.splice(a..b, with);
     }
 
-    /// Reshapes the tree after edits, as ext4 does: a node over `per_block` entries (or the
-    /// root over `in_inode`) splits, the new nodes getting no block yet ([`Self::unallocated`]);
-    /// an empty node goes, its block released ([`Self::take_released`]); a full root moves
-    /// down into a new node and the tree grows one level; a root with one child that fits in
-    /// the inode takes that child's entries (the tree shrinks one level), and a map that fits
-    /// in the inode becomes a leaf root. Every node whose entries change is marked dirty.
-    /// Fails with `FileTooBig` when the tree would need more than 4 levels below the root.
+    /// Reshapes the tree after edits, as ext4 does: a node over `per_block` entries passes the
+    /// excess to a neighbour with room or splits, the new nodes getting no block yet
+    /// ([`Self::unallocated`]); an empty node goes, its block released
+    /// ([`Self::take_released`]); a full root moves down into a new node and the tree grows one
+    /// level; a root with one child that fits in the inode takes that child's entries (the tree
+    /// shrinks one level), and a map that fits in the inode becomes a leaf root. Every node
+    /// whose entries change is marked dirty. Fails with `FileTooBig` when the tree would need
+    /// more than 4 levels below the root.
     pub fn normalize(&mut self, per_block: usize, in_inode: usize) -> Result<()> {
         loop {
             let top = self.levels.len() - 1;
@@ -446,21 +447,38 @@ impl ExtentMap {
         }
     }
 
-    /// Splits the nodes of level `l` (not the root) that hold more than `cap` entries and
-    /// drops the empty ones, adjusting their parents' counts.
+    /// Drops the empty nodes of level `l` (not the root) and deals with those that hold more
+    /// than `cap` entries: the entries over `cap` move into the next node, or else the
+    /// previous one, when it has room for them (as the kernel moves an insertion into the
+    /// next leaf), else the node splits; parents' counts follow.
     fn normalize_level(&mut self, l: usize, cap: usize) {
         let (lower, upper) = self.levels.split_at_mut(l + 1);
         let nodes = std::mem::take(&mut lower[l]);
         let total = nodes.len();
-        let mut out = Vec::with_capacity(total + 1);
-        let mut it = nodes.into_iter();
+        let mut out: Vec<Node> = Vec::with_capacity(total + 1);
+        let mut it = nodes.into_iter().peekable();
         let mut seen = 0;
         for parent in &mut upper[0] {
             let mut kept = 0;
             for _ in 0..parent.count {
                 // OK to unwrap: the parents' counts add up to the nodes of this level.
-                let n = it.next().expect("parent counts match the level below");
+                let mut n = it.next().expect("parent counts match the level below");
                 seen += 1;
+                let excess = n.count.saturating_sub(cap);
+                // Entries move between neighbours by their counts alone (each node holds the
+                // entries that follow its predecessor's); the keys follow at the store.
+                let room = |x: &Node| x.count + excess <= cap;
+                let neighbour = match it.peek_mut().filter(|x| room(x)) {
+                    Some(next) => Some(next),
+                    None => out.last_mut().filter(|x| room(x)),
+                };
+                if excess > 0 {
+                    if let Some(x) = neighbour {
+                        x.count += excess;
+                        x.dirty = true;
+                        n.count = cap;
+                    }
+                }
                 if n.count == 0 {
                     if n.block != 0 {
                         self.released.push(n.block);
@@ -838,6 +856,29 @@ mod tests {
         m.mark_written(100);
         disk.store(&mut m, 10, 4);
         assert_eq!(disk.written, 1);
+    }
+
+    #[test]
+    fn a_full_leaf_passes_its_excess_to_a_neighbour_with_room() {
+        let mut disk = Disk::new();
+        // Ten full leaves of 4: leaf k holds logical blocks 8k, 8k+2, 8k+4, 8k+6.
+        let mut m = fragmented(40);
+        disk.store(&mut m, 4, 4);
+        let blocks = disk.blocks.len();
+        m.remove_range(26, 27);
+        disk.store(&mut m, 4, 4);
+        assert_eq!(disk.written, 1);
+        // Leaf 2 overflows; its last extent moves to leaf 3, which changes leaf 3's key.
+        m.insert(19, 90_000, false);
+        disk.store(&mut m, 4, 4);
+        assert_eq!(disk.blocks.len(), blocks, "no split");
+        assert_eq!(disk.written, 3, "two leaves and their parent");
+        assert_eq!(m.levels[0][3].key, 22);
+        // Now neither neighbour of leaf 2 has room: it splits, and so does its full parent,
+        // whose neighbour is full too.
+        m.insert(17, 90_010, false);
+        disk.store(&mut m, 4, 4);
+        assert_eq!(disk.blocks.len(), blocks + 2);
     }
 
     #[test]
