@@ -120,10 +120,10 @@ impl Meta {
                     continue;
                 }
                 let map = ExtentMap::load(self, io, ino, &inode)?;
-                for e in &map.extents {
+                for e in map.extents() {
                     used.mark(e.physical, u64::from(e.len));
                 }
-                for &b in &map.tree_blocks {
+                for b in map.tree_blocks() {
                     used.mark(b, 1);
                 }
             }

@@ -109,7 +109,7 @@ impl Meta {
     fn dir_blocks(&mut self, io: &Io, dir: u32, inode: &Inode) -> Result<u32> {
         let by_size = inode.size() / u64::from(self.geo.block_size);
         let map = self.extent_map(io, dir, inode)?;
-        let mapped = map.extents.last().map_or(0, |e| e.logical_end());
+        let mapped = map.extents().last().map_or(0, |e| e.logical_end());
         // Both bounds are below 2^32: mapped extents end below 2^32 - 1 (walk_tree).
         Ok(by_size.min(mapped) as u32)
     }
@@ -236,7 +236,7 @@ impl Meta {
             None => {
                 // Append a block.
                 let lblk = self.dir_blocks(io, dir, &inode)?;
-                let map = self.extent_map(io, dir, &inode)?.clone();
+                let map = self.take_extent_map(io, dir, &inode)?;
                 if map.map(lblk).is_some() {
                     // The size ends inside the mapped blocks: appending would reuse one.
                     return Err(FsError::corrupt_inode(

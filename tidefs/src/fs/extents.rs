@@ -1,20 +1,26 @@
-//! A file's extent tree on disk: loaded (and validated) into an [`ExtentMap`], and written back
-//! as a tree whose blocks are reused in order so that an append dirties only the blocks whose
-//! bytes changed.
+//! A file's extent tree on disk: loaded (and validated) into an [`ExtentMap`] that mirrors
+//! the tree's nodes, and stored back by rewriting only the nodes an edit made dirty
+//! (allocating the blocks of new nodes, freeing those of removed ones with revokes).
+//!
+//! What this file owns: the tree walk shared by every reader of extent trees ([`walk_tree`]),
+//! [`ExtentMap::load`] and [`ExtentMap::store`] (the block I/O around the pure node edits of
+//! `fs/extent_map.rs`), the allocation goal of a file's blocks ([`inode_goal`]), and
+//! [`Meta::take_extent_map`], through which an operation edits a cached map in place.
 //!
 //! Invariants:
-//! - `extents` is sorted by logical block, non-overlapping, each extent within the format's
-//!   length limits (length > 0) and ending below 2^32 - 1;
 //! - every extent and every tree block lies in the data area, on no fixed metadata (checked
 //!   by [`walk_tree`] when the map is loaded; blocks added later come from the allocator,
 //!   which hands out only such blocks), so `store` and `write_node` never see a structure
 //!   that trips their assertions and no data write lands on metadata;
-//! - `tree_blocks` lists the blocks the on-disk tree uses (leaves first, then index levels),
-//!   each counted in the inode's `i_blocks`.
+//! - a cached map equals what the cached blocks say once its operation has stored it: an
+//!   operation takes the map out of `Meta::maps`, edits and stores it, and puts it back; one
+//!   that fails in between drops it, and its rollback restores the blocks the map is
+//!   reloaded from;
+//! - the tree blocks a map's nodes name are counted in the inode's `i_blocks`.
 
 use crate::format::ext4::extent::{
     node_capacity, parse_node, set_tail_checksum, verify_tail_checksum, write_node, Extent,
-    ExtentIndex, ExtentNode,
+    ExtentNode,
 };
 use crate::format::ext4::inode::{flags, Inode, I_BLOCK_LEN};
 use crate::format::ext4::inode_csum_seed;
@@ -24,6 +30,7 @@ use super::layout::Layout;
 use super::meta::{Io, Meta};
 
 pub(crate) use super::extent_map::ExtentMap;
+use super::extent_map::Node;
 
 use std::collections::HashSet;
 
@@ -39,17 +46,19 @@ pub(crate) struct TreeSource<'a> {
     pub read: &'a mut dyn FnMut(u64) -> Result<Vec<u8>>,
 }
 
-/// One node still to visit: its bytes, the depth its parent expects (`None` for the root) and
-/// the logical range `[lo, hi)` its parent gives it.
+/// One node still to visit: its bytes, its block (0 for the root), the depth its parent
+/// expects (`None` for the root) and the logical range `[lo, hi)` its parent gives it.
 struct Pending {
     node: ExtentNode,
+    block: u64,
     depth: Option<u16>,
     lo: u64,
     hi: u64,
 }
 
 /// Reads and validates the whole extent tree whose root is `root` (an inode's `i_block`),
-/// returning its extents in logical order and its tree blocks (in visiting order).
+/// returning its extents in logical order and its tree blocks (leaves first, then each index
+/// level).
 ///
 /// Checked, as the kernel's `ext4_ext_check` and `ext4_valid_extent_entries` do: every node's
 /// header (magic, `eh_entries <= eh_max <= capacity`, depth <= 5) and tail checksum; a
@@ -63,16 +72,29 @@ pub(crate) fn walk_tree(
     root: &[u8],
     source: &mut TreeSource<'_>,
 ) -> Result<(Vec<Extent>, Vec<u64>)> {
+    let (extents, levels) = walk_nodes(ino, root, source)?;
+    let blocks = levels.iter().flatten().map(|n| n.block);
+    Ok((extents, blocks.filter(|b| *b != 0).collect()))
+}
+
+/// [`walk_tree`], returning the tree's nodes by level (leaves first, the root last), each
+/// level in logical order.
+fn walk_nodes(
+    ino: u32,
+    root: &[u8],
+    source: &mut TreeSource<'_>,
+) -> Result<(Vec<Extent>, Vec<Vec<Node>>)> {
     let bad = |what: String| FsError::corrupt_inode(ino, what);
     let root = parse_node(root).map_err(|c| bad(c.what))?;
     let mut stack = vec![Pending {
         node: root,
+        block: 0,
         depth: None,
         lo: 0,
         hi: (1u64 << 32) - 1,
     }];
     let mut extents: Vec<Extent> = Vec::new();
-    let mut tree_blocks: Vec<u64> = Vec::new();
+    let mut levels: Vec<Vec<Node>> = Vec::new();
     let mut seen = HashSet::new();
     while let Some(p) = stack.pop() {
         let depth = match &p.node {
@@ -85,6 +107,16 @@ pub(crate) fn walk_tree(
                 p.depth.unwrap_or(0)
             )));
         }
+        let count = match &p.node {
+            ExtentNode::Leaf(exts) => exts.len(),
+            ExtentNode::Index { entries, .. } => entries.len(),
+        };
+        if levels.len() <= usize::from(depth) {
+            levels.resize_with(usize::from(depth) + 1, Vec::new);
+        }
+        // The key is below 2^32: the root's range ends there and children lie inside it.
+        let key = if p.block == 0 { 0 } else { p.lo as u32 };
+        levels[usize::from(depth)].push(Node::on_disk(count, p.block, key));
         match p.node {
             ExtentNode::Leaf(exts) => {
                 for e in exts {
@@ -147,9 +179,9 @@ pub(crate) fn walk_tree(
                     }
                     let child = parse_node(&blk)
                         .map_err(|c| bad(format!("block {}: {}", e.child, c.what)))?;
-                    tree_blocks.push(e.child);
                     children.push(Pending {
                         node: child,
+                        block: e.child,
                         depth: Some(depth - 1),
                         lo,
                         hi,
@@ -160,7 +192,7 @@ pub(crate) fn walk_tree(
             }
         }
     }
-    Ok((extents, tree_blocks))
+    Ok((extents, levels))
 }
 
 impl ExtentMap {
@@ -193,133 +225,47 @@ impl ExtentMap {
             max_nodes,
             read: &mut read,
         };
-        let (extents, tree_blocks) = walk_tree(ino, inode.i_block(), &mut source)?;
-        Ok(ExtentMap {
-            extents,
-            tree_blocks,
-        })
+        let (extents, levels) = walk_nodes(ino, inode.i_block(), &mut source)?;
+        Ok(ExtentMap::from_tree(extents, levels))
     }
 
-    /// Writes the map back into `inode`'s `i_block` and tree blocks, allocating or freeing tree
-    /// blocks as needed. Returns the change in tree blocks (for `i_blocks`).
+    /// Writes the map's changes back into `inode`'s `i_block` and tree blocks: the tree is
+    /// reshaped ([`ExtentMap::normalize`]), the blocks of removed nodes freed (revoked: they
+    /// may be in the journal), blocks for new nodes allocated near the file's data, and only
+    /// the dirty nodes rewritten; of those, only blocks whose bytes change join the
+    /// transaction. Keeps the inode's `i_blocks` in step with the tree blocks.
     pub fn store(&mut self, meta: &mut Meta, io: &Io, ino: u32, inode: &mut Inode) -> Result<()> {
         let bs = meta.geo.bs();
-        let per_block = node_capacity(bs);
-        let in_inode = node_capacity(I_BLOCK_LEN);
+        self.normalize(node_capacity(bs), node_capacity(I_BLOCK_LEN))?;
         let seed = meta
             .geo
             .csum_seed
             .map(|s| inode_csum_seed(s, ino, inode.generation()));
-        // Build the levels bottom-up: each level is a list of nodes (entries per node).
-        let mut levels: Vec<Vec<ExtentNode>> = Vec::new();
-        let root: ExtentNode;
-        if self.extents.len() <= in_inode {
-            root = ExtentNode::Leaf(self.extents.clone());
-        } else {
-            let leaves: Vec<ExtentNode> = self
-                .extents
-                .chunks(per_block)
-                .map(|c| ExtentNode::Leaf(c.to_vec()))
-                .collect();
-            let mut firsts: Vec<u32> = self
-                .extents
-                .chunks(per_block)
-                .map(|c| c[0].logical)
-                .collect();
-            levels.push(leaves);
-            let mut depth = 1u16;
-            while firsts.len() > in_inode {
-                if depth >= 4 {
-                    return Err(FsError::FileTooBig);
-                }
-                let nodes: Vec<ExtentNode> = firsts
-                    .chunks(per_block)
-                    .map(|c| ExtentNode::Index {
-                        depth,
-                        entries: c
-                            .iter()
-                            .map(|l| ExtentIndex {
-                                logical: *l,
-                                child: 0,
-                            })
-                            .collect(),
-                    })
-                    .collect();
-                firsts = firsts.chunks(per_block).map(|c| c[0]).collect();
-                levels.push(nodes);
-                depth += 1;
-            }
-            root = ExtentNode::Index {
-                depth,
-                entries: firsts
-                    .iter()
-                    .map(|l| ExtentIndex {
-                        logical: *l,
-                        child: 0,
-                    })
-                    .collect(),
-            };
+        let sectors = u64::from(meta.geo.block_size / 512);
+        for b in self.take_released() {
+            meta.free_block(io, b, true)?;
+            let n = inode
+                .blocks_512(meta.geo.block_size)
+                .saturating_sub(sectors);
+            inode.set_blocks_512(n);
         }
-        let needed: usize = levels.iter().map(Vec::len).sum();
-        // Reserve or release tree blocks.
         let goal = inode_goal(self, meta, ino);
-        while self.tree_blocks.len() < needed {
+        for slot in self.unallocated() {
             let b = meta.alloc_block(io, goal)?;
             meta.new_block_mut(b);
-            self.tree_blocks.push(b);
-            inode.set_blocks_512(
-                inode.blocks_512(meta.geo.block_size) + u64::from(meta.geo.block_size / 512),
-            );
+            *slot = b;
+            inode.set_blocks_512(inode.blocks_512(meta.geo.block_size) + sectors);
         }
-        while self.tree_blocks.len() > needed {
-            // OK to unwrap: the loop condition says the list is not empty.
-            let b = self.tree_blocks.pop().expect("non-empty");
-            meta.free_block(io, b, true)?;
-            inode.set_blocks_512(
-                inode
-                    .blocks_512(meta.geo.block_size)
-                    .saturating_sub(u64::from(meta.geo.block_size / 512)),
-            );
-        }
-        // Assign block numbers level by level and fill in child pointers.
-        let mut next = 0usize;
-        let mut level_blocks: Vec<Vec<u64>> = Vec::new();
-        for level in &levels {
-            level_blocks.push(self.tree_blocks[next..next + level.len()].to_vec());
-            next += level.len();
-        }
-        for li in 0..levels.len() {
-            let children = if li == 0 {
-                None
-            } else {
-                Some(level_blocks[li - 1].clone())
-            };
-            for (ni, node) in levels[li].iter_mut().enumerate() {
-                if let (Some(ch), ExtentNode::Index { entries, .. }) = (&children, node) {
-                    for (k, e) in entries.iter_mut().enumerate() {
-                        e.child = ch[ni * per_block + k];
-                    }
-                }
+        let (dirty, root) = self.take_dirty();
+        let mut buf = vec![0u8; bs];
+        for (nr, node) in dirty {
+            buf.fill(0);
+            write_node(&node, &mut buf);
+            if let Some(s) = seed {
+                set_tail_checksum(&mut buf, s);
             }
-        }
-        let mut root = root;
-        if let (Some(top), ExtentNode::Index { entries, .. }) = (level_blocks.last(), &mut root) {
-            for (k, e) in entries.iter_mut().enumerate() {
-                e.child = top[k];
-            }
-        }
-        // Write the nodes; only blocks whose bytes change join the transaction.
-        for (li, level) in levels.iter().enumerate() {
-            for (ni, node) in level.iter().enumerate() {
-                let nr = level_blocks[li][ni];
-                let mut buf = vec![0u8; bs];
-                write_node(node, &mut buf);
-                if let Some(s) = seed {
-                    set_tail_checksum(&mut buf, s);
-                }
-                if meta.block(io, nr)? != &buf[..] {
-                    meta.block_mut(io, nr)?.copy_from_slice(&buf);
-                }
+            if meta.block(io, nr)? != &buf[..] {
+                meta.block_mut(io, nr)?.copy_from_slice(&buf);
             }
         }
         let mut ib = [0u8; I_BLOCK_LEN];
@@ -330,9 +276,26 @@ impl ExtentMap {
     }
 }
 
+impl Meta {
+    /// The block map of `ino`, taken out of the cache (or loaded from `inode`) to be edited
+    /// in place; the caller stores it and puts it back into `maps`. If the operation fails in
+    /// between, the map is simply dropped (see the module comment).
+    pub(crate) fn take_extent_map(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        inode: &Inode,
+    ) -> Result<ExtentMap> {
+        match self.maps.remove(&ino) {
+            Some(map) => Ok(map),
+            None => ExtentMap::load(self, io, ino, inode),
+        }
+    }
+}
+
 /// A good place for new blocks of `ino`: after its last mapped block, else in its group.
 pub(crate) fn inode_goal(map: &ExtentMap, meta: &Meta, ino: u32) -> u64 {
-    if let Some(e) = map.extents.last() {
+    if let Some(e) = map.extents().last() {
         return e.physical + u64::from(e.len);
     }
     let g = (ino - 1) / meta.geo.inodes_per_group;

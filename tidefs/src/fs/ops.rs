@@ -493,13 +493,13 @@ impl Meta {
         // Directory and slow-symlink blocks are logged like metadata: they need revokes.
         let logged = is_dir || i.is_symlink();
         if i.flags() & flags::EXTENTS != 0 {
-            let mut map = self.extent_map(io, ino, &i)?.clone();
+            let mut map = self.take_extent_map(io, ino, &i)?;
             for (start, len) in map.truncate_from(0) {
                 for b in start..start + u64::from(len) {
                     self.free_block(io, b, logged)?;
                 }
             }
-            for b in std::mem::take(&mut map.tree_blocks) {
+            for b in map.take_tree_blocks() {
                 self.free_block(io, b, true)?;
             }
         }
@@ -1011,7 +1011,7 @@ impl Meta {
         let old = i.size();
         // Cached pages past the new end never reach the device.
         self.data.drop_range(ino, size.div_ceil(bs), u64::MAX);
-        let mut map = self.extent_map(io, ino, i)?.clone();
+        let mut map = self.take_extent_map(io, ino, i)?;
         // The bound above keeps it within u32.
         let tail_lblk = (size / bs) as u32;
         let tail_home = map.map(tail_lblk);
@@ -1054,7 +1054,7 @@ impl Meta {
     ) -> Result<()> {
         let (mut i, end) = self.allocating_range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
-        let mut map = self.extent_map(io, ino, &i)?.clone();
+        let mut map = self.take_extent_map(io, ino, &i)?;
         // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
         let missing = self.allocate_unwritten(io, ino, &mut map, first, last, 8)?;
@@ -1175,8 +1175,8 @@ impl Meta {
         }
         // Splitting an extent may need a new tree block; find it before changing anything.
         self.ensure_space(4)?;
-        let mut map = self.extent_map(io, ino, &i)?.clone();
-        let edges = map.clone();
+        let mut map = self.take_extent_map(io, ino, &i)?;
+        let edges = map.excerpt([offset / bs, end / bs]);
         self.data.drop_range(ino, offset.div_ceil(bs), end / bs);
         let freed = map.remove_range(offset.div_ceil(bs), end / bs);
         let mut n = 0u64;
@@ -1213,10 +1213,10 @@ impl Meta {
     ) -> Result<()> {
         let (mut i, end) = self.allocating_range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
-        let mut map = self.extent_map(io, ino, &i)?.clone();
+        let mut map = self.take_extent_map(io, ino, &i)?;
         // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
-        let edges = map.clone();
+        let edges = map.excerpt([offset / bs, end / bs]);
         // Whole blocks become unwritten: what their pages hold is zeroed, not written back.
         self.data.drop_range(ino, offset.div_ceil(bs), end / bs);
         map.mark_unwritten_range(offset.div_ceil(bs), end / bs);

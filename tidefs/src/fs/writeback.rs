@@ -72,7 +72,7 @@ impl Meta {
                 self.act_in_mode(p.mode);
             }
             let mut inode = self.read_inode(io, ino)?;
-            let mut map = self.extent_map(io, ino, &inode)?.clone();
+            let mut map = self.take_extent_map(io, ino, &inode)?;
             let mut goal = inode_goal(&map, self, ino);
             let mut new_blocks = 0u64;
             let mut map_changed = false;
@@ -144,11 +144,11 @@ impl Meta {
             }
             if map_changed {
                 map.store(self, io, ino, &mut inode)?;
-                self.maps.insert(ino, map);
                 let blocks = inode.blocks_512(self.geo.block_size) + new_blocks * (bs / 512);
                 inode.set_blocks_512(blocks);
                 self.write_inode(io, ino, &mut inode)?;
             }
+            self.maps.insert(ino, map);
         }
         out.sort_unstable_by_key(|w| w.at);
         Ok(out)
