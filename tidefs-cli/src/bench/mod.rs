@@ -26,6 +26,7 @@ pub mod postmark;
 pub mod recovery;
 mod report;
 pub mod sqlite;
+mod sqlite_vfs;
 pub mod streams;
 mod systems;
 
