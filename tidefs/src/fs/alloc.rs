@@ -17,7 +17,6 @@ use crate::format::ext4::group_desc::{
 };
 use crate::{FsError, Result};
 
-use super::api::DataMode;
 use std::sync::Arc;
 
 use super::layout::{FixedRun, Layout};
@@ -428,7 +427,7 @@ impl Meta {
                 "freeing block {b} outside the file system"
             )));
         }
-        if self.default_mode == DataMode::Lightweight {
+        if self.op_is_lightweight() {
             let journaled = journaled || self.cache.is_dirty(b) || self.committing.contains_key(&b);
             self.cache.forget(b);
             self.late_frees.push(LateFree::Block { nr: b, journaled });
@@ -465,10 +464,9 @@ impl Meta {
             || self.cache.is_dirty(b)
             || self.committing.contains_key(&b)
             || io.journal.pending(b).is_some()
-            // A data block of a data-journaling mode may still be in the log after its
-            // checkpoint; in the other modes only metadata is logged, and freeing metadata
-            // always revokes (`journaled`).
-            || (self.default_mode.may_journal_data() && io.journal.is_logged(b));
+            // A data block journaled by a data-journaling mode (this file's, or one it was in
+            // before a switch or a rename) may still be in the log after its checkpoint.
+            || io.journal.is_logged(b);
         self.cache.forget(b);
         if in_journal {
             self.revoke(b);
@@ -555,7 +553,7 @@ impl Meta {
 
     /// Frees inode `ino`.
     pub fn free_inode(&mut self, io: &Io, ino: u32, is_dir: bool) -> Result<()> {
-        if self.default_mode == DataMode::Lightweight {
+        if self.op_is_lightweight() {
             self.late_frees.push(LateFree::Inode { ino, is_dir });
             return Ok(());
         }

@@ -216,6 +216,15 @@ pub enum DataMode {
     },
 }
 
+/// The journaling mode an inode obeys ([`super::Fs::journal_mode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalingMode {
+    pub mode: DataMode,
+    /// The mode is the inode's own (a directory's own mode, a file's explicit mode), not
+    /// inherited from its directory or the mount's default.
+    pub own: bool,
+}
+
 /// The threshold of `selective` when none is given.
 pub const DEFAULT_SELECTIVE_THRESHOLD: u32 = 4096;
 
@@ -284,6 +293,23 @@ impl DataMode {
     pub fn may_journal_data(self) -> bool {
         self.journals_data(0)
     }
+
+    /// Of two modes, the one whose promise is stronger (`self` when they are equal): the mode
+    /// of a page written under both before its write-back.
+    pub fn stricter(self, other: DataMode) -> DataMode {
+        let rank = |m: DataMode| match m {
+            DataMode::Lightweight => 0,
+            DataMode::Writeback => 1,
+            DataMode::Ordered => 2,
+            DataMode::Selective { .. } => 3,
+            DataMode::Journal | DataMode::Wasteless => 4,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 impl std::fmt::Display for DataMode {
@@ -349,6 +375,12 @@ mod mode_tests {
         assert!(!DataMode::Ordered.journals_data(1));
         assert!(m.logs_byte_ranges() && DataMode::Wasteless.logs_byte_ranges());
         assert!(!DataMode::Journal.logs_byte_ranges());
+        assert_eq!(DataMode::Ordered.stricter(m), m);
+        assert_eq!(m.stricter(DataMode::Lightweight), m);
+        assert_eq!(
+            DataMode::Journal.stricter(DataMode::Wasteless),
+            DataMode::Journal
+        );
     }
 }
 

@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use super::api::DataMode;
 use crate::cache::ByteRanges;
 
 /// One cached file block.
@@ -39,6 +40,10 @@ pub(crate) struct Page {
     /// While dirty: the length of the `write()` that made it dirty, which decides for
     /// `selective` whether this update sequence is journaled.
     pub first_write: usize,
+    /// While dirty: the strictest journaling mode its file obeyed at any write since it
+    /// became dirty. Write-back follows it, so a change of mode keeps the old mode's promise
+    /// for what was written under it.
+    pub mode: DataMode,
 }
 
 /// A dirty page as write-back sees it.
@@ -50,6 +55,8 @@ pub(crate) struct DirtyPage {
     pub changed: ByteRanges,
     /// See [`Page::first_write`].
     pub first_write: usize,
+    /// See [`Page::mode`].
+    pub mode: DataMode,
 }
 
 /// The pages of one file, with its counts.
@@ -142,6 +149,7 @@ impl DataCache {
                     bytes: Arc::from(&p.bytes[..]),
                     changed: p.changed.clone(),
                     first_write: p.first_write,
+                    mode: p.mode,
                 })
                 .collect()
         })
@@ -233,13 +241,14 @@ impl DataCache {
                 gen: 0,
                 changed: ByteRanges::new(),
                 first_write: 0,
+                mode: DataMode::default(),
             },
         );
     }
 
     /// Writes `data` at byte `offset` of cached page `(ino, lblk)`, which becomes dirty;
-    /// `request_len` is the length of the whole `write()` this piece belongs to. Returns
-    /// false if the page is not cached.
+    /// `request_len` is the length of the whole `write()` this piece belongs to, `mode` the
+    /// journaling mode the file obeys. Returns false if the page is not cached.
     pub fn write(
         &mut self,
         ino: u32,
@@ -247,6 +256,7 @@ impl DataCache {
         offset: usize,
         data: &[u8],
         request_len: usize,
+        mode: DataMode,
     ) -> bool {
         if self.get(ino, lblk).is_none() {
             return false;
@@ -264,6 +274,9 @@ impl DataCache {
         let newly_dirty = !p.dirty;
         if newly_dirty {
             p.first_write = request_len;
+            p.mode = mode;
+        } else {
+            p.mode = p.mode.stricter(mode);
         }
         p.dirty = true;
         p.gen = gen;
@@ -371,16 +384,16 @@ mod tests {
         let mut c = DataCache::new(64);
         c.insert(5, 0, vec![0u8; 16].into(), true);
         c.insert(5, 1, vec![1u8; 16].into(), false);
-        assert!(c.write(5, 0, 2, b"ab", 1));
-        assert!(c.write(5, 1, 0, b"z", 1));
-        assert!(!c.write(5, 9, 0, b"z", 1));
+        assert!(c.write(5, 0, 2, b"ab", 1, DataMode::Ordered));
+        assert!(c.write(5, 1, 0, b"z", 1, DataMode::Ordered));
+        assert!(!c.write(5, 9, 0, b"z", 1, DataMode::Ordered));
         assert_eq!((c.dirty_count(), c.reserved(), c.reserved_of(5)), (2, 1, 1));
         assert_eq!(c.dirty_count_of(5), 2);
         let pages = c.dirty_pages(5);
         assert_eq!(pages.len(), 2);
         assert_eq!(&pages[0].bytes[..4], &[0, 0, b'a', b'b']);
         // A write after the snapshot keeps the page dirty.
-        c.write(5, 1, 1, b"y", 1);
+        c.write(5, 1, 1, b"y", 1, DataMode::Ordered);
         c.allocated(5, 0);
         c.written_back(5, 0, pages[0].gen);
         c.written_back(5, 1, pages[1].gen);
@@ -395,9 +408,9 @@ mod tests {
         let mut c = DataCache::new(64);
         c.insert(1, 0, vec![0u8; 8].into(), false);
         c.begin_undo();
-        c.write(1, 0, 0, b"x", 1);
+        c.write(1, 0, 0, b"x", 1, DataMode::Ordered);
         c.insert(1, 1, vec![0u8; 8].into(), true);
-        c.write(1, 1, 0, b"y", 1);
+        c.write(1, 1, 0, b"y", 1, DataMode::Ordered);
         c.drop_range(1, 0, 1);
         c.rollback();
         assert_eq!(c.get(1, 0).unwrap().bytes[0], 0);
@@ -411,7 +424,7 @@ mod tests {
         let mut c = DataCache::new(64);
         for l in 0..64 {
             c.insert(1, l, vec![0u8; 8].into(), true);
-            c.write(1, l, 0, b"d", 1);
+            c.write(1, l, 0, b"d", 1, DataMode::Ordered);
         }
         for l in 64..200 {
             c.insert(2, l, vec![0u8; 8].into(), false);

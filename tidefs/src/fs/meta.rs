@@ -111,8 +111,21 @@ pub(crate) struct Meta {
     pub next_generation: u32,
     /// Copies of the blocks of the transaction being committed, until the journal holds them.
     pub committing: HashMap<u64, Arc<[u8]>>,
-    /// Data mode of files (mount-wide for now; looked up per inode through `data_mode`).
+    /// The mode of directories without their own and of the files in them (`-o data=`).
     pub default_mode: DataMode,
+    /// Mode records of inodes (`fs/modes.rs`).
+    pub modes: super::modes::ModeTable,
+    /// While an operation runs: whether every inode it acts for is `lightweight` (`None`:
+    /// it named none yet). See [`Meta::op_is_lightweight`].
+    pub op_light: Option<bool>,
+    /// Blocks the running transaction changed for an operation that is not lightweight:
+    /// they are journaled even when a lightweight operation changed them too.
+    pub strict_blocks: HashSet<u64>,
+    /// A lightweight operation changed blocks in the running transaction.
+    pub tx_light: bool,
+    /// An operation of the running transaction acted for an inode whose mode logs byte ranges:
+    /// its changed metadata blocks may be logged as ranges.
+    pub tx_ranges: bool,
     /// While an operation runs: what it changed outside the buffer cache (see [`OpUndo`]).
     pub op_undo: Option<OpUndo>,
     /// Lightweight mode: frees made by the running transaction, applied to the bitmaps once
@@ -177,6 +190,16 @@ impl Meta {
     pub fn log_data_ranges(&mut self, nr: u64, bytes: &[u8], changed: &crate::cache::ByteRanges) {
         self.cache.put_with_ranges(nr, bytes, changed);
         self.unrevoke(nr);
+        self.note_changed(nr);
+    }
+
+    /// Notes which kind of operation changed block `nr` (see [`Meta::strict_blocks`]).
+    fn note_changed(&mut self, nr: u64) {
+        if self.op_is_lightweight() {
+            self.tx_light = true;
+        } else {
+            self.strict_blocks.insert(nr);
+        }
     }
 
     /// A metadata block for reading.
@@ -193,6 +216,7 @@ impl Meta {
         }
         self.load(io, nr)?;
         self.unrevoke(nr);
+        self.note_changed(nr);
         // OK to unwrap: `load` just inserted it and nothing ran in between.
         Ok(self.cache.get_mut(nr).expect("block just loaded"))
     }
@@ -203,6 +227,7 @@ impl Meta {
         self.cache
             .insert_new(nr, vec![0u8; self.geo.bs()].into_boxed_slice());
         self.unrevoke(nr);
+        self.note_changed(nr);
         // OK to unwrap: inserted just above.
         self.cache.get_mut(nr).expect("block just inserted")
     }
@@ -211,6 +236,7 @@ impl Meta {
     /// change it makes can be taken back.
     fn begin_op(&mut self) {
         debug_assert!(self.op_undo.is_none(), "operations do not nest");
+        self.op_light = None;
         self.cache.begin_undo();
         self.data.begin_undo();
         self.op_undo = Some(OpUndo {
@@ -240,6 +266,7 @@ impl Meta {
 
     /// Ends an operation that succeeded: its changes stay in the running transaction.
     fn end_op(&mut self) {
+        self.op_light = None;
         self.cache.end_undo();
         self.data.end_undo();
         self.op_undo = None;
@@ -249,6 +276,7 @@ impl Meta {
     /// transaction holds exactly what it held before the operation began. Block maps and
     /// directory indexes are derived from blocks, so they are dropped and rebuilt on next use.
     fn rollback_op(&mut self) {
+        self.op_light = None;
         let Some(u) = self.op_undo.take() else {
             return;
         };
@@ -294,6 +322,7 @@ impl Meta {
         self.late_frees.truncate(u.late_frees_len);
         self.maps.clear();
         self.dirs.clear();
+        self.modes.clear();
     }
 
     /// Group `g`'s summary for modification (its old value is saved for a rollback).
@@ -354,11 +383,9 @@ impl Meta {
         if self.dirs.len() > MAX_DIRS {
             self.dirs.clear();
         }
-    }
-
-    /// Data mode of inode `ino` (the mount's mode until per-directory modes exist).
-    pub fn data_mode(&self, _ino: u32) -> DataMode {
-        self.default_mode
+        if self.modes.len() > MAX_MAPS {
+            self.modes.clear();
+        }
     }
 
     /// Whether block `nr` is an allocation structure (bitmap, group descriptor table or

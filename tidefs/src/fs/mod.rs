@@ -25,12 +25,14 @@ mod geometry;
 mod inode_table;
 mod layout;
 mod meta;
+mod modes;
 mod namecache;
 mod ops;
 mod writeback;
 
 pub use api::*;
 pub use audit::AllocationAudit;
+pub use modes::MODE_ATTR as JOURNAL_MODE_XATTR;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
@@ -482,6 +484,11 @@ impl Fs {
             next_generation: ops::now().nsec,
             committing: HashMap::new(),
             default_mode: opts.data_mode,
+            modes: modes::ModeTable::default(),
+            op_light: None,
+            strict_blocks: HashSet::new(),
+            tx_light: false,
+            tx_ranges: false,
             bitmap_blocks: HashSet::new(),
             op_undo: None,
             late_frees: Vec::new(),
@@ -634,11 +641,12 @@ impl Fs {
                 let r = m.run_op(|m| f(m, &inner.io));
                 m.trim_derived_caches();
                 // Journal-mode pages join the transaction at write-back.
-                let journaled_pages = if m.default_mode.may_journal_data() {
-                    m.data.dirty_count()
-                } else {
-                    0
-                };
+                let journaled_pages =
+                    if m.default_mode.may_journal_data() || m.modes.data_journaling_seen {
+                        m.data.dirty_count()
+                    } else {
+                        0
+                    };
                 let big = m.cache.dirty_count() + m.revoked.len() + journaled_pages
                     >= inner.io.journal.max_transaction_blocks() / 2
                     || m.data.dirty_count() >= m.data.dirty_limit();
@@ -836,7 +844,10 @@ impl Fs {
         loop {
             let rest = &data[done..];
             let at = offset + done as u64;
-            let n_written = self.with_meta(true, |m, io| m.write(io, n, at, rest));
+            let n_written = self.with_meta(true, |m, io| {
+                m.acts_for(io, n)?;
+                m.write(io, n, at, rest)
+            });
             match n_written {
                 Ok(w) => done += w as usize,
                 Err(e) if done == 0 => return Err(e),
@@ -872,7 +883,10 @@ impl Fs {
         let n = self.inner.geo.ino32(ino)?;
         let lock = self.data_lock(n);
         let _g = lock.write();
-        self.with_meta(true, |m, io| f(m, io, n))
+        self.with_meta(true, |m, io| {
+            m.acts_for(io, n)?;
+            f(m, io, n)
+        })
     }
 
     /// Deallocates `[offset, offset+len)` of a regular file (`fallocate` with
@@ -995,6 +1009,7 @@ impl Fs {
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
         self.with_meta(true, |m, io| {
             let n = m.ino32(ino)?;
+            m.acts_for(io, n)?;
             m.setxattr(io, n, name, value, mode)
         })
     }
@@ -1003,7 +1018,33 @@ impl Fs {
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         self.with_meta(true, |m, io| {
             let n = m.ino32(ino)?;
+            m.acts_for(io, n)?;
             m.removexattr(io, n, name)
+        })
+    }
+
+    /// The journaling mode inode `ino` obeys (docs/DESIGN.md §3.2): a directory's own mode
+    /// or the mount's default; a regular file's explicit mode or its directory's.
+    pub fn journal_mode(&self, ino: Ino) -> Result<JournalingMode> {
+        self.with_meta(false, |m, io| {
+            let n = m.ino32(ino)?;
+            m.live_inode(io, n)?;
+            let rec = m.mode_record(io, n)?;
+            Ok(JournalingMode {
+                mode: rec.effective(m.default_mode),
+                own: rec.own.is_some(),
+            })
+        })
+    }
+
+    /// Gives directory or regular file `ino` its own journaling mode, or with `None` takes it
+    /// away (the directory then follows the mount's default, the file its directory). A
+    /// directory's files follow at once. Data written before keeps the old mode's promise.
+    /// Returns the mode `ino` obeyed before. Durable at the next commit, as any change.
+    pub fn set_journal_mode(&self, ino: Ino, mode: Option<DataMode>) -> Result<DataMode> {
+        self.with_meta(true, |m, io| {
+            let n = m.ino32(ino)?;
+            m.set_journal_mode(io, n, mode)
         })
     }
 
@@ -1031,6 +1072,7 @@ impl Fs {
             m.open.remove(&n);
             let i = m.read_inode(io, n)?;
             if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
+                m.acts_for(io, n)?;
                 m.free_inode_fully(io, n)?;
             }
             Ok(())
@@ -1390,7 +1432,11 @@ impl Inner {
             }
             let dirty = m.cache.take_dirty();
             let changed: u64 = dirty.iter().map(|d| d.changed.bytes()).sum();
-            let (mut blocks, ranges) = split_by_record(dirty, m.default_mode.logs_byte_ranges());
+            let ranges_ok = m.tx_ranges || m.default_mode.logs_byte_ranges();
+            let (mut blocks, ranges) = split_by_record(dirty, ranges_ok);
+            m.tx_ranges = false;
+            let strict = std::mem::take(&mut m.strict_blocks);
+            let light = std::mem::take(&mut m.tx_light);
             let revoked: Vec<u64> = std::mem::take(&mut m.revoked).into_iter().collect();
             let freed = std::mem::take(&mut m.freed_running);
             m.committing = blocks
@@ -1399,14 +1445,17 @@ impl Inner {
                 .chain(ranges.iter().map(|r| (r.home, r.data.clone())))
                 .collect();
             // Lightweight mode journals only the allocation structures; the other metadata
-            // goes home in place once the commit is durable (a block still waiting in the
-            // journal is journaled again instead, so a checkpoint never overwrites it). Its
-            // frees reach the bitmaps only after that, in the next transaction.
+            // that only lightweight operations changed goes home in place once the commit is
+            // durable (a block still waiting in the journal is journaled again instead, so a
+            // checkpoint never overwrites it). Its frees reach the bitmaps only after that, in
+            // the next transaction.
             let mut in_place = Vec::new();
-            if m.default_mode == DataMode::Lightweight {
+            if light {
                 let (journaled, home): (Vec<_>, Vec<_>) =
                     blocks.into_iter().partition(|(nr, _)| {
-                        m.is_allocation_block(*nr) || self.io.journal.is_logged(*nr)
+                        strict.contains(nr)
+                            || m.is_allocation_block(*nr)
+                            || self.io.journal.is_logged(*nr)
                     });
                 blocks = journaled;
                 in_place = home;

@@ -11,6 +11,7 @@ use crate::{FsError, Result};
 use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode};
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
+use super::modes;
 
 /// Most hard links an inode may have (and subdirectories before `dir_nlink` takes over).
 pub(crate) const LINK_MAX: u16 = 65000;
@@ -219,6 +220,7 @@ impl Meta {
         self.next_generation = self.next_generation.wrapping_add(0x9E37_79B9);
         i.set_generation(self.next_generation);
         i.set_links_count(1);
+        self.inherit_mode(io, parent, ino, &mut i)?;
         if matches!(m & mode::S_IFMT, mode::S_IFREG | mode::S_IFDIR) {
             let map = ExtentMap::default();
             let mut tmp = map.clone();
@@ -265,6 +267,7 @@ impl Meta {
         creds: Creds,
     ) -> Result<Attr> {
         let pi = self.dir_inode(io, parent)?;
+        self.acts_for(io, parent)?;
         self.check_absent(io, parent, name)?;
         self.ensure_space(2)?;
         let m = u16::try_from(m & 0o177777).map_err(|_| FsError::Invalid("mode"))?;
@@ -293,6 +296,7 @@ impl Meta {
     /// processing at the next mount after a crash, unless [`Meta::link`] names it first.
     pub(crate) fn tmpfile(&mut self, io: &Io, parent: u32, m: u32, creds: Creds) -> Result<Attr> {
         let pi = self.dir_inode(io, parent)?;
+        self.acts_for(io, parent)?;
         let m = u16::try_from(m & 0o177777).map_err(|_| FsError::Invalid("mode"))?;
         let m = match m & mode::S_IFMT {
             0 | mode::S_IFREG => mode::S_IFREG | (m & 0o7777),
@@ -319,6 +323,7 @@ impl Meta {
         creds: Creds,
     ) -> Result<Attr> {
         let mut pi = self.dir_inode(io, parent)?;
+        self.acts_for(io, parent)?;
         self.check_absent(io, parent, name)?;
         self.ensure_space(3)?;
         let (ino, mut i) =
@@ -366,6 +371,7 @@ impl Meta {
         creds: Creds,
     ) -> Result<Attr> {
         let pi = self.dir_inode(io, parent)?;
+        self.acts_for(io, parent)?;
         self.check_absent(io, parent, name)?;
         let bs = self.geo.bs();
         if target.is_empty() {
@@ -433,6 +439,8 @@ impl Meta {
             return Err(FsError::NotPermitted);
         }
         self.dir_inode(io, new_parent)?;
+        self.acts_for(io, ino)?;
+        self.acts_for(io, new_parent)?;
         self.check_absent(io, new_parent, new_name)?;
         if i.links_count() >= LINK_MAX {
             return Err(FsError::TooManyLinks);
@@ -447,6 +455,7 @@ impl Meta {
         }
         i.set_links_count(i.links_count() + 1);
         i.set_ctime(now());
+        self.relink_mode(io, ino, &mut i, new_parent)?;
         self.write_inode(io, ino, &mut i)?;
         self.touch_dir(io, new_parent)?;
         Ok(self.attr(ino, &i))
@@ -499,6 +508,7 @@ impl Meta {
         }
         self.maps.remove(&ino);
         self.dirs.remove(&ino);
+        self.modes.forget(ino);
         self.remove_orphan(io, ino)?;
         let mut dead = Inode::new_zeroed(self.geo.inode_size as usize, self.geo.extra_isize);
         dead.set_dtime(now().sec as u32);
@@ -561,6 +571,8 @@ impl Meta {
         if i.is_dir() {
             return Err(FsError::IsDir);
         }
+        self.acts_for(io, parent)?;
+        self.acts_for(io, slot.ino)?;
         self.dir_remove(io, parent, name)?;
         self.touch_dir(io, parent)?;
         self.drop_link(io, slot.ino)
@@ -586,6 +598,8 @@ impl Meta {
         if !self.dir_is_empty(io, slot.ino)? {
             return Err(FsError::NotEmpty);
         }
+        self.acts_for(io, parent)?;
+        self.acts_for(io, slot.ino)?;
         self.dir_remove(io, parent, name)?;
         self.drop_dir(io, parent, slot.ino)
     }
@@ -675,6 +689,12 @@ impl Meta {
         let dst = self.dir_lookup(io, new_parent, new_name)?;
         let si = self.read_inode(io, src.ino)?;
         let src_dir = si.is_dir();
+        for ino in [parent, new_parent, src.ino]
+            .into_iter()
+            .chain(dst.map(|d| d.ino))
+        {
+            self.acts_for(io, ino)?;
+        }
         self.ensure_space(2)?;
         if fl.exchange {
             let dst = dst.ok_or(FsError::NotFound)?;
@@ -707,9 +727,12 @@ impl Meta {
                     self.adjust_links(io, lose, -1)?;
                 }
             }
-            for ino in [src.ino, dst.ino] {
+            for (ino, dir) in [(src.ino, new_parent), (dst.ino, parent)] {
                 let mut i = self.read_inode(io, ino)?;
                 i.set_ctime(now());
+                if parent != new_parent {
+                    self.relink_mode(io, ino, &mut i, dir)?;
+                }
                 self.write_inode(io, ino, &mut i)?;
             }
             self.touch_dir(io, parent)?;
@@ -753,6 +776,9 @@ impl Meta {
         }
         let mut i = self.read_inode(io, src.ino)?;
         i.set_ctime(now());
+        if parent != new_parent {
+            self.relink_mode(io, src.ino, &mut i, new_parent)?;
+        }
         self.write_inode(io, src.ino, &mut i)?;
         self.touch_dir(io, parent)?;
         if parent != new_parent {
@@ -766,6 +792,7 @@ impl Meta {
     /// Applies attribute changes.
     pub(crate) fn setattr(&mut self, io: &Io, ino: u32, c: &SetAttr) -> Result<Attr> {
         let mut i = self.live_inode(io, ino)?;
+        self.acts_for(io, ino)?;
         let t = now();
         if let Some(size) = c.size {
             if i.is_dir() {
@@ -843,7 +870,8 @@ impl Meta {
             };
             self.data.insert(ino, lblk, page, home.is_none());
         }
-        self.data.write(ino, lblk, offset, bytes, request_len);
+        let mode = self.data_mode(io, ino)?;
+        self.data.write(ino, lblk, offset, bytes, request_len, mode);
         Ok(())
     }
 
@@ -1244,7 +1272,7 @@ impl Meta {
         Ok(Some(blk))
     }
 
-    fn load_xattrs(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<Vec<Xattr>> {
+    pub(super) fn load_xattrs(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<Vec<Xattr>> {
         let mut all = xattr::parse_inode_area(i.xattr_area())
             .map_err(|c| FsError::Corrupt(c.in_inode(ino)))?;
         if let Some(blk) = self.xattr_block(ino, i)? {
@@ -1255,7 +1283,13 @@ impl Meta {
         Ok(all)
     }
 
-    fn store_xattrs(&mut self, io: &Io, ino: u32, i: &mut Inode, attrs: &[Xattr]) -> Result<()> {
+    pub(super) fn store_xattrs(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        i: &mut Inode,
+        attrs: &[Xattr],
+    ) -> Result<()> {
         let area_len = i.xattr_area().len();
         let bs = self.geo.bs();
         // Greedy: as many as fit in the inode, the rest in one block.
@@ -1315,6 +1349,17 @@ impl Meta {
     pub(crate) fn getxattr(&mut self, io: &Io, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
         let i = self.live_inode(io, ino)?;
         let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
+        if modes::is_linked_attr(index, suffix) {
+            return Err(FsError::NoAttribute);
+        }
+        if modes::is_mode_attr(index, suffix) {
+            // The mode the inode obeys, whether its own or inherited (see `fs/modes.rs`).
+            let rec = self.mode_record(io, ino)?;
+            if rec.kind == modes::RecordKind::Other {
+                return Err(FsError::NoAttribute);
+            }
+            return Ok(rec.effective(self.default_mode).name().as_bytes().to_vec());
+        }
         self.load_xattrs(io, ino, &i)?
             .into_iter()
             .find(|a| a.index == index && a.name == suffix)
@@ -1327,6 +1372,7 @@ impl Meta {
         Ok(self
             .load_xattrs(io, ino, &i)?
             .iter()
+            .filter(|a| !modes::is_linked_attr(a.index, &a.name))
             .map(|a| xattr::full_name(a.index, &a.name))
             .collect())
     }
@@ -1353,6 +1399,19 @@ impl Meta {
         if value.len() > self.geo.bs() - 64 {
             return Err(FsError::NoSpace);
         }
+        if modes::is_linked_attr(index, suffix) {
+            return Err(FsError::NotPermitted);
+        }
+        if modes::is_mode_attr(index, suffix) {
+            let mode = modes::parse_user_mode(value)?;
+            self.live_inode(io, ino)?;
+            match (self.mode_record(io, ino)?.own, how) {
+                (Some(_), XattrSetMode::Create) => return Err(FsError::Exists),
+                (None, XattrSetMode::Replace) => return Err(FsError::NoAttribute),
+                _ => {}
+            }
+            return self.set_journal_mode(io, ino, Some(mode)).map(|_| ());
+        }
         let mut i = self.live_inode(io, ino)?;
         let mut attrs = self.load_xattrs(io, ino, &i)?;
         let pos = attrs
@@ -1375,6 +1434,16 @@ impl Meta {
 
     pub(crate) fn removexattr(&mut self, io: &Io, ino: u32, name: &[u8]) -> Result<()> {
         let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
+        if modes::is_linked_attr(index, suffix) {
+            return Err(FsError::NotPermitted);
+        }
+        if modes::is_mode_attr(index, suffix) {
+            self.live_inode(io, ino)?;
+            if self.mode_record(io, ino)?.own.is_none() {
+                return Err(FsError::NoAttribute);
+            }
+            return self.set_journal_mode(io, ino, None).map(|_| ());
+        }
         let mut i = self.live_inode(io, ino)?;
         let mut attrs = self.load_xattrs(io, ino, &i)?;
         let pos = attrs

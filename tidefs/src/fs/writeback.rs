@@ -56,7 +56,7 @@ impl Meta {
         let bs = u64::from(self.geo.block_size);
         let mut out = Vec::new();
         for ino in files {
-            let mode = self.data_mode(ino);
+            let mode = self.data_mode(io, ino)?;
             if scope != Scope::All && mode.journals_data(usize::MAX) {
                 // journal and wasteless: every page goes through the journal, none home.
                 continue;
@@ -64,6 +64,12 @@ impl Meta {
             let pages = self.data.dirty_pages(ino);
             if pages.is_empty() {
                 continue;
+            }
+            // The blocks changed for this file follow its mode (and that of its pages).
+            self.op_light = None;
+            self.act_in_mode(mode);
+            for p in &pages {
+                self.act_in_mode(p.mode);
             }
             let mut inode = self.read_inode(io, ino)?;
             let mut map = self.extent_map(io, ino, &inode)?.clone();
@@ -94,12 +100,14 @@ impl Meta {
                         (p, true)
                     }
                 };
-                // Selective: a block whose journaled copy is not home yet stays journaled
-                // until its checkpoint (its update sequence goes on), so a checkpoint never
-                // writes an older journaled copy over newer data written in place.
+                // A page follows the strictest mode it was written under (a switch of mode
+                // keeps the old mode's promise for it). A block whose journaled copy is not
+                // home yet stays journaled until its checkpoint (selective's update sequence
+                // goes on; after a switch away from a journaling mode the same holds), so a
+                // checkpoint never writes an older journaled copy over newer data in place.
+                let mode = page.mode;
                 let journaled = mode.journals_data(page.first_write)
-                    || (mode.may_journal_data()
-                        && !fresh
+                    || (!fresh
                         && (self.cache.is_dirty(pblk) || io.journal.pending(pblk).is_some()));
                 if journaled && scope != Scope::All {
                     continue;
@@ -109,16 +117,17 @@ impl Meta {
                     // The page joins the transaction; the buffer cache owns it from here, so
                     // the page is clean at once. Only the written bytes are logged when the
                     // block's committed content is known (at home or in the log).
-                    if fresh || !mode.logs_byte_ranges() {
+                    if fresh || !(mode.logs_byte_ranges() || self.tx_ranges) {
                         self.new_block_mut(pblk).copy_from_slice(&page.bytes);
                     } else {
                         self.log_data_ranges(pblk, &page.bytes, &page.changed);
                     }
                     self.data.written_back(ino, page.lblk, page.gen);
                 } else {
-                    if mode.may_journal_data() && !fresh {
-                        // An older journaled sequence of this block may still be in the log:
-                        // revoke it, or replay would write it over this data.
+                    if !fresh {
+                        // An older journaled sequence of this block may still be in the log
+                        // (this mode's, or the file's mode before a switch): revoke it, or
+                        // replay would write it over this data.
                         if io.journal.is_logged(pblk) {
                             self.revoke(pblk);
                         }
