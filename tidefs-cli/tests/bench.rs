@@ -406,7 +406,7 @@ fn sqlite_reports_every_phase_and_journal_mode() {
 /// journal in a `lightweight` one on a tidefs mount, set through `user.tidefs.journal`, and is
 /// compared with tidefs:journal and ext4. Method: 5 transactions per phase in the rollback
 /// journal mode; the bench itself checks that both directories and a new file in each read
-/// their mode back, and fails otherwise.
+/// their mode back, and fails otherwise; the plot of one journal mode names it.
 #[test]
 fn sqlite_split_runs_with_per_directory_modes() {
     let test = "sqlite_split_runs_with_per_directory_modes";
@@ -415,6 +415,7 @@ fn sqlite_split_runs_with_per_directory_modes() {
     }
     let systems = ["tidefs:split", "tidefs:journal", "ext4:ordered"];
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let svg = dir.path().join("split.svg");
     let (text, report) = run_bench(
         dir.path(),
         &[
@@ -425,6 +426,8 @@ fn sqlite_split_runs_with_per_directory_modes() {
             "delete",
             "--systems",
             &systems.join(","),
+            "--plot",
+            svg.to_str().expect("OK to unwrap: temp paths are UTF-8"),
         ],
     );
     assert_sqlite_report(&text, &report, &["delete"], &systems, 5);
@@ -433,6 +436,13 @@ fn sqlite_split_runs_with_per_directory_modes() {
     assert_eq!(
         split["directory_modes"],
         serde_json::json!({"database": "journal", "journal": "lightweight"})
+    );
+    // One journal mode: the single chart's title names it.
+    assert_plot(&svg, &systems);
+    let plot = std::fs::read_to_string(&svg).expect("OK to unwrap: the plot exists");
+    assert!(
+        plot.contains("journal_mode=DELETE"),
+        "the plot names the journal mode"
     );
 }
 

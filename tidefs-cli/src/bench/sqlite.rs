@@ -617,9 +617,14 @@ fn plot(
         .map(String::as_str)
         .zip(series.iter().map(Vec::as_slice))
         .collect();
+    // A single chart has the title for its caption: it names the journal mode too.
+    let only_mode = match captions.as_slice() {
+        [caption] => format!(", {caption}"),
+        _ => String::new(),
+    };
     report::plot_bars(
         path,
-        &format!("SQLite, {ops} autocommit transactions per phase, synchronous=FULL"),
+        &format!("SQLite, {ops} autocommit transactions per phase, synchronous=FULL{only_mode}"),
         "seconds",
         &phases,
         &charts,
