@@ -308,16 +308,28 @@ fn sqlite_row_keys<'a>(modes: &[&'a str], systems: &[&'a str]) -> Vec<(&'a str, 
     keys
 }
 
-/// Checks a sqlite report: its rows are [`sqlite_row_keys`], each phase counts `ops`
-/// transactions (the total three times as many), every row is compared in time with
-/// ext4:ordered's, and the table shows the columns.
-fn assert_sqlite_report(
-    text: &str,
-    report: &serde_json::Value,
-    modes: &[&str],
-    systems: &[&str],
-    ops: u64,
-) {
+/// Runs sqlite with 5 transactions per phase in `modes` on `systems` with a plot, and checks
+/// the report: its rows are [`sqlite_row_keys`], each phase counts its transactions (the total
+/// three times as many), every row is compared in time with ext4:ordered's, the table shows
+/// the columns and the plot names every system, phase and journal mode. Returns the JSON.
+fn run_sqlite(modes: &[&str], systems: &[&str]) -> serde_json::Value {
+    const OPS: u64 = 5;
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let svg = dir.path().join("sqlite.svg");
+    let (text, report) = run_bench(
+        dir.path(),
+        &[
+            "sqlite",
+            "--ops",
+            &OPS.to_string(),
+            "--journal-modes",
+            &modes.join(","),
+            "--systems",
+            &systems.join(","),
+            "--plot",
+            svg.to_str().expect("OK to unwrap: temp paths are UTF-8"),
+        ],
+    );
     for header in [
         "txn/s",
         "seconds",
@@ -340,9 +352,9 @@ fn assert_sqlite_report(
     assert_eq!(keys, sqlite_row_keys(modes, systems));
     for row in rows.as_array().expect("OK to unwrap: array") {
         let expected = if row["phase"] == "total" {
-            3 * ops
+            3 * OPS
         } else {
-            ops
+            OPS
         };
         assert_eq!(row["transactions"].as_u64(), Some(expected), "{row}");
         assert!(
@@ -355,6 +367,19 @@ fn assert_sqlite_report(
     assert_compared_by(rows, "seconds", "time_ratio_to_ext4_ordered");
     assert_eq!(names(&report["systems"], "system"), systems);
     assert_eq!(report["vfs"], "tidefs-split");
+    assert_plot(&svg, systems);
+    let plot = std::fs::read_to_string(&svg).expect("OK to unwrap: the plot exists");
+    let modes = modes
+        .iter()
+        .map(|m| format!("journal_mode={}", m.to_uppercase()));
+    for label in ["insert", "update", "delete"]
+        .map(String::from)
+        .into_iter()
+        .chain(modes)
+    {
+        assert!(plot.contains(&label), "the plot shows {label}");
+    }
+    report
 }
 
 /// Goal: sqlite times inserts, updates and deletes, each phase and in total, in both journal
@@ -362,43 +387,16 @@ fn assert_sqlite_report(
 /// and plots the seconds as bars. Method: 5 transactions per phase; table, JSON and SVG checked.
 #[test]
 fn sqlite_reports_every_phase_and_journal_mode() {
-    let test = "sqlite_reports_every_phase_and_journal_mode";
-    if bench_skip(test) {
+    if bench_skip("sqlite_reports_every_phase_and_journal_mode") {
         return;
     }
-    let systems = ["tidefs:ordered", "ext4:ordered"];
-    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
-    let svg = dir.path().join("sqlite.svg");
-    let (text, report) = run_bench(
-        dir.path(),
-        &[
-            "sqlite",
-            "--ops",
-            "5",
-            "--systems",
-            &systems.join(","),
-            "--plot",
-            svg.to_str().expect("OK to unwrap: temp paths are UTF-8"),
-        ],
-    );
-    assert_sqlite_report(&text, &report, &["delete", "wal"], &systems, 5);
-    for system in &report["systems"].as_array().expect("OK to unwrap: array")[..] {
+    let report = run_sqlite(&["delete", "wal"], &["tidefs:ordered", "ext4:ordered"]);
+    for system in report["systems"].as_array().expect("OK to unwrap: array") {
         assert_eq!(
             system["directory_modes"],
             serde_json::Value::Null,
             "{system}"
         );
-    }
-    assert_plot(&svg, &systems);
-    let plot = std::fs::read_to_string(&svg).expect("OK to unwrap: the plot exists");
-    for label in [
-        "insert",
-        "update",
-        "delete",
-        "journal_mode=DELETE",
-        "journal_mode=WAL",
-    ] {
-        assert!(plot.contains(label), "the plot shows {label}");
     }
 }
 
@@ -406,43 +404,21 @@ fn sqlite_reports_every_phase_and_journal_mode() {
 /// journal in a `lightweight` one on a tidefs mount, set through `user.tidefs.journal`, and is
 /// compared with tidefs:journal and ext4. Method: 5 transactions per phase in the rollback
 /// journal mode; the bench itself checks that both directories and a new file in each read
-/// their mode back, and fails otherwise; the plot of one journal mode names it.
+/// their mode back, and fails otherwise; the plot of one journal mode names it in its title.
 #[test]
 fn sqlite_split_runs_with_per_directory_modes() {
-    let test = "sqlite_split_runs_with_per_directory_modes";
-    if bench_skip(test) {
+    if bench_skip("sqlite_split_runs_with_per_directory_modes") {
         return;
     }
-    let systems = ["tidefs:split", "tidefs:journal", "ext4:ordered"];
-    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
-    let svg = dir.path().join("split.svg");
-    let (text, report) = run_bench(
-        dir.path(),
-        &[
-            "sqlite",
-            "--ops",
-            "5",
-            "--journal-modes",
-            "delete",
-            "--systems",
-            &systems.join(","),
-            "--plot",
-            svg.to_str().expect("OK to unwrap: temp paths are UTF-8"),
-        ],
+    let report = run_sqlite(
+        &["delete"],
+        &["tidefs:split", "tidefs:journal", "ext4:ordered"],
     );
-    assert_sqlite_report(&text, &report, &["delete"], &systems, 5);
     let split = &report["systems"][0];
     assert_eq!(split["mounted"], "tidefs:journal", "{split}");
     assert_eq!(
         split["directory_modes"],
         serde_json::json!({"database": "journal", "journal": "lightweight"})
-    );
-    // One journal mode: the single chart's title names it.
-    assert_plot(&svg, &systems);
-    let plot = std::fs::read_to_string(&svg).expect("OK to unwrap: the plot exists");
-    assert!(
-        plot.contains("journal_mode=DELETE"),
-        "the plot names the journal mode"
     );
 }
 
