@@ -335,13 +335,14 @@ pub fn run(args: SqliteArgs) -> Result<(), CliError> {
                 args.common.size,
                 JournalPlace::Internal,
             )?;
-            let db_dir = directories(&target, setup)?;
+            let (db_dir, journal_dir) = directories(&target, setup)?;
             for &mode in &modes {
                 let database = Database {
                     target: &target,
                     name: &setup.name,
                     mode,
                     path: db_dir.join(format!("bench-{}-{run}.db", mode.name())),
+                    journal_dir: &journal_dir,
                     run,
                 };
                 samples.extend(database.run(args.ops, args.seed, &bar)?);
@@ -440,8 +441,8 @@ fn row(system: &str, mode: JournalMode, phase: &'static str, samples: &[Sample])
 
 /// Makes the database and rollback-journal directories on the target's mount, sets their
 /// journaling modes for a split setup, and sends the journals of the one to the other
-/// through the VFS; returns the database's directory.
-fn directories(target: &Target, setup: &Setup) -> Result<PathBuf, CliError> {
+/// through the VFS; returns the two directories.
+fn directories(target: &Target, setup: &Setup) -> Result<(PathBuf, PathBuf), CliError> {
     // OK to unwrap: Setup::parse_list refused the systems without a path.
     let root = target.root().expect("sqlite systems have a path");
     let (db, journal) = (root.join("db"), root.join("journal"));
@@ -454,7 +455,7 @@ fn directories(target: &Target, setup: &Setup) -> Result<PathBuf, CliError> {
         systems::set_directory_mode(&journal, modes.journal)?;
     }
     sqlite_vfs::split_journals(&db, &journal).map_err(|e| err(&setup.name, e))?;
-    Ok(db)
+    Ok((db, journal))
 }
 
 /// One database of a run: its system, journal mode and path.
@@ -464,6 +465,8 @@ struct Database<'a> {
     name: &'a str,
     mode: JournalMode,
     path: PathBuf,
+    /// Where the VFS puts the rollback journal.
+    journal_dir: &'a Path,
     run: usize,
 }
 
@@ -479,6 +482,9 @@ impl Database<'_> {
         let what = format!("{} ({})", self.name, self.mode.name());
         let failed = |e: rusqlite::Error| err(&what, e);
         let conn = open(&self.path, self.mode).map_err(|e| err(self.name, e))?;
+        if self.mode == JournalMode::Delete {
+            check_journal_place(&conn, &self.path, self.journal_dir).map_err(|e| err(&what, e))?;
+        }
         self.target.sync()?;
         let mut workload = Workload::new(seed);
         let mut samples = Vec::new();
@@ -579,6 +585,28 @@ fn open(path: &Path, mode: JournalMode) -> Result<Connection, String> {
     Ok(conn)
 }
 
+/// Checks, with one transaction rolled back, that the rollback journal of the database at
+/// `db` lives in `journal_dir` during a transaction and not beside the database: that the VFS
+/// moved it, so that the benchmark measures the layout it claims.
+fn check_journal_place(conn: &Connection, db: &Path, journal_dir: &Path) -> Result<(), String> {
+    let text = |e: rusqlite::Error| format!("{}: {e}", db.display());
+    let mut name = db.file_name().unwrap_or_default().to_owned();
+    name.push("-journal");
+    conn.execute_batch("BEGIN; INSERT INTO t (id, v) VALUES (-1, '')")
+        .map_err(text)?;
+    let (moved, beside) = (journal_dir.join(&name), db.with_file_name(&name));
+    let placed = moved.exists() && !beside.exists();
+    conn.execute_batch("ROLLBACK").map_err(text)?;
+    if placed {
+        return Ok(());
+    }
+    Err(format!(
+        "during a transaction the rollback journal was not at {} (VFS {})",
+        moved.display(),
+        sqlite_vfs::NAME
+    ))
+}
+
 /// The seconds of each phase as grouped bars (a group per phase, a bar per system), one chart
 /// per journal mode.
 fn plot(
@@ -666,6 +694,26 @@ mod tests {
             assert!(*key >= 0 && text.len() == VALUE_BYTES);
         }
         assert!(a[100..].iter().all(|s| s.1.is_none()));
+    }
+
+    /// Goal: the layout check passes where the VFS moves the rollback journal and fails where
+    /// nothing moves it. Method: plain temporary directories, one of them split.
+    #[test]
+    fn journal_place_is_checked() {
+        let tmp = tempfile::tempdir().expect("OK to unwrap: temp dir");
+        let dir = |name: &str| {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir(&dir).expect("OK to unwrap: mkdir");
+            dir
+        };
+        let (db, journal, unsplit) = (dir("db"), dir("journal"), dir("unsplit"));
+        sqlite_vfs::split_journals(&db, &journal).expect("OK to unwrap: the VFS registers");
+        for (dir, moved) in [(&db, true), (&unsplit, false)] {
+            let path = dir.join("t.db");
+            let conn = open(&path, JournalMode::Delete).expect("OK to unwrap: open");
+            let checked = check_journal_place(&conn, &path, &journal);
+            assert_eq!(checked.is_ok(), moved, "{checked:?}");
+        }
     }
 
     /// Goal: `tidefs:split` is the split setup over a `data=journal` mount, other names are
