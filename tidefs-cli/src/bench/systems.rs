@@ -16,6 +16,9 @@
 //! [`JournalPlace::External`] the journal gets an image and loop device of its own, so that
 //! journal bytes and home bytes are counted apart ([`Traffic`]).
 //!
+//! On a tidefs mount, [`set_directory_mode`] gives a directory its own journaling mode
+//! (`user.tidefs.journal`) and checks that it took.
+//!
 //! Invariants:
 //! - A [`Target`] drops in the order mount, loop devices, image files: nothing is detached while
 //!   mounted, and nothing stays behind on an error or a panic.
