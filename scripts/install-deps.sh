@@ -17,6 +17,7 @@ command -v fuse2fs >/dev/null 2>&1 || [ -x /sbin/fuse2fs ] || [ -x /usr/sbin/fus
 command -v postmark >/dev/null 2>&1 || need_apt+=(postmark)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+command -v setfattr >/dev/null 2>&1 || need_apt+=(attr)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v losetup >/dev/null 2>&1 || [ -x /sbin/losetup ] || [ -x /usr/sbin/losetup ] || need_apt+=(mount)
 command -v curl >/dev/null 2>&1 || command -v cargo >/dev/null 2>&1 || need_apt+=(curl ca-certificates)

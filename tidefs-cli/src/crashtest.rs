@@ -13,9 +13,13 @@ use crate::CliError;
 /// The arguments of `tidefs crashtest`.
 #[derive(clap::Args)]
 pub struct CrashtestArgs {
-    /// lightweight, writeback, ordered, journal or all.
+    /// The mount's mode (the root directory's): any mode `-o data=` takes, or all.
     #[arg(long, default_value = "all")]
     pub mode: String,
+    /// A mixed tree: directory A gets this mode of its own, and the workloads switch it
+    /// between modes while they run; each file is held to its own modes' promise.
+    #[arg(long, value_name = "MODE", value_parser = crate::parse_mode_arg)]
+    pub dir_mode: Option<DataMode>,
     /// Workload family: ace, random, all (ace and random) or threads.
     #[arg(long, default_value = "ace")]
     pub workloads: String,
@@ -98,6 +102,7 @@ pub fn run(args: CrashtestArgs) -> Result<u8, CliError> {
     let configs: Vec<Config> = modes
         .into_iter()
         .map(|mode| Config {
+            dir_mode: args.dir_mode,
             family,
             states: args.states,
             seed: args.seed,

@@ -13,6 +13,7 @@ mod dump_journal;
 mod fsck;
 mod fuse_adapter;
 mod helper;
+mod journal;
 mod mkfs;
 mod mount;
 mod sys;
@@ -83,11 +84,20 @@ enum Command {
         /// Overwrite an existing ext2/3/4 file system or journal without asking.
         #[arg(short = 'F', long)]
         force: bool,
+        /// The root directory's journaling mode, which new directories inherit (without it,
+        /// directories follow the mount's -o data=, else ordered).
+        #[arg(long, value_name = "MODE", value_parser = parse_mode_arg)]
+        default_mode: Option<tidefs::fs::DataMode>,
         /// The image file or block device.
         image: PathBuf,
     },
     /// List the transactions in an image's journal, as recovery would replay them.
     DumpJournal(dump_journal::DumpJournalArgs),
+    /// Read or set the journaling mode of directories and files (mounted, or --image).
+    Journal {
+        #[command(subcommand)]
+        which: journal::JournalCommand,
+    },
     /// Mount an image with FUSE (in the background unless -f).
     Mount {
         /// Stay in the foreground (serve until unmounted).
@@ -228,6 +238,15 @@ pub fn parse_modes(text: &str) -> Result<Vec<tidefs::fs::DataMode>, CliError> {
     })
 }
 
+pub fn parse_mode_arg(text: &str) -> Result<tidefs::fs::DataMode, String> {
+    tidefs::fs::DataMode::parse(text).ok_or_else(|| {
+        format!(
+            "'{text}' is not a journaling mode: expected {}",
+            tidefs::fs::DataMode::NAMES_HELP
+        )
+    })
+}
+
 fn parse_size_arg(text: &str) -> Result<u64, String> {
     tidefs_mkfs::parse_size(text)
         .ok_or_else(|| format!("'{text}' is not a size (examples: 4096, 64K, 64M, 1G)"))
@@ -302,8 +321,10 @@ fn run(command: Command) -> Result<u8, CliError> {
             journal_device,
             inodes,
             force,
+            default_mode,
             image,
         } => {
+            let journal = journal_device.clone();
             let opts = tidefs_mkfs::MkfsOptions {
                 size,
                 journal_size,
@@ -314,6 +335,9 @@ fn run(command: Command) -> Result<u8, CliError> {
                 force,
             };
             mkfs::run(&image, opts)?;
+            if let Some(mode) = default_mode {
+                mkfs::set_root_mode(&image, journal, mode)?;
+            }
             Ok(0)
         }
         Command::Mount {
@@ -337,6 +361,7 @@ fn run(command: Command) -> Result<u8, CliError> {
             umount(&mountpoint)?;
             Ok(0)
         }
+        Command::Journal { which } => journal::run(which),
         Command::Sync { mountpoint } => {
             sync(&mountpoint)?;
             Ok(0)

@@ -1,5 +1,5 @@
 //! `tidefs mkfs`: the question before an existing file system is overwritten, then the
-//! format itself ([`tidefs_mkfs`]).
+//! format itself ([`tidefs_mkfs`]), then the root's journaling mode (`--default-mode`).
 //!
 //! As `mke2fs` does: an image or journal device that already holds an ext2/3/4 file system or
 //! an external journal is formatted only with `-F`, or after the user answered yes to a
@@ -31,6 +31,24 @@ pub fn run(image: &Path, mut options: tidefs_mkfs::MkfsOptions) -> Result<(), Cl
     }
     tidefs_mkfs::mkfs(image, &options)
         .map_err(|e| CliError::new(what, control::describe_open_error(image, &e)))
+}
+
+/// Gives the root directory of the new image its own journaling `mode` (`--default-mode`).
+pub fn set_root_mode(
+    image: &Path,
+    journal_device: Option<std::path::PathBuf>,
+    mode: tidefs::fs::DataMode,
+) -> Result<(), CliError> {
+    let what = "mkfs --default-mode";
+    let opts = tidefs::fs::MountOptions {
+        journal_device,
+        ..Default::default()
+    };
+    let fs = tidefs::fs::Fs::open(image, &opts)
+        .map_err(|e| CliError::new(what, control::describe_open_error(image, &e)))?;
+    fs.set_journal_mode(tidefs::fs::ROOT_INO, Some(mode))
+        .and_then(|_| fs.unmount())
+        .map_err(|e| CliError::new(what, format!("{}: {e}", image.display())))
 }
 
 /// Asks on the terminal whether `target`, which holds `found`, may be overwritten; refuses

@@ -125,8 +125,13 @@ impl ImageShape {
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Data mode of the recorded runs and of recovery.
+    /// Data mode of the recorded runs and of recovery: the mount's default, which the root
+    /// directory obeys.
     pub mode: DataMode,
+    /// A mixed tree: directory `A` of the file set gets this mode of its own in the setup,
+    /// and the workloads switch it between modes while they run (`SetMode` ops; a switcher
+    /// thread in the `threads` family). Each file is then held to the promise of its modes.
+    pub dir_mode: Option<DataMode>,
     /// Workload family.
     pub family: Family,
     /// Budget: states checked (global indices `0..states`).
@@ -160,6 +165,7 @@ impl Config {
     pub fn new(mode: DataMode) -> Config {
         Config {
             mode,
+            dir_mode: None,
             family: Family::Ace,
             states: 1000,
             seed: 1,
@@ -174,6 +180,33 @@ impl Config {
         }
     }
 
+    /// Whether any directory of the run may be in `lightweight` mode, whose crash images
+    /// e2fsck may find leaks in.
+    pub fn lightweight_in_play(&self) -> bool {
+        self.mode == DataMode::Lightweight || self.dir_mode == Some(DataMode::Lightweight)
+    }
+
+    /// The modes mixed-mode workloads switch directory `A` between (empty: not mixed): its
+    /// own, the root's, and the journaling modes; `lightweight` only when the run has it.
+    pub fn switch_modes(&self) -> Vec<DataMode> {
+        let Some(dir) = self.dir_mode else {
+            return Vec::new();
+        };
+        let mut v = vec![dir, self.mode];
+        for m in [
+            DataMode::Ordered,
+            DataMode::Journal,
+            DataMode::Wasteless,
+            DataMode::Selective { threshold: 1024 },
+        ] {
+            if !v.contains(&m) {
+                v.push(m);
+            }
+        }
+        v.dedup();
+        v
+    }
+
     /// The command that replays state `index` of this configuration.
     pub fn replay_command(&self, index: u64) -> String {
         let mut s = format!(
@@ -182,6 +215,9 @@ impl Config {
             self.family.name(),
             self.seed
         );
+        if let Some(m) = self.dir_mode {
+            s.push_str(&format!(" --dir-mode {}", m.name()));
+        }
         if let Some(c) = self.canary {
             s.push_str(&format!(" --canary {}", c.name()));
         }
@@ -504,7 +540,7 @@ impl Harness {
             ));
         }
         let (base, model, setup_writes) =
-            workload::setup_base(fresh.bytes.clone(), &mount_opts(&cfg))?;
+            workload::setup_base(fresh.bytes.clone(), &mount_opts(&cfg), cfg.dir_mode)?;
         Ok(Harness {
             cfg,
             base: Arc::new(base),
@@ -521,11 +557,12 @@ impl Harness {
 
     /// The workloads of the configured family.
     pub fn workloads(&self) -> Workloads {
-        Workloads::new(
+        Workloads::with_switches(
             self.cfg.family,
             self.cfg.seed,
             &self.model,
             self.cfg.ace_len3,
+            self.cfg.switch_modes(),
         )
     }
 
@@ -739,40 +776,29 @@ impl Harness {
         let verdict = match cache.get(&built.key) {
             Some(v) => v.clone(),
             None => {
-                let v = self.recover_and_check(&built.image);
+                let v = self.recover_and_check(&built.image, rec);
                 cache.insert(built.key.clone(), v.clone());
                 v
             }
         };
         problems.extend(verdict.problems.iter().cloned());
         if let Some(tree) = &verdict.tree {
-            if self.cfg.mode != DataMode::Lightweight {
-                let exp = oracle::expectations(&rec.events, built.crash_pos);
-                oracle::check_promises(tree, &exp, &mut problems);
-            }
-            if !matches!(self.cfg.mode, DataMode::Lightweight | DataMode::Writeback) {
-                oracle::check_no_garbage(tree, rec, built.crash_pos, &mut problems);
-            }
-            // Journaled writes are all-or-nothing. Selective journals the update sequences
-            // that start with a small write, so only files written solely in writes below
-            // the threshold have that promise.
-            let atomic_below = match self.cfg.mode {
-                DataMode::Journal | DataMode::Wasteless => Some(usize::MAX),
-                DataMode::Selective { threshold } => Some(threshold as usize),
-                _ => None,
-            };
-            if let Some(limit) = atomic_below {
-                oracle::check_atomic_writes(tree, rec, built.crash_pos, limit, &mut problems);
-            }
+            // Each check holds each object to the modes it may have obeyed (the mount's one
+            // mode, unless the tree is mixed).
+            let mut exp = oracle::expectations(&rec.events, built.crash_pos);
+            exp.retain(|k, v| oracle::promised_by_mode(&rec.model, k, v));
+            oracle::check_promises(tree, &exp, &mut problems);
+            oracle::check_no_garbage(tree, rec, built.crash_pos, &mut problems);
+            oracle::check_atomic_writes(tree, rec, built.crash_pos, &mut problems);
         }
         (problems, built.describe)
     }
 
     /// Recovers `image` with the library and checks what does not depend on the crash point:
     /// recovery works, the tree walks, `e2fsck -fn` is clean, e2fsprogs' replay agrees.
-    fn recover_and_check(&self, image: &[u8]) -> ImageVerdict {
+    fn recover_and_check(&self, image: &[u8], rec: &Recorded) -> ImageVerdict {
         let mut problems = Vec::new();
-        let lightweight = self.cfg.mode == DataMode::Lightweight;
+        let lightweight = self.cfg.lightweight_in_play();
         let dev = Arc::new(MemDev::from_bytes(image.to_vec()));
         let fs = match Fs::open_devices(dev.clone(), None, &oracle_opts(&self.cfg)) {
             Ok(fs) => fs,
@@ -816,6 +842,20 @@ impl Harness {
                         "lightweight left used blocks/inodes marked free: {}",
                         overclaims.join(", ")
                     ));
+                }
+                // In a mixed tree only inodes that may have obeyed lightweight may be damaged.
+                if self.cfg.dir_mode.is_some() {
+                    let allowed = oracle::lightweight_inodes(&rec.model);
+                    let strict: Vec<u64> = oracle::inodes_named(&full)
+                        .into_iter()
+                        .filter(|i| !allowed.contains(i))
+                        .collect();
+                    if !strict.is_empty() {
+                        return Err(format!(
+                            "e2fsck -fn after recovery exits {code} on inodes {strict:?}, which \
+                             never obeyed lightweight: {out}"
+                        ));
+                    }
                 }
                 // Lightweight promises only the allocation structures: e2fsck may have to repair
                 // the rest, and must then leave a clean file system.

@@ -28,7 +28,9 @@ use std::sync::Arc;
 
 use tidefs::dev::record::{LogEntry, Recording, RecordingDevice};
 use tidefs::dev::BlockDevice;
-use tidefs::fs::{Creds, Fs, Ino, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
+use tidefs::fs::{
+    Creds, DataMode, Fs, Ino, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO,
+};
 
 use crate::canary::JournalArea;
 use crate::gen::{mix, Rng};
@@ -115,6 +117,8 @@ pub enum Op {
     FsyncDir(&'static str),
     /// sync of the whole file system.
     Sync,
+    /// Give a directory its own journaling mode (mixed-mode runs).
+    SetMode(&'static str, DataMode),
 }
 
 impl Op {
@@ -149,6 +153,7 @@ impl std::fmt::Display for Op {
             Op::Fdatasync(p) => write!(f, "fdatasync {p}"),
             Op::FsyncDir(p) => write!(f, "fsync-dir {}", if p.is_empty() { "/" } else { p }),
             Op::Sync => write!(f, "sync"),
+            Op::SetMode(p, m) => write!(f, "set-mode {p} {}", m.name()),
         }
     }
 }
@@ -225,7 +230,23 @@ pub struct Model {
     /// Live and dead files.
     pub files: BTreeMap<Fid, MFile>,
     next_fid: Fid,
+    /// The mount's default journaling mode (of directories without their own).
+    pub default_mode: DataMode,
+    /// Directories with a mode of their own now.
+    pub own_modes: BTreeMap<String, DataMode>,
+    /// Every mode each directory path obeyed at any time of the run.
+    pub dir_modes_seen: BTreeMap<String, BTreeSet<DataModeKey>>,
+    /// Every directory each file was linked in at any time of the run.
+    pub fid_dirs: BTreeMap<Fid, BTreeSet<String>>,
+    /// The directory each file obeys (the one that linked it last); `None` once that
+    /// directory was removed (the file keeps the mode it had, which the model does not track).
+    pub fid_governor: BTreeMap<Fid, Option<String>>,
+    /// Every inode each directory path had during the run.
+    pub dir_inos: BTreeMap<String, BTreeSet<Ino>>,
 }
+
+/// A [`DataMode`] as an ordered key (its name).
+pub type DataModeKey = String;
 
 fn parent_of(path: &str) -> &str {
     path.rsplit_once('/').map_or("", |(p, _)| p)
@@ -236,12 +257,91 @@ fn name_of(path: &str) -> &str {
 }
 
 impl Model {
-    fn new() -> Model {
-        let mut m = Model::default();
+    fn new(default_mode: DataMode) -> Model {
+        let mut m = Model {
+            default_mode,
+            ..Model::default()
+        };
         m.tree.insert(String::new(), MEntry::Dir);
         m.tree.insert("lost+found".into(), MEntry::Dir);
         m.next_fid = 1;
+        m.note_dir_mode("");
+        m.dir_inos
+            .entry(String::new())
+            .or_default()
+            .insert(ROOT_INO);
         m
+    }
+
+    /// The mode directory `dir` obeys now.
+    pub fn dir_mode(&self, dir: &str) -> DataMode {
+        self.own_modes
+            .get(dir)
+            .copied()
+            .unwrap_or(self.default_mode)
+    }
+
+    /// Notes the mode `dir` obeys now among the modes it has obeyed.
+    fn note_dir_mode(&mut self, dir: &str) {
+        let m = self.dir_mode(dir).name().into_owned();
+        self.dir_modes_seen.entry(dir.into()).or_default().insert(m);
+    }
+
+    /// Notes that file `fid` is linked in directory `dir`.
+    fn note_link(&mut self, fid: Fid, dir: &str) {
+        self.fid_dirs.entry(fid).or_default().insert(dir.into());
+        self.fid_governor.insert(fid, Some(dir.into()));
+    }
+
+    /// The mode file `fid` obeys now, if the model knows it.
+    pub fn mode_now(&self, fid: Fid) -> Option<DataMode> {
+        let dir = self.fid_governor.get(&fid)?.as_deref()?;
+        Some(self.dir_mode(dir))
+    }
+
+    /// Every mode file `fid` may have obeyed during the run: those of every directory it was
+    /// linked in, at any time (a superset of the modes its writes were made under).
+    pub fn modes_of_file(&self, fid: Fid) -> Vec<DataMode> {
+        let dirs = self.fid_dirs.get(&fid);
+        let mut out: Vec<DataMode> = dirs
+            .into_iter()
+            .flatten()
+            .flat_map(|d| self.modes_of_dir(d))
+            .collect();
+        if out.is_empty() {
+            out.push(self.default_mode);
+        }
+        out
+    }
+
+    /// Every mode directory `dir` obeyed during the run.
+    pub fn modes_of_dir(&self, dir: &str) -> Vec<DataMode> {
+        match self.dir_modes_seen.get(dir) {
+            Some(names) => names.iter().filter_map(|n| DataMode::parse(n)).collect(),
+            None => vec![self.default_mode],
+        }
+    }
+
+    /// Folds in what another stream of the same run saw (writer threads).
+    fn merge_modes(&mut self, other: &Model) {
+        for (d, seen) in &other.dir_modes_seen {
+            self.dir_modes_seen
+                .entry(d.clone())
+                .or_default()
+                .extend(seen.iter().cloned());
+        }
+        for (f, dirs) in &other.fid_dirs {
+            self.fid_dirs
+                .entry(*f)
+                .or_default()
+                .extend(dirs.iter().cloned());
+        }
+        for (f, g) in &other.fid_governor {
+            self.fid_governor.entry(*f).or_insert_with(|| g.clone());
+        }
+        for (d, inos) in &other.dir_inos {
+            self.dir_inos.entry(d.clone()).or_default().extend(inos);
+        }
     }
 
     fn is_dir(&self, p: &str) -> bool {
@@ -287,7 +387,7 @@ impl Model {
             }
             Op::Link(a, b) => self.file(a).is_some() && absent_in_dir(b),
             Op::Rmdir(p) => self.is_dir(p) && !p.is_empty() && self.children(p).is_empty(),
-            Op::FsyncDir(p) => self.is_dir(p),
+            Op::FsyncDir(p) | Op::SetMode(p, _) => self.is_dir(p),
             Op::Sync => true,
         }
     }
@@ -376,6 +476,9 @@ pub struct DataWrite {
     pub len: usize,
     /// Log position of the op start (the write may be on disk only in crash states after it).
     pub pos: usize,
+    /// The mode the file obeyed when the write ran, when the model knows it for sure (not
+    /// while another thread switches modes, nor for a file whose directory was removed).
+    pub mode: Option<DataMode>,
 }
 
 /// One event of a recorded workload, with its log position.
@@ -465,13 +568,20 @@ const SETUP_FOO_WRITES: [(u64, u64, usize); 2] = [(1, 0, 8192), (2, 8192, 100)];
 pub fn setup_base(
     image: Vec<u8>,
     opts: &MountOptions,
+    dir_mode: Option<DataMode>,
 ) -> tidefs::Result<(Vec<u8>, Model, Vec<DataWrite>)> {
     let dev = Arc::new(tidefs::dev::MemDev::from_bytes(image));
     let fs = Fs::open_devices(dev.clone(), None, opts)?;
-    let mut model = Model::new();
+    let mut model = Model::new(opts.data_mode);
     let mut writes = Vec::new();
-    fs.mkdir(ROOT_INO, b"A", 0o755, Creds::ROOT)?;
+    let a_ino = fs.mkdir(ROOT_INO, b"A", 0o755, Creds::ROOT)?.ino;
     model.tree.insert("A".into(), MEntry::Dir);
+    model.dir_inos.entry("A".into()).or_default().insert(a_ino);
+    if let Some(m) = dir_mode {
+        fs.set_journal_mode(a_ino, Some(m))?;
+        model.own_modes.insert("A".into(), m);
+    }
+    model.note_dir_mode("A");
     let a = fs.create(ROOT_INO, b"foo", 0o100_644, 0, Creds::ROOT)?;
     let fid = model.next_fid;
     model.next_fid += 1;
@@ -494,6 +604,7 @@ pub fn setup_base(
             offset: off,
             len,
             pos: 0,
+            mode: Some(model.dir_mode("")),
         });
     }
     let v = pattern(3, 0, 24);
@@ -501,6 +612,7 @@ pub fn setup_base(
     mf.xattrs.insert(b"user.a".to_vec(), v);
     model.files.insert(fid, mf);
     model.tree.insert("foo".into(), MEntry::File(fid));
+    model.note_link(fid, "");
     fs.unmount()?;
     drop(fs);
     Ok((dev.to_bytes(), model, writes))
@@ -536,6 +648,8 @@ struct Stream {
     writes: Vec<DataWrite>,
     failures: Vec<String>,
     next_write_id: u64,
+    /// No other stream switches modes, so this one's model knows each write's mode.
+    modes_certain: bool,
 }
 
 /// Marker ids: unique per recorded run, shared by its threads.
@@ -564,6 +678,7 @@ fn run_stream(fs: &Fs, markers: &Markers<'_>, stream: &mut Stream, ops: &[Op], l
             &mut stream.writes,
             &mut stream.events,
             &mut stream.next_write_id,
+            stream.modes_certain,
         );
         stream.events.push(Event::OpStart {
             index,
@@ -689,6 +804,7 @@ pub fn record(
         writes: setup_writes.to_vec(),
         failures: Vec::new(),
         next_write_id: 1000,
+        modes_certain: true,
     };
     if !wl.threads.is_empty() {
         prelude(&fs, devs, &mut main)?;
@@ -699,6 +815,11 @@ pub fn record(
         next: AtomicU64::new(1),
     };
     run_stream(&fs, &markers, &mut main, &wl.ops, "");
+    let switching = wl
+        .threads
+        .iter()
+        .flatten()
+        .any(|op| matches!(op, Op::SetMode(..)));
     // Writer threads: each on its own copy of the model, with its own fids and write ids.
     let streams: Vec<Stream> = std::thread::scope(|s| {
         let handles: Vec<_> = wl
@@ -716,6 +837,7 @@ pub fn record(
                     writes: Vec::new(),
                     failures: Vec::new(),
                     next_write_id: main.next_write_id + t1 * 1_000_000,
+                    modes_certain: !switching,
                 };
                 let (fs, markers) = (&fs, &markers);
                 s.spawn(move || {
@@ -735,6 +857,7 @@ pub fn record(
     let mut writes = main.writes;
     let mut failures = main.failures;
     for st in streams {
+        model.merge_modes(&st.model);
         for (fid, f) in st.model.files {
             model.files.entry(fid).or_insert(f);
         }
@@ -786,6 +909,7 @@ fn run_op(
     writes: &mut Vec<DataWrite>,
     events: &mut Vec<Event>,
     next_write_id: &mut u64,
+    modes_certain: bool,
 ) -> tidefs::Result<()> {
     let c = Creds::ROOT;
     match op {
@@ -803,6 +927,7 @@ fn run_op(
                 },
             );
             model.tree.insert((*p).into(), MEntry::File(fid));
+            model.note_link(fid, d);
             touched.extend([
                 Key::Entry((*p).into()),
                 Key::Listing(d.into()),
@@ -813,6 +938,11 @@ fn run_op(
         Op::Write(p, kind) => {
             let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
             let ino = resolve(fs, p)?;
+            let mode = if modes_certain {
+                model.mode_now(fid)
+            } else {
+                None
+            };
             let mf = model.files.get_mut(&fid).expect("OK to unwrap: live file");
             let (off, len) = kind.range(mf.data.len() as u64);
             let id = *next_write_id;
@@ -824,6 +954,7 @@ fn run_op(
                 offset: off,
                 len,
                 pos,
+                mode,
             });
             let data = pattern(id, off, len);
             let n = fs.write(ino, off, &data)?;
@@ -882,6 +1013,9 @@ fn run_op(
             }
             fs.rename(pa, na, pb, nb, RenameFlags::default())?;
             let e = model.tree.remove(*a).expect("OK to unwrap: validated");
+            if let MEntry::File(fid) = e {
+                model.note_link(fid, db);
+            }
             model.tree.insert((*b).into(), e);
         }
         Op::Link(a, b) => {
@@ -895,6 +1029,7 @@ fn run_op(
                 .expect("OK to unwrap: live file")
                 .nlink += 1;
             model.tree.insert((*b).into(), MEntry::File(fid));
+            model.note_link(fid, db);
         }
         Op::Unlink(p) => {
             let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
@@ -913,11 +1048,23 @@ fn run_op(
             ]);
             let parent = resolve(fs, d)?;
             if matches!(op, Op::Mkdir(_)) {
-                fs.mkdir(parent, n, 0o755, c)?;
+                let ino = fs.mkdir(parent, n, 0o755, c)?.ino;
                 model.tree.insert((*p).into(), MEntry::Dir);
+                model.dir_inos.entry((*p).into()).or_default().insert(ino);
+                // A new directory copies its parent's own mode.
+                match model.own_modes.get(d).copied() {
+                    Some(m) => model.own_modes.insert((*p).into(), m),
+                    None => model.own_modes.remove(*p),
+                };
+                model.note_dir_mode(p);
             } else {
                 fs.rmdir(parent, n)?;
                 model.tree.remove(*p);
+                for g in model.fid_governor.values_mut() {
+                    if g.as_deref() == Some(*p) {
+                        *g = None;
+                    }
+                }
             }
         }
         Op::Symlink(p, t) => {
@@ -957,6 +1104,11 @@ fn run_op(
         }
         Op::FsyncDir(p) => fs.fsync(resolve(fs, p)?, false)?,
         Op::Sync => fs.sync()?,
+        Op::SetMode(p, m) => {
+            fs.set_journal_mode(resolve(fs, p)?, Some(*m))?;
+            model.own_modes.insert((*p).into(), *m);
+            model.note_dir_mode(p);
+        }
     }
     Ok(())
 }
@@ -1211,12 +1363,27 @@ pub struct Workloads {
     threads_index: u64,
     ace_count: u64,
     turn: u64,
+    /// Mixed-mode runs: the modes `SetMode` ops switch directory `A` between (empty: none).
+    switch_modes: Vec<DataMode>,
 }
 
 impl Workloads {
     /// The workloads of `family` from the setup state `base`; `ace_len3` adds sampled
     /// three-step ACE sequences after the two-step ones.
     pub fn new(family: Family, seed: u64, base: &Model, ace_len3: bool) -> Workloads {
+        Workloads::with_switches(family, seed, base, ace_len3, Vec::new())
+    }
+
+    /// As [`Workloads::new`]; with `switch_modes` not empty, the `random` family also switches
+    /// directory `A` between those modes now and then, and the `threads` family runs a fifth
+    /// thread that switches it while the writers write.
+    pub fn with_switches(
+        family: Family,
+        seed: u64,
+        base: &Model,
+        ace_len3: bool,
+        switch_modes: Vec<DataMode>,
+    ) -> Workloads {
         let steps = ace_steps();
         let n = steps.len();
         let mut ace_pairs: Vec<u32> = (0..(n * n) as u32).collect();
@@ -1233,6 +1400,7 @@ impl Workloads {
             threads_index: 0,
             ace_count: 0,
             turn: 0,
+            switch_modes,
         }
     }
 
@@ -1290,6 +1458,13 @@ impl Workloads {
             m.apply_dry(&op);
             let pers = persistence_after(&op);
             ops.push(op);
+            if !self.switch_modes.is_empty()
+                && r.chance(1, 3)
+                && m.valid(&Op::SetMode("A", DataMode::Ordered))
+            {
+                let k = r.below(self.switch_modes.len() as u64) as usize;
+                ops.push(Op::SetMode("A", self.switch_modes[k]));
+            }
             if r.chance(3, 5) {
                 let p = pers[r.below(pers.len() as u64) as usize].clone();
                 if m.valid(&p) {
@@ -1311,7 +1486,7 @@ impl Workloads {
         let i = self.threads_index;
         self.threads_index += 1;
         let mut r = Rng::derive(self.seed, 4, i);
-        let threads = THREAD_FILES
+        let mut threads: Vec<Vec<Op>> = THREAD_FILES
             .iter()
             .map(|&f| {
                 let mut ops = vec![Op::Create(f), Op::Fsync(f)];
@@ -1331,6 +1506,15 @@ impl Workloads {
                 ops
             })
             .collect();
+        if !self.switch_modes.is_empty() {
+            let n = self.switch_modes.len() as u64;
+            let start = r.below(n);
+            threads.push(
+                (0..SWITCHES_PER_THREADS_WORKLOAD)
+                    .map(|k| Op::SetMode("A", self.switch_modes[((start + k) % n) as usize]))
+                    .collect(),
+            );
+        }
         Workload {
             name: format!("threads#{i}"),
             ops: Vec::new(),
@@ -1343,6 +1527,8 @@ impl Workloads {
 const THREAD_FILES: [&str; 4] = ["t0", "t1", "A/t2", "A/t3"];
 /// Write + persistence pairs per writer thread.
 const WRITES_PER_THREAD: usize = 5;
+/// Mode switches of directory `A` by the switcher thread of mixed-mode `threads` workloads.
+const SWITCHES_PER_THREADS_WORKLOAD: u64 = 6;
 
 impl Iterator for Workloads {
     type Item = Workload;

@@ -196,6 +196,59 @@ fn selective_keeps_its_promise_with_writer_threads() {
     assert_mode_clean_with_threads(DataMode::Selective { threshold: 1024 });
 }
 
+/// Crash states of each mixed-tree configuration (root in one mode, `A` in another and
+/// switched while the workloads run).
+const MIXED_STATES: u64 = 600;
+
+/// A mixed tree: the root obeys `root` (the mount's mode), directory `A` has `dir` of its own
+/// and the workloads switch it between modes; each directory keeps its own promise.
+fn assert_mixed_clean(root: DataMode, dir: DataMode, family: Family) {
+    if !have_e2fsprogs() {
+        return;
+    }
+    let threads = family == Family::Threads;
+    let states = if threads {
+        THREAD_STATES_PER_MODE
+    } else {
+        MIXED_STATES
+    };
+    let report = run(Config {
+        family,
+        dir_mode: Some(dir),
+        image: if threads {
+            ImageShape::Groups
+        } else {
+            ImageShape::OneGroup
+        },
+        states,
+        seed: 0x71de,
+        ..Config::new(root)
+    });
+    assert_clean(&report, states);
+}
+
+/// Goal: an `ordered` root beside a `lightweight` directory (switched to journaling modes and
+/// back while the workloads run): the ordered files keep every fsync promise and level 3, and
+/// e2fsck finds damage only in inodes that obeyed lightweight.
+#[test]
+fn mixed_ordered_root_and_lightweight_directory_keep_their_promises() {
+    assert_mixed_clean(DataMode::Ordered, DataMode::Lightweight, Family::All);
+}
+
+/// Goal: a `lightweight` root beside a `journal` directory: the journaled files keep every
+/// promise, their writes atomic, whatever the lightweight operations beside them leave.
+#[test]
+fn mixed_lightweight_root_and_journal_directory_keep_their_promises() {
+    assert_mixed_clean(DataMode::Lightweight, DataMode::Journal, Family::All);
+}
+
+/// Goal: writer threads in a `wasteless` root and in an `ordered` directory while a fifth
+/// thread switches that directory between modes; the journal wraps.
+#[test]
+fn mixed_modes_switched_under_writer_threads_keep_their_promises() {
+    assert_mixed_clean(DataMode::Wasteless, DataMode::Ordered, Family::Threads);
+}
+
 /// Goal: crash states built from the real file-backed device (`FileDev` under the recording
 /// wrapper) keep ordered mode's promise, and the log matches what reached the file (the
 /// harness reports a mismatch as an op failure). Method: the `threads` family recorded on an

@@ -3,8 +3,8 @@
 //! attribute; new directories inherit it, new files obey it, an explicit file mode wins, a
 //! rename or a hard link moves a file under the mode of the directory that linked it last, a
 //! symlink has none; modes survive a remount and a crash; `journal` sets ext4's per-inode
-//! data-journaling flag (read back with the real `debugfs`); the image stays clean by the real
-//! `e2fsck`; and each directory's data goes where its own mode sends it, also across a switch.
+//! data-journaling flag (read back with the real `debugfs`, and with `getfattr`/`lsattr` on the
+//! kernel's own ext4 mount); the image stays clean by the real `e2fsck`; and each directory's data goes where its own mode sends it, also across a switch.
 
 mod common;
 
@@ -162,6 +162,25 @@ fn modes_follow_the_inheritance_rename_and_link_rules() {
     assert_ne!(ext4_flags(&img, "/db/again") & JOURNAL_DATA_FL, 0);
     assert_eq!(ext4_flags(&img, "/scratch") & JOURNAL_DATA_FL, 0);
     assert_eq!(ext4_flags(&img, "/scratch/g") & JOURNAL_DATA_FL, 0);
+    // The kernel's ext4 reads the same: the attribute, and the flag as lsattr's `j`.
+    if common::can_loop_mount() {
+        let k = common::KernelMount::mount(&img, "ro").unwrap();
+        let db_path = k.path().join("db");
+        let value = common::run_ok(
+            "getfattr",
+            &[
+                "--only-values",
+                "-n",
+                "user.tidefs.journal",
+                db_path.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(value, "journal");
+        let attrs = common::run_ok("lsattr", &["-d", db_path.to_str().unwrap()]);
+        let flags = attrs.split_whitespace().next().unwrap_or("");
+        assert!(flags.contains('j'), "lsattr -d db: {attrs}");
+        k.umount();
+    }
 
     // Everything survives a remount; a different default changes only what has no mode.
     let fs = Fs::open(&img, &opts(DataMode::Writeback)).unwrap();

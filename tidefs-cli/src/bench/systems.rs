@@ -198,30 +198,28 @@ pub fn system_names(what: &str, text: Option<&str>, default: &str) -> Vec<String
     names(text)
 }
 
-/// The extended attribute that holds a directory's journaling mode on a tidefs mount (and
-/// reads back the effective mode of any path).
-pub const JOURNAL_MODE_XATTR: &str = "user.tidefs.journal";
-
 /// Sets the journaling mode of the directory `dir` on a tidefs mount to `mode`
-/// ([`JOURNAL_MODE_XATTR`]) and checks that it took: the directory and a file created in it
+/// (the extended attribute `user.tidefs.journal`) and checks that it took: the directory and a file created in it
 /// afterwards must both read back `mode`. A tidefs without per-directory modes either refuses
 /// the attribute or keeps it as a plain one, which the new file does not inherit; either way
 /// the error says so.
 pub fn set_directory_mode(dir: &Path, mode: &str) -> Result<(), CliError> {
+    use std::os::unix::ffi::OsStrExt;
+    let attr = std::ffi::OsStr::from_bytes(tidefs::fs::JOURNAL_MODE_XATTR);
     let failed = |why: String| {
         CliError::new(
-            format!("bench: {} {JOURNAL_MODE_XATTR}={mode}", dir.display()),
+            format!("bench: {} {}={mode}", dir.display(), attr.to_string_lossy()),
             why,
         )
     };
-    xattr::set(dir, JOURNAL_MODE_XATTR, mode.as_bytes()).map_err(|e| {
+    xattr::set(dir, attr, mode.as_bytes()).map_err(|e| {
         failed(format!(
             "the mount refused it ({e}); this tidefs has no per-directory journaling modes"
         ))
     })?;
     let read = |path: &Path| -> Result<Option<String>, CliError> {
-        let value = xattr::get(path, JOURNAL_MODE_XATTR)
-            .map_err(|e| failed(format!("{}: {e}", path.display())))?;
+        let value =
+            xattr::get(path, attr).map_err(|e| failed(format!("{}: {e}", path.display())))?;
         Ok(value.map(|v| {
             String::from_utf8_lossy(&v)
                 .trim_end_matches('\0')

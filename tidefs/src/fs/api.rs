@@ -185,7 +185,7 @@ pub struct StatFs {
 /// How file data is journaled (docs/DESIGN.md §3). A per-inode property inside the file system;
 /// chosen for the whole mount with `-o data=MODE` for now. More modes may come, so matches
 /// outside this crate need a wildcard arm.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DataMode {
     /// Only the allocation bitmaps (and group descriptors, superblock) are journaled; inodes,
