@@ -215,7 +215,8 @@ enum BenchCommand {
     Burst(bench::burst::BurstArgs),
     /// Debian's postmark, one configuration for tidefs (FUSE), the kernel's ext4 and fuse2fs.
     Postmark(bench::postmark::PostmarkArgs),
-    /// SQLite autocommit transactions with synchronous=FULL, rollback journal and WAL.
+    /// SQLite inserts, updates and deletes (autocommit, synchronous=FULL), rollback journal
+    /// and WAL; tidefs:split keeps the rollback journal in a lightweight directory.
     Sqlite(bench::sqlite::SqliteArgs),
     /// Many streams each appending records to their own file with fdatasync after each,
     /// paced at a bit rate or in a burst; journal and home bytes per app byte (journal on its

@@ -1,9 +1,10 @@
 //! Goal: every `tidefs bench` subcommand runs its systems side by side and reports the shape
 //! its documentation promises. Method: tiny runs through the built binary (recovery, burst with
-//! its probe, postmark, sqlite, streams paced and in a burst); the JSON and the printed table
-//! must name every system, thread count, stream count or journal mode, carry the ratio to ext4
-//! `data=ordered` where the benchmark compares, and the SVG plot must exist. Bad `--systems`
-//! lists and bad options are usage errors. No timing is asserted.
+//! its probe, postmark, sqlite in every phase and in its split configuration, streams paced and
+//! in a burst); the JSON and the printed table must name every system, thread count, stream
+//! count, journal mode or phase, carry the ratio to ext4 `data=ordered` where the benchmark
+//! compares, and the SVG plot must exist. Bad `--systems` lists and bad options are usage
+//! errors. No timing is asserted.
 
 mod common;
 
@@ -136,12 +137,18 @@ fn names<'a>(array: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// Every row has a positive `figure` and a ratio to ext4:ordered, which is 1 on its own row.
+/// Every row has a positive `figure` and a ratio to ext4:ordered (`ratio_to_ext4_ordered`
+/// unless `ratio` names another field), which is 1 on its own row.
 fn assert_compared(rows: &serde_json::Value, figure: &str) {
+    assert_compared_by(rows, figure, "ratio_to_ext4_ordered");
+}
+
+/// [`assert_compared`] with the ratio in the field `ratio`.
+fn assert_compared_by(rows: &serde_json::Value, figure: &str, ratio: &str) {
     for row in rows.as_array().expect("OK to unwrap: array") {
         let value = row[figure].as_f64().expect("OK to unwrap: a number");
         assert!(value > 0.0, "{row}");
-        let ratio = row["ratio_to_ext4_ordered"].as_f64();
+        let ratio = row[ratio].as_f64();
         assert!(ratio.is_some(), "{row}");
         if row["system"] == "ext4:ordered" {
             assert_eq!(ratio, Some(1.0), "{row}");
@@ -287,42 +294,132 @@ fn postmark_reports_every_system() {
     }
 }
 
-/// Goal: sqlite times autocommit inserts in both journal modes on each system, with the ratio
-/// to ext4 `data=ordered` in the same mode. Method: 5 inserts.
-#[test]
-fn sqlite_reports_both_journal_modes() {
-    let test = "sqlite_reports_both_journal_modes";
-    if bench_skip(test) {
-        return;
+/// The rows a sqlite report must have, in order: for each of `modes`, for each phase and then
+/// the total, every one of `systems`.
+fn sqlite_row_keys<'a>(modes: &[&'a str], systems: &[&'a str]) -> Vec<(&'a str, &'a str, &'a str)> {
+    let mut keys = Vec::new();
+    for &mode in modes {
+        for phase in ["insert", "update", "delete", "total"] {
+            for &system in systems {
+                keys.push((mode, phase, system));
+            }
+        }
     }
+    keys
+}
+
+/// Runs sqlite with 5 transactions per phase in `modes` on `systems` with a plot, and checks
+/// the report: its rows are [`sqlite_row_keys`], each phase counts its transactions (the total
+/// three times as many), every row is compared in time with ext4:ordered's, the table shows
+/// the columns and the plot names every system, phase and journal mode. Returns the JSON.
+fn run_sqlite(modes: &[&str], systems: &[&str]) -> serde_json::Value {
+    const OPS: u64 = 5;
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let svg = dir.path().join("sqlite.svg");
     let (text, report) = run_bench(
         dir.path(),
         &[
             "sqlite",
             "--ops",
-            "5",
+            &OPS.to_string(),
+            "--journal-modes",
+            &modes.join(","),
             "--systems",
-            "tidefs:ordered,ext4:ordered",
+            &systems.join(","),
+            "--plot",
+            svg.to_str().expect("OK to unwrap: temp paths are UTF-8"),
         ],
     );
-    assert!(text.contains("txn/s"), "{text}");
+    for header in [
+        "txn/s",
+        "seconds",
+        "dev B/txn",
+        "commits/txn",
+        "time vs ext4:ordered",
+    ] {
+        assert!(text.contains(header), "no column {header}:\n{text}");
+    }
     let rows = &report["rows"];
-    assert_eq!(
-        names(rows, "journal_mode"),
-        ["delete", "delete", "wal", "wal"]
+    let keys: Vec<(&str, &str, &str)> = rows
+        .as_array()
+        .expect("OK to unwrap: array")
+        .iter()
+        .map(|r| {
+            let key = |k: &str| r[k].as_str().expect("OK to unwrap: string");
+            (key("journal_mode"), key("phase"), key("system"))
+        })
+        .collect();
+    assert_eq!(keys, sqlite_row_keys(modes, systems));
+    for row in rows.as_array().expect("OK to unwrap: array") {
+        let expected = if row["phase"] == "total" {
+            3 * OPS
+        } else {
+            OPS
+        };
+        assert_eq!(row["transactions"].as_u64(), Some(expected), "{row}");
+        assert!(
+            row["transactions_per_s"].as_f64().is_some_and(|t| t > 0.0),
+            "{row}"
+        );
+        // tidefs and the kernel's jbd2 both count their commits.
+        assert!(row["commits_per_transaction"].as_f64().is_some(), "{row}");
+    }
+    assert_compared_by(rows, "seconds", "time_ratio_to_ext4_ordered");
+    assert_eq!(names(&report["systems"], "system"), systems);
+    assert_eq!(report["vfs"], "tidefs-split");
+    assert_plot(&svg, systems);
+    let plot = std::fs::read_to_string(&svg).expect("OK to unwrap: the plot exists");
+    let modes = modes
+        .iter()
+        .map(|m| format!("journal_mode={}", m.to_uppercase()));
+    for label in ["insert", "update", "delete"]
+        .map(String::from)
+        .into_iter()
+        .chain(modes)
+    {
+        assert!(plot.contains(&label), "the plot shows {label}");
+    }
+    report
+}
+
+/// Goal: sqlite times inserts, updates and deletes, each phase and in total, in both journal
+/// modes on each system, compared in time with ext4 `data=ordered` in the same mode and phase,
+/// and plots the seconds as bars. Method: 5 transactions per phase; table, JSON and SVG checked.
+#[test]
+fn sqlite_reports_every_phase_and_journal_mode() {
+    if bench_skip("sqlite_reports_every_phase_and_journal_mode") {
+        return;
+    }
+    let report = run_sqlite(&["delete", "wal"], &["tidefs:ordered", "ext4:ordered"]);
+    for system in report["systems"].as_array().expect("OK to unwrap: array") {
+        assert_eq!(
+            system["directory_modes"],
+            serde_json::Value::Null,
+            "{system}"
+        );
+    }
+}
+
+/// Goal: `tidefs:split` keeps the database in a `journal` mode directory and SQLite's rollback
+/// journal in a `lightweight` one on a tidefs mount, set through `user.tidefs.journal`, and is
+/// compared with tidefs:journal and ext4. Method: 5 transactions per phase in the rollback
+/// journal mode; the bench itself checks that both directories and a new file in each read
+/// their mode back, and fails otherwise; the plot of one journal mode names it in its title.
+#[test]
+fn sqlite_split_runs_with_per_directory_modes() {
+    if bench_skip("sqlite_split_runs_with_per_directory_modes") {
+        return;
+    }
+    let report = run_sqlite(
+        &["delete"],
+        &["tidefs:split", "tidefs:journal", "ext4:ordered"],
     );
+    let split = &report["systems"][0];
+    assert_eq!(split["mounted"], "tidefs:journal", "{split}");
     assert_eq!(
-        names(rows, "system"),
-        [
-            "tidefs:ordered",
-            "ext4:ordered",
-            "tidefs:ordered",
-            "ext4:ordered"
-        ]
+        split["directory_modes"],
+        serde_json::json!({"database": "journal", "journal": "lightweight"})
     );
-    assert_eq!(names(rows, "phase"), ["insert"; 4]);
-    assert_compared(rows, "transactions_per_s");
 }
 
 /// Goal: a bad `--systems` list is a usage error (exit 2) naming the problem, before anything
@@ -339,6 +436,7 @@ fn bench_systems_lists_are_checked() {
             "mounted path",
         ),
         (&["sqlite", "--systems", ","][..], "names no system"),
+        (&["sqlite", "--systems", "tidefs:splat"][..], "data=splat"),
         (
             &["sqlite", "--journal-modes", "truncate"][..],
             "unknown journal mode",

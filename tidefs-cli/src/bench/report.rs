@@ -1,5 +1,6 @@
 //! What the benchmarks print and write: latency percentiles, ratios, aligned text tables, JSON
-//! files, SVG line plots with one or several charts (plotters) and progress bars (indicatif, shown only on a terminal).
+//! files, SVG figures of one or several charts, of lines or of grouped bars (plotters), and
+//! progress bars (indicatif, shown only on a terminal).
 
 use std::path::Path;
 use std::time::Duration;
@@ -235,34 +236,151 @@ pub fn plot_panels(
     panels: &[Panel],
     log_x: bool,
 ) -> Result<(), CliError> {
+    let charts: Vec<(&str, &[Series])> = panels.iter().map(|p| (p.y_desc, p.series)).collect();
+    draw_figure(path, title, &charts, |i, area, caption| {
+        let panel = &panels[i];
+        draw_chart(area, caption, (x_desc, panel.y_desc), panel.series, log_x)
+    })
+}
+
+/// Draws grouped bar charts into one SVG file, laid out as [`plot_panels`] lays out its
+/// charts: each of `charts` is a caption and one series per bar of each group, whose point
+/// `(g, y)` is its bar in group `g` (0, 1, ...). Along x the `groups` (phases), in each one bar
+/// per series, coloured and named in the legend as the lines of [`plot_lines`]; `y_desc` is
+/// every y axis.
+pub fn plot_bars(
+    path: &Path,
+    title: &str,
+    y_desc: &str,
+    groups: &[&str],
+    charts: &[(&str, &[Series])],
+) -> Result<(), CliError> {
+    draw_figure(path, title, charts, |i, area, caption| {
+        draw_bars(area, caption, y_desc, groups, charts[i].1)
+    })
+}
+
+/// The layout of a figure of `charts` (caption, series): two side by side per row, `title`
+/// above them all when there are several (a single chart takes it as its caption). Draws chart
+/// `i` with `draw(i, area, caption)`; refuses a figure without a single point.
+fn draw_figure(
+    path: &Path,
+    title: &str,
+    charts: &[(&str, &[Series])],
+    draw: impl Fn(usize, &DrawingArea<SVGBackend, plotters::coord::Shift>, &str) -> Result<(), String>,
+) -> Result<(), CliError> {
     let failed = |e: String| CliError::new(format!("bench: plot {}", path.display()), e);
-    if panels
+    if charts
         .iter()
-        .all(|p| p.series.iter().all(|s| s.points.is_empty()))
+        .all(|chart| chart.1.iter().all(|s| s.points.is_empty()))
     {
         return Err(failed("nothing to plot".into()));
     }
-    let columns = panels.len().clamp(1, 2);
-    let rows = panels.len().div_ceil(columns).max(1);
+    let columns = charts.len().clamp(1, 2);
+    let rows = charts.len().div_ceil(columns).max(1);
     let size = (900 * columns as u32, 560 * rows as u32 + 40);
     let root = SVGBackend::new(path, size).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(e.to_string()))?;
-    let body = if panels.len() > 1 {
+    let body = if charts.len() > 1 {
         root.titled(title, ("sans-serif", 24))
             .map_err(|e| failed(e.to_string()))?
     } else {
         root.clone()
     };
     let areas = body.split_evenly((rows, columns));
-    for (panel, area) in panels.iter().zip(&areas) {
-        let caption = if panels.len() > 1 {
-            panel.y_desc
-        } else {
-            title
-        };
-        draw_chart(area, caption, (x_desc, panel.y_desc), panel.series, log_x).map_err(failed)?;
+    for (i, (chart, area)) in charts.iter().zip(&areas).enumerate() {
+        let caption = if charts.len() > 1 { chart.0 } else { title };
+        draw(i, area, caption).map_err(failed)?;
     }
     root.present().map_err(|e| failed(e.to_string()))
+}
+
+/// The top of a y axis from 0 over `series`, `headroom` times the highest finite point (`1`
+/// when there is none), and the decimals its labels need.
+fn y_axis(series: &[Series], headroom: f64) -> (f64, usize) {
+    let y_hi = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .filter(|y| y.is_finite())
+        .fold(0.0_f64, f64::max);
+    // Small ranges (bytes per app byte near 1) need decimals on the axis.
+    let y_top = if y_hi > 0.0 { y_hi * headroom } else { 1.0 };
+    let decimals = if y_top < 1.0 {
+        2
+    } else if y_top < 10.0 {
+        1
+    } else {
+        0
+    };
+    (y_top, decimals)
+}
+
+/// Draws one chart of [`plot_bars`] into `area`. Along x a group is [`GROUP_WIDTH`] units
+/// wide (integer units, whose labels plotters lets us choose): group `g` spans
+/// `g * GROUP_WIDTH` to the next, its bars side by side over the middle eight tenths, its name
+/// under its centre.
+fn draw_bars<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    caption: &str,
+    y_desc: &str,
+    groups: &[&str],
+    series: &[Series],
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    const GROUP_WIDTH: i32 = 1000;
+    let count = i32::try_from(groups.len()).map_err(|e| e.to_string())?;
+    // Room above the bars for the legend.
+    let (y_top, decimals) = y_axis(series, 1.5);
+    let centres: Vec<i32> = (0..count)
+        .map(|g| g * GROUP_WIDTH + GROUP_WIDTH / 2)
+        .collect();
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(
+            (0..count * GROUP_WIDTH).with_key_points(centres),
+            0.0..y_top,
+        )
+        .map_err(|e| e.to_string())?;
+    let group_name = |x: &i32| {
+        usize::try_from(x / GROUP_WIDTH)
+            .ok()
+            .and_then(|g| groups.get(g))
+            .map_or_else(String::new, |n| (*n).to_string())
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .y_desc(y_desc)
+        .x_label_formatter(&group_name)
+        .y_label_formatter(&|y| format!("{y:.decimals$}"))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let width = GROUP_WIDTH * 8 / 10 / i32::try_from(series.len().max(1)).unwrap_or(i32::MAX);
+    for (i, s) in (0..).zip(series) {
+        let color = COLORS[usize::try_from(i).unwrap_or(0) % COLORS.len()];
+        // Points are (group index, y); the index is a small whole number.
+        let left = |g: f64| g as i32 * GROUP_WIDTH + GROUP_WIDTH / 10 + i * width;
+        chart
+            .draw_series(s.points.iter().filter(|p| p.1.is_finite()).map(|&(g, y)| {
+                Rectangle::new([(left(g), 0.0), (left(g) + width, y)], color.filled())
+            }))
+            .map_err(|e| e.to_string())?
+            .label(s.name.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// Draws one chart of [`plot_panels`] into `area`.
@@ -301,20 +419,7 @@ where
         return Ok(());
     }
     let pad = ((x_hi - x_lo) * 0.05).max(0.5);
-    let y_hi = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
-        .filter(|y| y.is_finite())
-        .fold(0.0_f64, f64::max);
-    // Small ranges (bytes per app byte near 1) need decimals on the axis.
-    let y_top = if y_hi > 0.0 { y_hi * 1.1 } else { 1.0 };
-    let decimals = if y_top < 1.0 {
-        2
-    } else if y_top < 10.0 {
-        1
-    } else {
-        0
-    };
+    let (y_top, decimals) = y_axis(series, 1.1);
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 20))
         .margin(12)

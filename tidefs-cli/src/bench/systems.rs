@@ -16,6 +16,9 @@
 //! [`JournalPlace::External`] the journal gets an image and loop device of its own, so that
 //! journal bytes and home bytes are counted apart ([`Traffic`]).
 //!
+//! On a tidefs mount, [`set_directory_mode`] gives a directory its own journaling mode
+//! (`user.tidefs.journal`) and checks that it took.
+//!
 //! Invariants:
 //! - A [`Target`] drops in the order mount, loop devices, image files: nothing is detached while
 //!   mounted, and nothing stays behind on an error or a panic.
@@ -160,25 +163,84 @@ impl System {
 
     /// Parses `--systems` for a benchmark that runs programs on a mounted path: no embedded
     /// systems. Without a list: every tidefs mode and every ext4 mode ([`path_systems`]) and
-    /// fuse2fs, which is left out with a note when it is not installed.
+    /// fuse2fs, which is left out with a note when it is not installed ([`system_names`]).
     pub fn parse_path_list(what: &str, text: Option<&str>) -> Result<Vec<System>, CliError> {
-        let Some(text) = text else {
-            let mut systems = System::parse_list(what, &path_systems(), true)?;
-            if find_tool("fuse2fs").is_none() {
-                eprintln!(
-                    "tidefs: {what}: fuse2fs is not installed (Debian package fuse2fs); left out"
-                );
-                systems.retain(|s| *s != System::Fuse2fs);
-            }
-            return Ok(systems);
-        };
-        System::parse_list(what, text, true)
+        let names = system_names(what, text, &path_systems());
+        System::parse_list(what, &names.join(","), true)
     }
 
     /// Whether the system is reached through a path (everything but the embedded library).
     pub fn has_path(&self) -> bool {
         !matches!(self, System::Embedded(_))
     }
+}
+
+/// The names of a `--systems` list, or of `default` when there is no list; from the default,
+/// fuse2fs is left out with a note when it is not installed.
+pub fn system_names(what: &str, text: Option<&str>, default: &str) -> Vec<String> {
+    let names = |text: &str| -> Vec<String> {
+        text.split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let Some(text) = text else {
+        let mut names = names(default);
+        if names.iter().any(|n| n == "fuse2fs") && find_tool("fuse2fs").is_none() {
+            eprintln!(
+                "tidefs: {what}: fuse2fs is not installed (Debian package fuse2fs); left out"
+            );
+            names.retain(|n| n != "fuse2fs");
+        }
+        return names;
+    };
+    names(text)
+}
+
+/// Sets the journaling mode of the directory `dir` on a tidefs mount to `mode`
+/// (the extended attribute `user.tidefs.journal`) and checks that it took: the directory and a file created in it
+/// afterwards must both read back `mode`. A tidefs without per-directory modes either refuses
+/// the attribute or keeps it as a plain one, which the new file does not inherit; either way
+/// the error says so.
+pub fn set_directory_mode(dir: &Path, mode: &str) -> Result<(), CliError> {
+    use std::os::unix::ffi::OsStrExt;
+    let attr = std::ffi::OsStr::from_bytes(tidefs::fs::JOURNAL_MODE_XATTR);
+    let failed = |why: String| {
+        CliError::new(
+            format!("bench: {} {}={mode}", dir.display(), attr.to_string_lossy()),
+            why,
+        )
+    };
+    xattr::set(dir, attr, mode.as_bytes()).map_err(|e| {
+        failed(format!(
+            "the mount refused it ({e}); this tidefs has no per-directory journaling modes"
+        ))
+    })?;
+    let read = |path: &Path| -> Result<Option<String>, CliError> {
+        let value =
+            xattr::get(path, attr).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+        Ok(value.map(|v| {
+            String::from_utf8_lossy(&v)
+                .trim_end_matches('\0')
+                .to_string()
+        }))
+    };
+    let probe = dir.join(".tidefs-mode-probe");
+    std::fs::write(&probe, b"").map_err(|e| failed(format!("{}: {e}", probe.display())))?;
+    let (on_dir, on_file) = (read(dir), read(&probe));
+    let _ = std::fs::remove_file(&probe);
+    let (on_dir, on_file) = (on_dir?, on_file?);
+    if on_dir.as_deref() == Some(mode) && on_file.as_deref() == Some(mode) {
+        return Ok(());
+    }
+    let shown = |v: Option<String>| v.map_or_else(|| "nothing".to_string(), |v| format!("'{v}'"));
+    Err(failed(format!(
+        "the mode did not take: the directory reads back {} and a new file in it {}; this \
+         tidefs has no per-directory journaling modes",
+        shown(on_dir),
+        shown(on_file)
+    )))
 }
 
 /// The default systems of the benchmarks that run programs on a mounted path: tidefs in every
@@ -257,7 +319,8 @@ impl DeviceCounters {
         }
     }
 
-    fn plus(self, other: DeviceCounters) -> DeviceCounters {
+    /// Both together.
+    pub fn plus(self, other: DeviceCounters) -> DeviceCounters {
         DeviceCounters {
             bytes_written: self.bytes_written + other.bytes_written,
             flushes: self.flushes + other.flushes,
