@@ -38,6 +38,9 @@ const RMW_STRIPES: usize = 64;
 /// Largest run `write_blocks` gathers into one `pwrite`.
 const MAX_MERGED_BYTES: usize = 4 << 20;
 
+/// Most transfers `write_blocks` keeps in flight at once (one thread each).
+const PARALLEL_WRITES: usize = 8;
+
 /// A zeroed byte buffer whose first byte is aligned to [`MEMORY_ALIGN`]: an over-allocated
 /// `Vec` used from the first aligned position, so no `unsafe` is needed.
 pub struct AlignedBuf {
@@ -198,6 +201,50 @@ impl FileDev {
     }
 }
 
+impl FileDev {
+    /// Writes runs that do not touch each other, several at once: the device works on up to
+    /// [`PARALLEL_WRITES`] transfers together instead of waiting for each in turn (a commit's
+    /// file data and log body, a checkpoint's scattered home blocks). Each thread writes its
+    /// share in order; the first error is returned once every thread has finished, so no
+    /// write is still in flight when the caller learns of it.
+    fn write_runs(&self, runs: &[(u64, AlignedBuf)]) -> io::Result<()> {
+        let write = |share: &[(u64, AlignedBuf)]| -> io::Result<()> {
+            for (offset, buf) in share {
+                self.write_raw(*offset, buf.as_slice(), false)?;
+            }
+            Ok(())
+        };
+        if runs.len() <= 1 || overlapping(runs) {
+            // Overlapping runs keep their order: the later one must land last.
+            return write(runs);
+        }
+        let per_thread = runs.len().div_ceil(PARALLEL_WRITES);
+        let mut shares = runs.chunks(per_thread);
+        let mine = shares.next().unwrap_or_default();
+        std::thread::scope(|scope| {
+            let others: Vec<_> = shares.map(|s| scope.spawn(move || write(s))).collect();
+            let mut result = write(mine);
+            for h in others {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(io::Error::other("a device writer thread panicked")));
+                result = result.and(r);
+            }
+            result
+        })
+    }
+}
+
+/// True when two runs share a byte of the device.
+fn overlapping(runs: &[(u64, AlignedBuf)]) -> bool {
+    let mut spans: Vec<(u64, u64)> = runs
+        .iter()
+        .map(|(o, b)| (*o, *o + b.as_slice().len() as u64))
+        .collect();
+    spans.sort_unstable();
+    spans.windows(2).any(|w| w[1].0 < w[0].1)
+}
+
 /// The logical sector size: `BLKSSZGET` for a block device; for a file, the direct-I/O offset
 /// alignment its file system reports (`statx` `STATX_DIOALIGN`, Linux 6.1+), else 512.
 fn sector_size(file: &File, block_device: bool) -> u32 {
@@ -267,6 +314,7 @@ impl BlockDevice for FileDev {
     }
 
     fn write_blocks(&self, pieces: &[(u64, &[u8])]) -> io::Result<()> {
+        let mut runs: Vec<(u64, AlignedBuf)> = Vec::new();
         let mut i = 0;
         while i < pieces.len() {
             let (offset, first) = pieces[i];
@@ -296,10 +344,10 @@ impl BlockDevice for FileDev {
                 run.as_mut_slice()[at..at + b.len()].copy_from_slice(b);
                 at += b.len();
             }
-            self.write_raw(offset, run.as_slice(), false)?;
+            runs.push((offset, run));
             i = j;
         }
-        Ok(())
+        self.write_runs(&runs)
     }
 
     fn write_durable(&self, offset: u64, buf: &[u8]) -> io::Result<()> {

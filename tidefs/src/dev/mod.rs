@@ -44,9 +44,12 @@ pub trait BlockDevice: Send + Sync {
         512
     }
 
-    /// Writes several `(offset, bytes)` pieces, in order, as `write_at` each would. Devices
-    /// that can (`FileDev`) merge pieces that follow each other on the device into one
-    /// transfer, so callers should pass them sorted by offset.
+    /// Writes several `(offset, bytes)` pieces, as `write_at` each would; where two pieces
+    /// overlap, the later one wins. Devices that can (`FileDev`) merge pieces that follow
+    /// each other on the device into one transfer and keep several transfers in flight at
+    /// once, so callers should pass them sorted by offset. Like `write_at`, nothing is
+    /// durable before a flush; when this returns an error, every piece has either been
+    /// written or failed.
     fn write_blocks(&self, pieces: &[(u64, &[u8])]) -> std::io::Result<()> {
         for (offset, bytes) in pieces {
             self.write_at(*offset, bytes)?;

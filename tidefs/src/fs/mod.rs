@@ -1469,7 +1469,10 @@ impl Inner {
                     blocks,
                     ranges,
                     revoked,
-                    data_written_home: !home.is_empty(),
+                    data_written_home: false,
+                    // File data goes home with the log body, durable before the commit
+                    // record that maps it (ordered mode's promise).
+                    home_data: home.iter().map(|w| (w.at, Arc::clone(&w.bytes))).collect(),
                 },
                 freed,
                 tid,
@@ -1480,14 +1483,9 @@ impl Inner {
             )
         };
         let nblocks = (req.blocks.len() + req.ranges.len()) as u64;
-        // File data goes home before the commit record that maps it (ordered mode's promise;
-        // the journal's flush before the commit record makes it durable first).
-        let mut r = write_home(&self.io, &home);
-        if r.is_ok() {
-            r = self.io.journal.commit(req).map(|t| {
-                debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
-            });
-        }
+        let mut r = self.io.journal.commit(req).map(|t| {
+            debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
+        });
         if r.is_ok() && !in_place.is_empty() {
             // Lightweight: the allocations these blocks point at are durable in the journal
             // now, so a crash from here on can only leak; write them home and make them durable
@@ -1525,12 +1523,13 @@ impl Inner {
         }
     }
 
-    /// Writes lightweight mode's in-place metadata blocks home and flushes.
+    /// Writes lightweight mode's in-place metadata blocks home (one batch) and flushes.
     fn write_in_place(&self, blocks: &[(u64, Arc<[u8]>)]) -> Result<()> {
         let bs = u64::from(self.geo.block_size);
-        for (nr, b) in blocks {
-            self.io.dev.write_at(nr * bs, b)?;
-        }
+        let mut pieces: Vec<(u64, &[u8])> =
+            blocks.iter().map(|(nr, b)| (nr * bs, &b[..])).collect();
+        pieces.sort_unstable_by_key(|p| p.0);
+        self.io.dev.write_blocks(&pieces)?;
         self.io.dev.flush()?;
         Ok(())
     }

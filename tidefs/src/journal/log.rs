@@ -284,18 +284,6 @@ impl JournalGeometry {
         Ok(())
     }
 
-    /// Writes blocks at the given journal positions in one call to the device, which merges
-    /// device-contiguous runs into one transfer each. Returns the bytes the device received.
-    pub(super) fn write_blocks(&self, blocks: &[(u32, &[u8])]) -> Result<u64> {
-        let mut pieces: Vec<(u64, &[u8])> = Vec::with_capacity(blocks.len());
-        for &(logical, data) in blocks {
-            debug_assert_eq!(data.len(), self.block_size as usize);
-            pieces.push((self.offset_of(logical)?, data));
-        }
-        self.dev.write_blocks(&pieces)?;
-        Ok(self.received(&pieces))
-    }
-
     /// Bytes the journal device receives for `pieces`: whole sectors.
     pub(super) fn received(&self, pieces: &[(u64, &[u8])]) -> u64 {
         let sector = self.dev.sector_size();
@@ -367,6 +355,10 @@ pub struct CommitRequest {
     /// The caller wrote file data home for this transaction; it must be durable before the
     /// commit record (ordered mode's promise).
     pub data_written_home: bool,
+    /// File data for the home device, as (byte offset, bytes), that must be durable before
+    /// the commit record (ordered mode's promise). The journal writes it together with the
+    /// log body, so the device works on both at once, and flushes it with the body.
+    pub home_data: Vec<(u64, Arc<[u8]>)>,
 }
 
 /// A block of which only some byte ranges changed since its previous committed version.
@@ -820,6 +812,15 @@ impl JournalCore {
         Ok(())
     }
 
+    /// Writes a commit's home data to the home device (not yet durable).
+    fn write_home_data(&self, home_data: &[(u64, Arc<[u8]>)]) -> std::io::Result<()> {
+        if home_data.is_empty() {
+            return Ok(());
+        }
+        let pieces: Vec<(u64, &[u8])> = home_data.iter().map(|(at, b)| (*at, &b[..])).collect();
+        self.home.write_blocks(&pieces)
+    }
+
     fn check_writable(&self, state: &LogState) -> Result<()> {
         if self.opts.read_only || state.aborted {
             return Err(FsError::ReadOnly);
@@ -863,10 +864,11 @@ impl JournalCore {
     /// writes when it revokes a block a checkpoint may be writing. A block both logged and
     /// revoked in one request is logged, not revoked (the kernel cancels such revokes). Empty
     /// requests still commit.
-    pub fn commit(&self, req: CommitRequest) -> Result<Tid> {
+    pub fn commit(&self, mut req: CommitRequest) -> Result<Tid> {
         let _gate = self.commit_gate.lock();
         let bs = usize::try_from(self.geom.block_size).unwrap_or(usize::MAX);
-        let data_written_home = req.data_written_home;
+        let home_data = std::mem::take(&mut req.home_data);
+        let data_written_home = req.data_written_home || !home_data.is_empty();
         let (records, revoked) = self.records_of(req, bs)?;
         let ext = records.iter().any(Record::is_extension);
         let home_blocks = self.home.len_bytes() / u64::from(self.geom.block_size);
@@ -954,6 +956,8 @@ impl JournalCore {
         }
         let (written, end) = match &compact {
             Some(rec) => {
+                self.write_home_data(&home_data)
+                    .map_err(|e| io_abort(&mut state, e))?;
                 if data_written_home {
                     self.flush_home_dev().map_err(|e| io_abort(&mut state, e))?;
                 }
@@ -970,7 +974,8 @@ impl JournalCore {
                 (self.geom.received(&[(off, &rec[..])]), end)
             }
             None => {
-                let n = self.write_block_layout(&mut state, tid, &records, start, now)?;
+                let n =
+                    self.write_block_layout(&mut state, tid, &records, &home_data, start, now)?;
                 (n, (self.advance(start, needed), 0))
             }
         };
@@ -1045,27 +1050,48 @@ impl JournalCore {
         Ok(tid)
     }
 
-    /// Writes a transaction in the block layout at `start`: the body, a flush of both devices,
-    /// then the commit block as a durable write. Returns the bytes the journal device received.
+    /// Writes a transaction in the block layout at `start`: the body and the home data
+    /// (together: one batch when the journal is internal, side by side when it has its own
+    /// device), a flush of both devices, then the commit block as a durable write. Returns the
+    /// bytes the journal device received.
     fn write_block_layout(
         &self,
         state: &mut LogState,
         tid: Tid,
         records: &[Record],
+        home_data: &[(u64, Arc<[u8]>)],
         start: u32,
         commit_time: (u64, u32),
     ) -> Result<u64> {
         let txn = state.layout.serialize(tid, records, commit_time);
-        let positioned: Vec<(u32, &[u8])> = txn
-            .body
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (self.advance(start, u32::try_from(i).unwrap_or(0)), &b[..]))
-            .collect();
-        let body_bytes = match self.geom.write_blocks(&positioned) {
-            Ok(n) => n,
-            Err(e) => return Err(io_abort(state, e)),
+        let mut positioned: Vec<(u64, &[u8])> = Vec::with_capacity(txn.body.len());
+        for (i, b) in txn.body.iter().enumerate() {
+            let at = self
+                .geom
+                .offset_of(self.advance(start, u32::try_from(i).unwrap_or(0)));
+            positioned.push((at.map_err(|e| io_abort(state, e))?, &b[..]));
+        }
+        let body_bytes = self.geom.received(&positioned);
+        let written = if home_data.is_empty() {
+            self.geom.dev.write_blocks(&positioned)
+        } else if self.internal() {
+            let mut all = positioned;
+            all.extend(home_data.iter().map(|(at, b)| (*at, &b[..])));
+            all.sort_unstable_by_key(|p| p.0);
+            self.geom.dev.write_blocks(&all)
+        } else {
+            std::thread::scope(|scope| {
+                let data = scope.spawn(|| self.write_home_data(home_data));
+                let body = self.geom.dev.write_blocks(&positioned);
+                let data = data
+                    .join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("home writer panicked")));
+                body.and(data)
+            })
         };
+        if let Err(e) = written {
+            return Err(io_abort(state, e));
+        }
         self.flush_both(state)?;
         let body_len = u32::try_from(txn.body.len()).unwrap_or(u32::MAX);
         let commit_pos = self.advance(start, body_len);
