@@ -472,6 +472,40 @@ mod tests {
         assert_eq!(back, model);
     }
 
+    /// Goal: a batch of many scattered runs, written by several threads at once, lands whole,
+    /// and where two pieces of a batch overlap the later one wins. Method: compare against a
+    /// model after each batch.
+    #[test]
+    fn scattered_and_overlapping_batches_land() {
+        let tmp = image(1 << 20);
+        let dev = FileDev::open(tmp.path(), false).expect("OK to unwrap: open");
+        let mut model = vec![0u8; 1 << 20];
+        // 40 runs of one or two blocks, every third block: more runs than writer threads.
+        let blocks: Vec<(u64, Vec<u8>)> = (0..40u64)
+            .map(|i| {
+                (
+                    i * 3 * 4096,
+                    vec![i as u8 + 1; 4096 * (1 + (i % 2) as usize)],
+                )
+            })
+            .collect();
+        let pieces: Vec<(u64, &[u8])> = blocks.iter().map(|(o, b)| (*o, &b[..])).collect();
+        dev.write_blocks(&pieces).expect("OK to unwrap: scattered");
+        for (o, b) in &blocks {
+            model[*o as usize..*o as usize + b.len()].copy_from_slice(b);
+        }
+        // Overlapping pieces: the second and third cover part of the first.
+        let (x, y, z) = (vec![0xaa; 12288], vec![0xbb; 4096], vec![0xcc; 4096]);
+        dev.write_blocks(&[(200 * 4096, &x), (201 * 4096, &y), (150 * 4096, &z)])
+            .expect("OK to unwrap: overlapping");
+        model[200 * 4096..203 * 4096].copy_from_slice(&x);
+        model[201 * 4096..202 * 4096].copy_from_slice(&y);
+        model[150 * 4096..151 * 4096].copy_from_slice(&z);
+        let mut back = vec![0u8; 1 << 20];
+        dev.read_at(0, &mut back).expect("OK to unwrap: read");
+        assert!(back == model, "the device differs from the model");
+    }
+
     /// Goal: a file the host cannot open with O_DIRECT (here: a length that is not whole
     /// sectors) still works, buffered. Method: open, write, read back.
     #[test]
