@@ -1104,6 +1104,83 @@ fn setid_bits_are_cleared_on_write_by_non_root() {
     assert_eq!(mode_of(&path) & 0o6000, 0, "mode {:o}", mode_of(&path));
 }
 
+/// File capabilities granting `cap_net_raw` (effective, permitted): a `vfs_cap_data` of
+/// revision 2, as `setcap cap_net_raw+ep` writes it.
+const NET_RAW_CAPS: [u8; 20] = [
+    0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+];
+
+/// Goal: with FUSE_HANDLE_KILLPRIV_V2 (the kernel asks the file system to drop set-ID bits,
+/// and stops asking it for `security.capability` before every write) the mount still drops
+/// privileges as ext4 does: any write, truncate or change of owner drops
+/// `security.capability`, even root's; a change of owner drops set-user-ID and set-group-ID;
+/// a write by another user keeps set-group-ID when the group may not execute the file.
+/// (The library's own part is checked without the kernel in `tidefs/tests/library_basic.rs`.)
+#[test]
+fn capabilities_and_setid_bits_are_killed_by_the_file_system() {
+    if !is_root() {
+        skip(
+            "capabilities_and_setid_bits_are_killed_by_the_file_system",
+            "needs root to set file capabilities and switch users",
+        );
+        return;
+    }
+    let m = mount!(
+        "capabilities_and_setid_bits_are_killed_by_the_file_system",
+        "64M",
+        &[],
+        &["allow_other"]
+    );
+    let path = m.path("prog");
+    write_file(&path, b"#!/bin/sh\n");
+    let caps = |p: &Path| getxattr(p, "security.capability", 64).ok();
+    let give_caps = |p: &Path| {
+        setxattr(p, "security.capability", &NET_RAW_CAPS, 0).expect("OK to unwrap: set caps");
+        assert_eq!(caps(p).as_deref(), Some(&NET_RAW_CAPS[..]));
+    };
+    // Root's write drops the capabilities.
+    give_caps(&path);
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .expect("OK to unwrap: open");
+    f.write_all(b"# root\n").expect("OK to unwrap: write");
+    drop(f);
+    assert_eq!(caps(&path), None, "a write must remove security.capability");
+    // So does a truncate, and a change of owner, which also drops the set-ID bits.
+    give_caps(&path);
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("OK to unwrap: open")
+        .set_len(3)
+        .expect("OK to unwrap: truncate");
+    assert_eq!(
+        caps(&path),
+        None,
+        "a truncate must remove security.capability"
+    );
+    give_caps(&path);
+    set_mode(&path, 0o6755);
+    std::os::unix::fs::chown(&path, Some(1001), Some(1001)).expect("OK to unwrap: chown");
+    assert_eq!(caps(&path), None, "chown must remove security.capability");
+    assert_eq!(mode_of(&path) & 0o7777, 0o755, "mode {:o}", mode_of(&path));
+    // Set-group-ID without group execute is not a set-ID program: another user's write keeps
+    // it, and clears set-user-ID.
+    set_mode(&path, 0o6767);
+    let out = run_as(
+        1002,
+        1002,
+        &format!("echo '# user' >> {} && echo ok", path.display()),
+    );
+    assert!(stdout(&out).contains("ok"), "{}", stderr(&out));
+    assert_eq!(mode_of(&path) & 0o7777, 0o2767, "mode {:o}", mode_of(&path));
+    // Extended attributes other than the capabilities stay through all of it.
+    setxattr(&path, "user.keep", b"1", 0).expect("OK to unwrap: setxattr");
+    write_file(&path, b"new\n");
+    assert_eq!(getxattr(&path, "user.keep", 8).expect("OK to unwrap"), b"1");
+}
+
 /// Goal: permission checks for another user (the kernel's, with default_permissions).
 #[test]
 fn permissions_are_enforced_for_other_users() {

@@ -115,3 +115,74 @@ fn commit_timer_skips_idle_and_commits_changes() {
     );
     fs.unmount().unwrap();
 }
+
+/// Goal: the library drops privileges a file's new contents or owner were not granted, as
+/// the kernel does for a local file system: a write, a truncate and a change of owner remove
+/// `security.capability` (and nothing else); `kill_suidgid` clears set-user-ID, and
+/// set-group-ID only when the group may execute the file. Method: set, change, read back.
+#[test]
+fn writes_truncates_and_chown_drop_capabilities_and_setid_bits() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "t.img", 64, &[]);
+    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    let f = fs
+        .create(ROOT_INO, b"prog", 0o106755, 0, Creds::ROOT)
+        .unwrap();
+    let caps = [
+        1u8, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let give = || {
+        fs.setxattr(f.ino, b"security.capability", &caps, XattrSetMode::Any)
+            .unwrap();
+    };
+    let has_caps = || fs.getxattr(f.ino, b"security.capability").is_ok();
+    fs.setxattr(f.ino, b"user.keep", b"1", XattrSetMode::Any)
+        .unwrap();
+    give();
+    assert!(has_caps());
+    fs.write(f.ino, 0, b"#!").unwrap();
+    assert!(!has_caps(), "a write keeps security.capability");
+    give();
+    fs.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(1),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    assert!(!has_caps(), "a truncate keeps security.capability");
+    give();
+    fs.setattr(
+        f.ino,
+        &SetAttr {
+            uid: Some(1000),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    assert!(!has_caps(), "a chown keeps security.capability");
+    assert_eq!(fs.getxattr(f.ino, b"user.keep").unwrap(), b"1");
+    // Set-ID bits stay until asked: root's write keeps them.
+    assert_eq!(fs.getattr(f.ino).unwrap().perm, 0o6755);
+    fs.kill_suidgid(f.ino).unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().perm, 0o755);
+    let set_perm = |p: u16| {
+        fs.setattr(
+            f.ino,
+            &SetAttr {
+                mode: Some(p),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+    };
+    set_perm(0o6745);
+    fs.kill_suidgid(f.ino).unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().perm, 0o2745, "no group execute");
+    fs.unmount().unwrap();
+    common::assert_fsck_clean(&img);
+}

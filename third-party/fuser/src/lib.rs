@@ -1056,6 +1056,15 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// tidefs patch: clear the set-user-ID bit of `ino`, and its set-group-ID bit when the
+    /// group may execute it, as the kernel asks a file system that set
+    /// `FUSE_HANDLE_KILLPRIV_V2` in init (before a setattr with `FATTR_KILL_SUIDGID` or an
+    /// open with `FUSE_OPEN_KILL_SUIDGID`; a write carries `FUSE_WRITE_KILL_SUIDGID` in its
+    /// write flags instead). An error is the reply to the request. The default does nothing.
+    fn kill_suidgid(&self, _req: &Request, _ino: INodeNo) -> Result<(), Errno> {
+        Ok(())
+    }
+
     /// macOS only: Rename the volume. Set `fuse_init_out.flags` during init to
     /// `FUSE_VOL_RENAME` to enable
     #[cfg(target_os = "macos")]

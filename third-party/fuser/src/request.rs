@@ -139,6 +139,10 @@ impl<'a> RequestWithSender<'a> {
                 );
             }
             ll::Operation::SetAttr(x) => {
+                // tidefs patch: FUSE_HANDLE_KILLPRIV_V2.
+                if x.kill_suidgid() {
+                    filesystem.kill_suidgid(self.request_header(), self.request.nodeid())?;
+                }
                 filesystem.setattr(
                     self.request_header(),
                     self.request.nodeid(),
@@ -227,6 +231,10 @@ impl<'a> RequestWithSender<'a> {
                 );
             }
             ll::Operation::Open(x) => {
+                // tidefs patch: FUSE_HANDLE_KILLPRIV_V2.
+                if x.kill_suidgid() {
+                    filesystem.kill_suidgid(self.request_header(), self.request.nodeid())?;
+                }
                 filesystem.open(
                     self.request_header(),
                     self.request.nodeid(),

@@ -713,6 +713,7 @@ impl Fs {
     }
 
     /// Changes attributes (chmod, chown, truncate, utimens). Permission checks are the caller's.
+    /// A truncate or change of owner removes the file's capabilities (`security.capability`).
     pub fn setattr(&self, ino: Ino, changes: &SetAttr) -> Result<Attr> {
         let n = self.inner.geo.ino32(ino)?;
         let lock = self.data_lock(n);
@@ -835,7 +836,9 @@ impl Fs {
         Ok(out)
     }
 
-    /// Writes `data` at `offset`; returns the bytes written.
+    /// Writes `data` at `offset`; returns the bytes written. Like the kernel's write, it
+    /// removes the file's capabilities (`security.capability`); the set-ID bits are
+    /// [`Fs::kill_suidgid`]'s, for callers that lack the privilege to keep them.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
         let n = self.inner.geo.ino32(ino)?;
         let lock = self.data_lock(n);
@@ -866,6 +869,18 @@ impl Fs {
         }
         // At most `data.len()`, which FUSE bounds far below u32::MAX.
         Ok(done as u32)
+    }
+
+    /// Clears the set-user-ID bit of `ino`, and its set-group-ID bit when the group may
+    /// execute it, as the kernel does for a write or truncate by a caller without
+    /// `CAP_FSETID` and for every change of owner. (A write, truncate or change of owner
+    /// removes the file's capabilities, `security.capability`, by itself.)
+    pub fn kill_suidgid(&self, ino: Ino) -> Result<()> {
+        self.with_meta(true, |m, io| {
+            let n = m.ino32(ino)?;
+            m.acts_for(io, n)?;
+            m.kill_suidgid(io, n)
+        })
     }
 
     /// Allocates `[offset, offset+len)`; grows the size unless `keep_size`.

@@ -16,6 +16,9 @@ use super::modes;
 /// Most hard links an inode may have (and subdirectories before `dir_nlink` takes over).
 pub(crate) const LINK_MAX: u16 = 65000;
 
+/// The name, in the `security.` namespace, of a file's capabilities.
+const CAPABILITY_NAME: &[u8] = b"capability";
+
 pub(crate) fn now() -> InodeTime {
     let t = Timestamp::now();
     InodeTime {
@@ -789,10 +792,50 @@ impl Meta {
 
     // ----- attributes -----
 
+    /// Removes the file capabilities (`security.capability`) of regular file `ino`, as the
+    /// kernel does when a file is written, truncated or given another owner: what they were
+    /// granted to is no longer what the file holds.
+    pub(crate) fn kill_caps(&mut self, io: &Io, ino: u32) -> Result<()> {
+        let i = self.live_inode(io, ino)?;
+        if !i.is_reg() {
+            return Ok(());
+        }
+        let has_caps = self
+            .load_xattrs(io, ino, &i)?
+            .iter()
+            .any(|a| a.index == xattr::INDEX_SECURITY && a.name == CAPABILITY_NAME);
+        if !has_caps {
+            return Ok(());
+        }
+        self.removexattr(io, ino, b"security.capability")
+    }
+
+    /// Clears the set-user-ID bit of `ino`, and its set-group-ID bit when the group may
+    /// execute it (without that bit set-group-ID means mandatory locking and stays), as the
+    /// kernel does when a caller without `CAP_FSETID` writes or truncates a file, and on
+    /// every change of owner.
+    pub(crate) fn kill_suidgid(&mut self, io: &Io, ino: u32) -> Result<()> {
+        let mut i = self.live_inode(io, ino)?;
+        let m = i.mode();
+        let mut kept = m & !mode::S_ISUID;
+        if m & mode::S_IXGRP != 0 {
+            kept &= !mode::S_ISGID;
+        }
+        if kept == m {
+            return Ok(());
+        }
+        i.set_mode(kept);
+        i.set_ctime(now());
+        self.write_inode(io, ino, &mut i)
+    }
+
     /// Applies attribute changes.
     pub(crate) fn setattr(&mut self, io: &Io, ino: u32, c: &SetAttr) -> Result<Attr> {
-        let mut i = self.live_inode(io, ino)?;
         self.acts_for(io, ino)?;
+        if c.size.is_some() || c.uid.is_some() || c.gid.is_some() {
+            self.kill_caps(io, ino)?;
+        }
+        let mut i = self.live_inode(io, ino)?;
         let t = now();
         if let Some(size) = c.size {
             if i.is_dir() {
@@ -942,6 +985,9 @@ impl Meta {
     /// block each; when space runs out part-way, the blocks that fit are written and the
     /// write is short, as POSIX allows.
     pub(crate) fn write(&mut self, io: &Io, ino: u32, offset: u64, data: &[u8]) -> Result<u32> {
+        if !data.is_empty() {
+            self.kill_caps(io, ino)?;
+        }
         let mut i = self.live_inode(io, ino)?;
         if i.is_dir() {
             return Err(FsError::IsDir);

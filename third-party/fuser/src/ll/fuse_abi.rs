@@ -353,8 +353,14 @@ pub(crate) struct fuse_open_in {
     // NOTE: this field is defined as u32 in fuse_kernel.h in libfuse. However, it is then cast
     // to an i32 when invoking the filesystem's open method and this matches the open() syscall
     pub(crate) flags: i32,
-    pub(crate) unused: u32,
+    // tidefs patch: `open_flags` (ABI 7.33; `unused` before), where the kernel sets
+    // FUSE_OPEN_KILL_SUIDGID.
+    pub(crate) open_flags: u32,
 }
+
+/// tidefs patch: `fuse_open_in.open_flags` bit: kill suid/sgid on open with O_TRUNC
+/// (FUSE_HANDLE_KILLPRIV_V2).
+pub(crate) const FUSE_OPEN_KILL_SUIDGID: u32 = 1 << 0;
 
 #[repr(C)]
 #[derive(Debug, FromBytes, KnownLayout, Immutable)]

@@ -352,6 +352,11 @@ mod op {
         fn valid(&self) -> FattrFlags {
             FattrFlags::from_bits_retain(self.arg.valid)
         }
+        /// tidefs patch: the kernel asks the file system to kill suid/sgid
+        /// (FATTR_KILL_SUIDGID, with FUSE_HANDLE_KILLPRIV_V2).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.valid().contains(FattrFlags::FATTR_KILL_SUIDGID)
+        }
         pub(crate) fn mode(&self) -> Option<u32> {
             if self.valid().contains(FattrFlags::FATTR_MODE) {
                 Some(self.arg.mode)
@@ -664,6 +669,11 @@ mod op {
     impl Open<'_> {
         pub(crate) fn flags(&self) -> OpenFlags {
             OpenFlags(self.arg.flags)
+        }
+        /// tidefs patch: the kernel asks the file system to kill suid/sgid
+        /// (FUSE_OPEN_KILL_SUIDGID, with FUSE_HANDLE_KILLPRIV_V2).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.arg.open_flags & FUSE_OPEN_KILL_SUIDGID != 0
         }
     }
 

@@ -80,6 +80,8 @@ pub mod mode {
     pub const S_ISGID: u16 = 0o2000;
     /// Sticky bit.
     pub const S_ISVTX: u16 = 0o1000;
+    /// Execute permission of the group.
+    pub const S_IXGRP: u16 = 0o0010;
 }
 
 /// `i_flags` bits tidefs interprets.

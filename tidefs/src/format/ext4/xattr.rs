@@ -29,6 +29,9 @@ const H_BLOCKS: usize = 0x08;
 const H_HASH: usize = 0x0C;
 const H_CHECKSUM: usize = 0x10;
 
+/// Namespace index of `security.` attributes.
+pub const INDEX_SECURITY: u8 = 6;
+
 /// One attribute with its namespace index and the name without prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Xattr {
@@ -46,7 +49,7 @@ const PREFIXES: &[(u8, &[u8])] = &[
     (8, b"system.richacl"),
     (1, b"user."),
     (4, b"trusted."),
-    (6, b"security."),
+    (INDEX_SECURITY, b"security."),
     (7, b"system."),
 ];
 
