@@ -24,6 +24,8 @@ use std::io;
 use std::os::unix::fs::{FileExt as _, FileTypeExt as _};
 use std::path::Path;
 
+use std::sync::{mpsc, Arc};
+
 use parking_lot::Mutex;
 
 use super::{check_range, lock, Barrier, BlockDevice};
@@ -38,7 +40,8 @@ const RMW_STRIPES: usize = 64;
 /// Largest run `write_blocks` gathers into one `pwrite`.
 const MAX_MERGED_BYTES: usize = 4 << 20;
 
-/// Most transfers `write_blocks` keeps in flight at once (one thread each).
+/// Most transfers `write_blocks` keeps in flight at once: the caller and the device's pool
+/// of writer threads.
 const PARALLEL_WRITES: usize = 8;
 
 /// A zeroed byte buffer whose first byte is aligned to [`MEMORY_ALIGN`]: an over-allocated
@@ -76,7 +79,7 @@ impl AlignedBuf {
 
 /// An image file or a block device node.
 pub struct FileDev {
-    file: File,
+    file: Arc<File>,
     len: u64,
     /// Logical sector size: the unit of direct transfers.
     sector: u32,
@@ -86,6 +89,8 @@ pub struct FileDev {
     /// Stripe `s` guards read-modify-write of every sector whose index is `s` modulo the
     /// stripe count.
     rmw: Vec<Mutex<()>>,
+    /// Threads that write the runs of a batch beside the caller ([`FileDev::write_runs`]).
+    writers: WriterPool,
 }
 
 impl FileDev {
@@ -99,7 +104,7 @@ impl FileDev {
 
     /// [`FileDev::open`] with a chosen barrier policy.
     pub fn open_with(path: &Path, read_only: bool, barrier: Barrier) -> io::Result<FileDev> {
-        let file = lock::open_claimed(path, !read_only)?;
+        let file = Arc::new(lock::open_claimed(path, !read_only)?);
         let len = super::device_len(&file)?;
         let block_device = file.metadata()?.file_type().is_block_device();
         let sector = sector_size(&file, block_device);
@@ -126,6 +131,7 @@ impl FileDev {
             direct,
             barrier,
             rmw: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect(),
+            writers: WriterPool::start(if read_only { 0 } else { PARALLEL_WRITES - 1 }),
         })
     }
 
@@ -202,36 +208,104 @@ impl FileDev {
 }
 
 impl FileDev {
-    /// Writes runs that do not touch each other, several at once: the device works on up to
+    /// Writes runs that do not touch each other, several at once: the pool's threads take
+    /// all but the first, which the caller writes, so the device works on up to
     /// [`PARALLEL_WRITES`] transfers together instead of waiting for each in turn (a commit's
-    /// file data and log body, a checkpoint's scattered home blocks). Each thread writes its
-    /// share in order; the first error is returned once every thread has finished, so no
-    /// write is still in flight when the caller learns of it.
-    fn write_runs(&self, runs: &[(u64, AlignedBuf)]) -> io::Result<()> {
-        let write = |share: &[(u64, AlignedBuf)]| -> io::Result<()> {
-            for (offset, buf) in share {
+    /// file data and log body, a checkpoint's scattered home blocks). The first error is
+    /// returned once every run has finished, so no write is still in flight when the caller
+    /// learns of it.
+    fn write_runs(&self, mut runs: Vec<(u64, AlignedBuf)>) -> io::Result<()> {
+        if runs.len() <= 1 || overlapping(&runs) || self.writers.is_empty() {
+            // Overlapping runs keep their order: the later one must land last.
+            for (offset, buf) in &runs {
                 self.write_raw(*offset, buf.as_slice(), false)?;
             }
-            Ok(())
-        };
-        if runs.len() <= 1 || overlapping(runs) {
-            // Overlapping runs keep their order: the later one must land last.
-            return write(runs);
+            return Ok(());
         }
-        let per_thread = runs.len().div_ceil(PARALLEL_WRITES);
-        let mut shares = runs.chunks(per_thread);
-        let mine = shares.next().unwrap_or_default();
-        std::thread::scope(|scope| {
-            let others: Vec<_> = shares.map(|s| scope.spawn(move || write(s))).collect();
-            let mut result = write(mine);
-            for h in others {
-                let r = h
-                    .join()
-                    .unwrap_or_else(|_| Err(io::Error::other("a device writer thread panicked")));
-                result = result.and(r);
+        let (done_tx, done_rx) = mpsc::channel();
+        let first = runs.swap_remove(0);
+        let mut handed = 0;
+        for (offset, buf) in runs {
+            match self.writers.submit(WriteJob {
+                file: Arc::clone(&self.file),
+                offset,
+                buf,
+                done: done_tx.clone(),
+            }) {
+                Ok(()) => handed += 1,
+                // No worker left (they only stop when the device is dropped): write it here.
+                Err(job) => {
+                    let r = job.file.write_all_at(job.buf.as_slice(), job.offset);
+                    let _ = done_tx.send(r);
+                    handed += 1;
+                }
             }
-            result
-        })
+        }
+        drop(done_tx);
+        let mut result = self.write_raw(first.0, first.1.as_slice(), false);
+        for _ in 0..handed {
+            let r = done_rx
+                .recv()
+                .unwrap_or_else(|_| Err(io::Error::other("a device writer thread stopped")));
+            result = result.and(r);
+        }
+        result
+    }
+}
+
+/// One run for a [`WriterPool`] thread, and where to report how it went.
+struct WriteJob {
+    file: Arc<File>,
+    offset: u64,
+    buf: AlignedBuf,
+    done: mpsc::Sender<io::Result<()>>,
+}
+
+/// Threads that write runs handed over by [`FileDev::write_runs`]; they stop when the
+/// device is dropped (their queue closes). Started once per device, so a batch costs a
+/// wake-up per run, not a thread.
+struct WriterPool {
+    queue: Option<Mutex<mpsc::Sender<WriteJob>>>,
+}
+
+impl WriterPool {
+    /// `threads` workers (none for a read-only device, or if the system refuses threads).
+    fn start(threads: usize) -> WriterPool {
+        let (tx, rx) = mpsc::channel::<WriteJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut started = 0;
+        for i in 0..threads {
+            let rx = Arc::clone(&rx);
+            let spawned = std::thread::Builder::new()
+                .name(format!("tidefs-dev-writer-{i}"))
+                .stack_size(64 << 10)
+                .spawn(move || loop {
+                    let job = rx.lock().recv();
+                    let Ok(job) = job else {
+                        return;
+                    };
+                    let r = job.file.write_all_at(job.buf.as_slice(), job.offset);
+                    let _ = job.done.send(r);
+                });
+            if spawned.is_ok() {
+                started += 1;
+            }
+        }
+        WriterPool {
+            queue: (started > 0).then(|| Mutex::new(tx)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.is_none()
+    }
+
+    /// Queues `job`, or gives it back when no worker can take it.
+    fn submit(&self, job: WriteJob) -> Result<(), WriteJob> {
+        match &self.queue {
+            Some(q) => q.lock().send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
     }
 }
 
@@ -347,7 +421,7 @@ impl BlockDevice for FileDev {
             runs.push((offset, run));
             i = j;
         }
-        self.write_runs(&runs)
+        self.write_runs(runs)
     }
 
     fn write_durable(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
