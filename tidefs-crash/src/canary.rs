@@ -10,10 +10,12 @@
 //!   block, so the commit block may reach the disk before the body and before the ordered-mode
 //!   data the flush should have made durable (ordering point 1 of docs/DESIGN.md §4.2).
 //! - [`DataAfterCommit`] (`data-after-commit`): holds back every write outside the journal
-//!   while a commit is under way, and lets it go only after the next journal write that follows
-//!   a flush (the commit block): in ordered mode, file data reaches home after the commit that
-//!   maps it. Writes outside the journal with no journal write after them (a checkpoint's home
-//!   writes, in-place writes, overwrites) go out before the next flush, in order, as they would.
+//!   issued between two flushes that also saw a journal write (a commit's body, whose batch
+//!   carries the ordered-mode data, in whatever order the batch issues them), and lets it go
+//!   only after the next journal write that follows the flush (the commit block): in ordered
+//!   mode, file data reaches home after the commit that maps it. Writes outside the journal
+//!   with no journal write beside them (a checkpoint's home writes, in-place writes,
+//!   overwrites) go out before the next flush, in order, as they would.
 //!
 //! Invariants:
 //! - reads see every write the file system issued, held back or not (the file system above
@@ -190,7 +192,7 @@ impl BlockDevice for DropFlushBeforeCommit {
 struct Held {
     /// (device offset, bytes), in the order they were issued.
     writes: Vec<(u64, Vec<u8>)>,
-    /// A journal write followed the first held write: a commit is under way.
+    /// A journal write was issued since the last flush: a commit is under way.
     journal_since: bool,
     /// A flush passed while a commit was under way: the next journal write is its commit
     /// block, after which the held writes go out.
@@ -251,10 +253,7 @@ impl BlockDevice for DataAfterCommit {
             return Ok(());
         }
         self.below.write_at(offset, buf)?;
-        if held.writes.is_empty() {
-            return Ok(());
-        }
-        if held.armed {
+        if held.armed && !held.writes.is_empty() {
             // The commit block is out: the data it maps follows it (the broken ordering).
             self.release(&mut held)
         } else {
@@ -273,6 +272,8 @@ impl BlockDevice for DataAfterCommit {
                 self.release(&mut held)?;
             }
         }
+        // Journal writes before this flush belong to a commit body already flushed.
+        held.journal_since = false;
         self.below.flush()
     }
 
