@@ -315,6 +315,31 @@ fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
+/// The reply to a lookup of a name that does not exist: an entry with node id 0, which the
+/// kernel keeps as a negative dentry for [`TTL`] (as `negative_timeout` does for libfuse file
+/// systems), so a program that keeps asking whether a file exists (SQLite, before each
+/// transaction, for its `-wal` file) does not cost a round trip each time. Every change of
+/// names goes through this mount's kernel, which turns the negative dentry positive itself.
+fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 fn creds(req: &Request) -> Creds {
     Creds {
         uid: req.uid(),
@@ -384,7 +409,10 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        reply_entry(reply, self.fs.lookup(to_fs(parent), name_bytes(name)));
+        match self.fs.lookup(to_fs(parent), name_bytes(name)) {
+            Err(FsError::NotFound) => reply.entry(&TTL, &negative_entry(), Generation(0)),
+            found => reply_entry(reply, found),
+        }
     }
 
     fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {

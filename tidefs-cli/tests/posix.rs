@@ -1061,6 +1061,57 @@ fn sticky_directory_protects_other_users_files() {
     assert!(stdout(&out).contains("ok"), "{}", stderr(&out));
 }
 
+/// Goal: a name looked up while missing (which the kernel caches as a negative entry) is
+/// seen at once when it is created, renamed to, linked, made a directory, symlink or node,
+/// and missing again once removed. Method: stat each name before and after each change.
+#[test]
+fn missing_names_appear_and_vanish_at_once() {
+    let m = mount!("missing_names_appear_and_vanish_at_once");
+    let missing = |name: &str| {
+        assert_eq!(
+            fs::metadata(m.path(name))
+                .map_err(|e| e.raw_os_error())
+                .err(),
+            Some(Some(libc::ENOENT)),
+            "{name} must be missing"
+        );
+    };
+    let present = |name: &str| {
+        fs::symlink_metadata(m.path(name)).unwrap_or_else(|e| panic!("{name} must exist: {e}"));
+    };
+    for name in ["f", "moved", "linked", "d", "s", "fifo", "later"] {
+        missing(name);
+        missing(name);
+    }
+    write_file(&m.path("f"), b"x");
+    present("f");
+    fs::rename(m.path("f"), m.path("moved")).expect("OK to unwrap: rename");
+    missing("f");
+    present("moved");
+    fs::hard_link(m.path("moved"), m.path("linked")).expect("OK to unwrap: link");
+    present("linked");
+    fs::create_dir(m.path("d")).expect("OK to unwrap: mkdir");
+    present("d");
+    std::os::unix::fs::symlink("moved", m.path("s")).expect("OK to unwrap: symlink");
+    present("s");
+    let status = std::process::Command::new("mkfifo")
+        .arg(m.path("fifo"))
+        .status()
+        .expect("OK to unwrap: mkfifo");
+    assert!(status.success());
+    present("fifo");
+    for name in ["moved", "linked", "s", "fifo"] {
+        fs::remove_file(m.path(name)).expect("OK to unwrap: unlink");
+        missing(name);
+    }
+    fs::remove_dir(m.path("d")).expect("OK to unwrap: rmdir");
+    missing("d");
+    // Created again under a name that was looked up, removed and looked up again.
+    write_file(&m.path("moved"), b"again");
+    assert_eq!(read_file(&m.path("moved")), b"again");
+    missing("later");
+}
+
 /// Goal: a write by a non-root user clears set-user-id and set-group-id (with group exec), as
 /// ext4 does; root's write keeps them.
 #[test]
