@@ -30,6 +30,18 @@ macro_rules! mount {
     };
 }
 
+/// Mounts a fresh 64 MiB image that other users may enter (`allow_other`), or returns from the
+/// test, saying `why` it needs root, when not running as root.
+macro_rules! mount_for_other_users {
+    ($name:expr, $why:expr) => {{
+        if !is_root() {
+            skip($name, $why);
+            return;
+        }
+        mount!($name, "64M", &[], &["allow_other"])
+    }};
+}
+
 /// A mount that is unmounted and checked with `e2fsck -fn` when the test body ends normally.
 struct Checked(Mount);
 
@@ -1017,18 +1029,9 @@ fn setgid_directory_inheritance() {
 /// remove or rename it.
 #[test]
 fn sticky_directory_protects_other_users_files() {
-    if !is_root() {
-        skip(
-            "sticky_directory_protects_other_users_files",
-            "needs root to switch users",
-        );
-        return;
-    }
-    let m = mount!(
+    let m = mount_for_other_users!(
         "sticky_directory_protects_other_users_files",
-        "64M",
-        &[],
-        &["allow_other"]
+        "needs root to switch users"
     );
     let dir = m.path("tmp");
     fs::create_dir(&dir).expect("OK to unwrap: mkdir");
@@ -1116,18 +1119,9 @@ fn missing_names_appear_and_vanish_at_once() {
 /// ext4 does; root's write keeps them.
 #[test]
 fn setid_bits_are_cleared_on_write_by_non_root() {
-    if !is_root() {
-        skip(
-            "setid_bits_are_cleared_on_write_by_non_root",
-            "needs root to switch users",
-        );
-        return;
-    }
-    let m = mount!(
+    let m = mount_for_other_users!(
         "setid_bits_are_cleared_on_write_by_non_root",
-        "64M",
-        &[],
-        &["allow_other"]
+        "needs root to switch users"
     );
     let path = m.path("prog");
     write_file(&path, b"#!/bin/sh\n");
@@ -1169,18 +1163,9 @@ const NET_RAW_CAPS: [u8; 20] = [
 /// (The library's own part is checked without the kernel in `tidefs/tests/library_basic.rs`.)
 #[test]
 fn capabilities_and_setid_bits_are_killed_by_the_file_system() {
-    if !is_root() {
-        skip(
-            "capabilities_and_setid_bits_are_killed_by_the_file_system",
-            "needs root to set file capabilities and switch users",
-        );
-        return;
-    }
-    let m = mount!(
+    let m = mount_for_other_users!(
         "capabilities_and_setid_bits_are_killed_by_the_file_system",
-        "64M",
-        &[],
-        &["allow_other"]
+        "needs root to set file capabilities and switch users"
     );
     let path = m.path("prog");
     write_file(&path, b"#!/bin/sh\n");
@@ -1235,18 +1220,9 @@ fn capabilities_and_setid_bits_are_killed_by_the_file_system() {
 /// Goal: permission checks for another user (the kernel's, with default_permissions).
 #[test]
 fn permissions_are_enforced_for_other_users() {
-    if !is_root() {
-        skip(
-            "permissions_are_enforced_for_other_users",
-            "needs root to switch users",
-        );
-        return;
-    }
-    let m = mount!(
+    let m = mount_for_other_users!(
         "permissions_are_enforced_for_other_users",
-        "64M",
-        &[],
-        &["allow_other"]
+        "needs root to switch users"
     );
     let path = m.path("private");
     write_file(&path, b"secret");
