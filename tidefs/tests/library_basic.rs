@@ -186,3 +186,53 @@ fn writes_truncates_and_chown_drop_capabilities_and_setid_bits() {
     fs.unmount().unwrap();
     common::assert_fsck_clean(&img);
 }
+
+/// Goal: timestamps are multigrain, as the kernel's ext4 has them since Linux 6.13: a write
+/// after someone looked at the file's times always moves them forward, while a write right
+/// after another that nobody looked at takes the coarse clock, so it usually changes nothing
+/// and the fsync after it needs no commit. Method: getattr around writes (always newer), then
+/// 50 rounds of write + fsync + write + fsync with no getattr: some second fsyncs must find
+/// nothing to commit (a round shorter than a clock tick keeps the times).
+#[test]
+fn timestamps_are_multigrain() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "t.img", 64, &[]);
+    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    let f = fs
+        .create(ROOT_INO, b"log", 0o100644, 0, Creds::ROOT)
+        .unwrap();
+    let time = |a: &tidefs::fs::Attr| (a.mtime.sec, a.mtime.nsec, a.ctime.sec, a.ctime.nsec);
+    let mut before = time(&fs.getattr(f.ino).unwrap());
+    for i in 0..20u64 {
+        fs.write(f.ino, i, b"x").unwrap();
+        let after = time(&fs.getattr(f.ino).unwrap());
+        assert!(
+            after > before,
+            "a write after a getattr must move the times forward"
+        );
+        before = after;
+    }
+    fs.fsync(f.ino, false).unwrap();
+    let start = fs.stats().commits;
+    let rounds = 50;
+    for i in 0..rounds {
+        fs.write(f.ino, i, b"a").unwrap();
+        fs.fsync(f.ino, false).unwrap();
+        fs.write(f.ino, i, b"b").unwrap();
+        fs.fsync(f.ino, false).unwrap();
+    }
+    let commits = fs.stats().commits - start;
+    assert!(
+        commits < 2 * rounds,
+        "{commits} commits for {rounds} rounds: no second write kept the times"
+    );
+    // The data is all there and the times moved past the last look.
+    let last = fs.getattr(f.ino).unwrap();
+    assert!(time(&last) >= before);
+    assert_eq!(fs.read(f.ino, 0, 50).unwrap(), vec![b'b'; 50]);
+    fs.unmount().unwrap();
+    common::assert_fsck_clean(&img);
+}

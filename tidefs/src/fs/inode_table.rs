@@ -105,7 +105,13 @@ impl Meta {
         inode.update_checksum(self.geo.csum_seed, ino);
         let isz = self.geo.inode_size as usize;
         let tid = self.tid;
+        // Also when the bytes stay: the cached attributes count reserved blocks, which may
+        // have changed.
         self.names.forget_attr(ino);
+        if self.block(io, nr)?[off..off + isz] == *inode.as_bytes() {
+            // Nothing changed (a write that kept the times): no transaction needs it.
+            return Ok(());
+        }
         let b = self.block_mut(io, nr)?;
         let times_only = only_times_differ(&b[off..off + isz], inode.as_bytes());
         b[off..off + isz].copy_from_slice(inode.as_bytes());

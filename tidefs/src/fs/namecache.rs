@@ -14,10 +14,16 @@
 //!   rollback, and removed the entries it touched).
 //!
 //! Only positive names are cached. The caches are bounded and simply emptied when full.
+//!
+//! It also keeps which inodes changed their times since anyone was last shown them
+//! ([`NameCache::changed_unseen`]), for multigrain timestamps (`Meta::change_time`). Every
+//! `Attr` handed out is built by `Meta::attr` or served by [`NameCache::attr`], and both
+//! forget the inode there. That set is bounded too; emptying it only makes the next change
+//! of each inode take the fine clock.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use super::api::Attr;
 
@@ -29,6 +35,8 @@ const MAX_ENTRIES: usize = 64 * 1024;
 pub(crate) struct NameCache {
     attrs: RwLock<HashMap<u32, Attr>>,
     names: RwLock<Names>,
+    /// Inodes whose times changed after their attributes were last handed out.
+    unseen: Mutex<HashSet<u32>>,
 }
 
 /// Directory → name → inode, nested so that a lookup borrows the name instead of allocating
@@ -42,7 +50,30 @@ struct Names {
 impl NameCache {
     /// The cached attributes of `ino`.
     pub fn attr(&self, ino: u32) -> Option<Attr> {
-        self.attrs.read().get(&ino).cloned()
+        let attr = self.attrs.read().get(&ino).cloned();
+        if attr.is_some() {
+            self.shown(ino);
+        }
+        attr
+    }
+
+    /// The attributes of `ino`, its times among them, are being handed out.
+    pub fn shown(&self, ino: u32) {
+        self.unseen.lock().remove(&ino);
+    }
+
+    /// True when the times of `ino` changed and nobody was shown them since.
+    pub fn changed_unseen(&self, ino: u32) -> bool {
+        self.unseen.lock().contains(&ino)
+    }
+
+    /// The times of `ino` just changed.
+    pub fn times_changed(&self, ino: u32) {
+        let mut u = self.unseen.lock();
+        if u.len() >= MAX_ENTRIES {
+            u.clear();
+        }
+        u.insert(ino);
     }
 
     /// The inode `name` in directory `dir` names, if cached.

@@ -19,6 +19,16 @@ pub(crate) const LINK_MAX: u16 = 65000;
 /// The name, in the `security.` namespace, of a file's capabilities.
 const CAPABILITY_NAME: &[u8] = b"capability";
 
+/// The coarse clock (`CLOCK_REALTIME_COARSE`: the time of the last tick), as the kernel's
+/// multigrain timestamps use it.
+fn coarse_now() -> InodeTime {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
+    InodeTime {
+        sec: t.tv_sec,
+        nsec: u32::try_from(t.tv_nsec).unwrap_or(0),
+    }
+}
+
 pub(crate) fn now() -> InodeTime {
     let t = Timestamp::now();
     InodeTime {
@@ -156,6 +166,7 @@ impl Meta {
     }
 
     pub(crate) fn attr(&self, ino: u32, i: &Inode) -> Attr {
+        self.names.shown(ino);
         let kind = kind_of(i.mode());
         let rdev = if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
             inode::decode_rdev(i.i_block())
@@ -1039,12 +1050,34 @@ impl Meta {
         if pos > i.size() {
             i.set_size(pos);
         }
-        let t = now();
+        let t = self.change_time(ino, &i);
         i.set_mtime(t);
         i.set_ctime(t);
         self.write_inode(io, ino, &mut i)?;
         // At most the request, itself at most u32::MAX from FUSE.
         Ok(written as u32)
+    }
+
+    /// The mtime and ctime a write gives inode `ino`, as Linux's multigrain timestamps do
+    /// (since 6.13; ext4 among them): the fine clock when its times were handed out since
+    /// they last changed, so whoever looked sees the write as newer; otherwise the coarse
+    /// clock, or the inode's ctime when the coarse clock is not after it. So a run of writes
+    /// that nobody stats in between leaves the inode unchanged after the first, and an fsync
+    /// then has no metadata to commit.
+    fn change_time(&self, ino: u32, i: &Inode) -> InodeTime {
+        let c = i.ctime();
+        let t = if self.names.changed_unseen(ino) {
+            let coarse = coarse_now();
+            if (coarse.sec, coarse.nsec) > (c.sec, c.nsec) {
+                coarse
+            } else {
+                c
+            }
+        } else {
+            now()
+        };
+        self.names.times_changed(ino);
+        t
     }
 
     /// Sets the size of a regular file: frees blocks past the end and zeroes the tail of the
