@@ -336,3 +336,120 @@ fn lightweight_beside_ordered_only_ever_leaks() {
     drop(fs);
     common::assert_fsck_clean_but_leaks(&img);
 }
+
+/// Goal: an inode-table block shared by a `lightweight` file and an `ordered` one journals only
+/// the ordered file's bytes; the lightweight file's go home in place after the commit
+/// (docs/DESIGN.md §3.2). Method: two files whose inodes share a block, one of them
+/// lightweight by its own mode; one transaction changes both (the lightweight one grows, the
+/// ordered one changes mode bits). The commit writes a range record. Then the same again,
+/// with the device dying at the in-place write of that block: after recovery the ordered
+/// file's change is there (its slot was in the journal) and the lightweight file's is not (it
+/// would be, had the whole block been journaled), and e2fsck finds nothing worse than leaks.
+#[test]
+fn a_shared_inode_block_journals_only_the_stricter_inodes() {
+    use std::sync::Arc;
+    use tidefs::dev::fault::{Fault, FaultDev, FaultOp};
+    use tidefs::dev::MemDev;
+    use tidefs::fs::SetAttr;
+
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "shared.img", 16, &[]);
+    let c = Creds::ROOT;
+    let mem = Arc::new(MemDev::from_bytes(std::fs::read(&img).unwrap()));
+    let (light, strict) = {
+        let fs = Fs::open_devices(mem.clone(), None, &opts(DataMode::Ordered)).unwrap();
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, c).unwrap().ino;
+        let light = fs.create(d, b"light", 0o100644, 0, c).unwrap().ino;
+        let strict = fs.create(d, b"strict", 0o100644, 0, c).unwrap().ino;
+        fs.set_journal_mode(light, Some(DataMode::Lightweight))
+            .unwrap();
+        fs.unmount().unwrap();
+        (light, strict)
+    };
+    let bytes = mem.to_bytes();
+    let bs = 4096;
+    let block_of = |ino: u64| common::inode_offset(&bytes, ino as u32) / bs;
+    assert_eq!(
+        block_of(light),
+        block_of(strict),
+        "the two inodes share a block"
+    );
+    let itable = (block_of(light) * bs) as u64;
+
+    // One transaction that changes both inodes; the journal empty before it (clean mount).
+    let change_both = |fs: &Fs, mode: u16| {
+        fs.write(light, 0, &[b'l'; 3000]).unwrap();
+        fs.setattr(
+            strict,
+            &SetAttr {
+                mode: Some(mode),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+    };
+    let fs = Fs::open_devices(mem.clone(), None, &opts(DataMode::Ordered)).unwrap();
+    let before = fs.stats();
+    change_both(&fs, 0o600);
+    fs.sync().unwrap();
+    let after = fs.stats();
+    assert!(
+        after.range_records > before.range_records,
+        "the shared block went to the journal as a range record: {before:?} -> {after:?}"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = Fs::open_devices(mem.clone(), None, &opts(DataMode::Ordered)).unwrap();
+    assert_eq!(fs.getattr(light).unwrap().size, 3000);
+    assert_eq!(fs.getattr(strict).unwrap().perm & 0o7777, 0o600);
+    fs.unmount().unwrap();
+    drop(fs);
+    let clean = dir.path().join("clean.img");
+    std::fs::write(&clean, mem.to_bytes()).unwrap();
+    common::assert_fsck_clean(&clean);
+
+    // Again, and the device dies at the in-place write of the shared block.
+    fs_truncate_light(&mem, light);
+    let fault = Arc::new(FaultDev::new(mem.clone()));
+    let fs = Fs::open_devices(fault.clone(), None, &opts(DataMode::Ordered)).unwrap();
+    change_both(&fs, 0o640);
+    fault.inject(Fault::range(FaultOp::Write, itable..itable + bs as u64).then_dead());
+    assert!(fs.sync().is_err(), "the in-place write failed");
+    fs.crash();
+    drop(fs);
+    let crashed = mem.to_bytes();
+    let mem = Arc::new(MemDev::from_bytes(crashed));
+    let fs = Fs::open_devices(mem.clone(), None, &opts(DataMode::Ordered)).unwrap();
+    assert_eq!(
+        fs.getattr(strict).unwrap().perm & 0o7777,
+        0o640,
+        "the ordered inode's change was journaled"
+    );
+    assert_eq!(
+        fs.getattr(light).unwrap().size,
+        0,
+        "the lightweight inode's change was only in place, and lost"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    let recovered = dir.path().join("recovered.img");
+    std::fs::write(&recovered, mem.to_bytes()).unwrap();
+    common::assert_fsck_clean_but_leaks(&recovered);
+}
+
+/// Empties the lightweight file of the shared-block test (and checkpoints: a clean unmount).
+fn fs_truncate_light(mem: &std::sync::Arc<tidefs::dev::MemDev>, light: u64) {
+    let fs = Fs::open_devices(mem.clone(), None, &opts(DataMode::Ordered)).unwrap();
+    fs.setattr(
+        light,
+        &tidefs::fs::SetAttr {
+            size: Some(0),
+            ..tidefs::fs::SetAttr::default()
+        },
+    )
+    .unwrap();
+    fs.unmount().unwrap();
+}

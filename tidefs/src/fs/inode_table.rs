@@ -112,6 +112,9 @@ impl Meta {
             // Nothing changed (a write that kept the times): no transaction needs it.
             return Ok(());
         }
+        if !self.op_is_lightweight() {
+            self.strict_inodes.insert(ino);
+        }
         let b = self.block_mut(io, nr)?;
         let times_only = only_times_differ(&b[off..off + isz], inode.as_bytes());
         b[off..off + isz].copy_from_slice(inode.as_bytes());

@@ -121,6 +121,10 @@ pub(crate) struct Meta {
     /// Blocks the running transaction changed for an operation that is not lightweight:
     /// they are journaled even when a lightweight operation changed them too.
     pub strict_blocks: HashSet<u64>,
+    /// Inodes whose bytes an operation that is not lightweight changed in the running
+    /// transaction: in an inode-table block that lightweight operations changed too, only
+    /// their slots are journaled (`Meta::sort_for_lightweight`).
+    pub strict_inodes: HashSet<u32>,
     /// A lightweight operation changed blocks in the running transaction.
     pub tx_light: bool,
     /// An operation of the running transaction acted for an inode whose mode logs byte ranges:

@@ -487,6 +487,7 @@ impl Fs {
             modes: modes::ModeTable::default(),
             op_light: None,
             strict_blocks: HashSet::new(),
+            strict_inodes: HashSet::new(),
             tx_light: false,
             tx_ranges: false,
             bitmap_blocks: HashSet::new(),
@@ -1448,33 +1449,30 @@ impl Inner {
             let dirty = m.cache.take_dirty();
             let changed: u64 = dirty.iter().map(|d| d.changed.bytes()).sum();
             let ranges_ok = m.tx_ranges || m.default_mode.logs_byte_ranges();
-            let (mut blocks, ranges) = split_by_record(dirty, ranges_ok);
             m.tx_ranges = false;
             let strict = std::mem::take(&mut m.strict_blocks);
+            let strict_inodes = std::mem::take(&mut m.strict_inodes);
             let light = std::mem::take(&mut m.tx_light);
+            // Lightweight mode journals only the allocation structures; the other metadata
+            // that only lightweight operations changed goes home in place once the commit is
+            // durable, and an inode-table block shared with stricter inodes journals only
+            // their bytes (docs/DESIGN.md §3.2). Lightweight frees reach the bitmaps only
+            // after that, in the next transaction.
+            let (dirty, in_place, shared) = if light {
+                m.sort_for_lightweight(&self.io, dirty, &strict, &strict_inodes, ranges_ok)
+            } else {
+                (dirty, Vec::new(), Vec::new())
+            };
+            let (blocks, mut ranges) = split_by_record(dirty, ranges_ok);
+            ranges.extend(shared);
             let revoked: Vec<u64> = std::mem::take(&mut m.revoked).into_iter().collect();
             let freed = std::mem::take(&mut m.freed_running);
             m.committing = blocks
                 .iter()
                 .map(|(nr, b)| (*nr, b.clone()))
                 .chain(ranges.iter().map(|r| (r.home, r.data.clone())))
+                .chain(in_place.iter().map(|(nr, b)| (*nr, b.clone())))
                 .collect();
-            // Lightweight mode journals only the allocation structures; the other metadata
-            // that only lightweight operations changed goes home in place once the commit is
-            // durable (a block still waiting in the journal is journaled again instead, so a
-            // checkpoint never overwrites it). Its frees reach the bitmaps only after that, in
-            // the next transaction.
-            let mut in_place = Vec::new();
-            if light {
-                let (journaled, home): (Vec<_>, Vec<_>) =
-                    blocks.into_iter().partition(|(nr, _)| {
-                        strict.contains(nr)
-                            || m.is_allocation_block(*nr)
-                            || self.io.journal.is_logged(*nr)
-                    });
-                blocks = journaled;
-                in_place = home;
-            }
             let late_frees = std::mem::take(&mut m.late_frees);
             let tid = m.tid;
             m.tid = m.tid.wrapping_add(1);
@@ -1580,6 +1578,13 @@ impl Inner {
 /// A block logged whole: its home number and content.
 type WholeBlock = (u64, Arc<[u8]>);
 
+/// Whether a dirty block goes to the journal as the byte ranges that changed (when the
+/// transaction may use range records at all): not when it is fresh (nothing of it is at home
+/// to patch) or changed whole.
+pub(crate) fn logs_as_ranges(d: &DirtyBlock, ranges_ok: bool) -> bool {
+    ranges_ok && !d.fresh && d.changed.bytes() < d.data.len() as u64
+}
+
 /// Splits the blocks of a closing transaction into those logged whole and those that may be
 /// logged as their changed byte ranges (`ranges_ok`: the mode allows byte-range records).
 /// A fresh block (allocated by this transaction) is always whole: its home location holds
@@ -1588,8 +1593,7 @@ fn split_by_record(dirty: Vec<DirtyBlock>, ranges_ok: bool) -> (Vec<WholeBlock>,
     let mut whole = Vec::new();
     let mut ranged = Vec::new();
     for d in dirty {
-        let all = d.changed.bytes() >= d.data.len() as u64;
-        if !ranges_ok || d.fresh || all {
+        if !logs_as_ranges(&d, ranges_ok) {
             whole.push((d.nr, d.data));
         } else if !d.changed.is_empty() {
             ranged.push(RangeUpdate {

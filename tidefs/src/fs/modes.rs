@@ -26,10 +26,13 @@
 //! each dirty page keeps the strictest mode it was written under until it is written back
 //! (`fs/datacache.rs`), so what the old mode promised for it holds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
+use crate::cache::{ByteRanges, DirtyBlock};
 use crate::format::ext4::inode::{flags, Inode};
 use crate::format::ext4::xattr::Xattr;
+use crate::journal::RangeUpdate;
 use crate::{FsError, Result};
 
 use super::api::DataMode;
@@ -237,7 +240,102 @@ impl ModeTable {
     }
 }
 
+/// A lightweight commit's dirty blocks, sorted by [`Meta::sort_for_lightweight`]: those that
+/// go through the journal as usual, those written home in place once the commit is durable,
+/// and the inode-table blocks that do both (their stricter inodes' bytes as a range record).
+pub(crate) type LightweightSort = (Vec<DirtyBlock>, Vec<(u64, Arc<[u8]>)>, Vec<RangeUpdate>);
+
 impl Meta {
+    /// Sorts the dirty blocks of a transaction that holds lightweight operations
+    /// (docs/DESIGN.md §3.2). Journaled: allocation blocks, blocks the log may still replay
+    /// (a checkpoint must never write an older copy over an in-place write), and blocks only
+    /// stricter operations changed. In place after the commit: blocks only lightweight
+    /// operations changed (unless `ranges_ok` lets them go as byte ranges, which costs no
+    /// flush). Both: an inode-table block that lightweight operations and stricter ones
+    /// changed, in different inodes' slots — the slots of the inodes a stricter operation
+    /// wrote go to the journal as a range record (each inode's bytes carry their own
+    /// checksum, so a slot is consistent on its own), and the whole block goes home in place
+    /// after the commit, lightweight slots with it. Every other shared block (directory,
+    /// extent, xattr blocks: one checksum over the whole block) is journaled whole.
+    pub(crate) fn sort_for_lightweight(
+        &self,
+        io: &Io,
+        dirty: Vec<DirtyBlock>,
+        strict_blocks: &HashSet<u64>,
+        strict_inodes: &HashSet<u32>,
+        ranges_ok: bool,
+    ) -> LightweightSort {
+        let mut tables: Vec<(u64, u32)> = (0u32..)
+            .zip(&self.groups)
+            .map(|(g, info)| (info.inode_table, g))
+            .collect();
+        tables.sort_unstable();
+        let mut journaled = Vec::new();
+        let mut in_place = Vec::new();
+        let mut shared = Vec::new();
+        for d in dirty {
+            let replayable = io.journal.is_logged(d.nr) || io.journal.pending(d.nr).is_some();
+            if replayable || self.is_allocation_block(d.nr) {
+                journaled.push(d);
+            } else if !strict_blocks.contains(&d.nr) {
+                if super::logs_as_ranges(&d, ranges_ok) {
+                    journaled.push(d);
+                } else {
+                    in_place.push((d.nr, d.data));
+                }
+            } else if let Some(ranges) = self.strict_slot_ranges(&tables, &d, strict_inodes) {
+                in_place.push((d.nr, Arc::clone(&d.data)));
+                shared.push(RangeUpdate {
+                    home: d.nr,
+                    data: d.data,
+                    ranges,
+                });
+            } else {
+                journaled.push(d);
+            }
+        }
+        (journaled, in_place, shared)
+    }
+
+    /// When `d` is an inode-table block whose changed bytes lie partly in slots of inodes a
+    /// stricter operation wrote (`strict_inodes`) and partly in slots of inodes only
+    /// lightweight operations wrote: the changed bytes of the first kind, as sorted
+    /// `(offset, length)` ranges. `tables`: each group's first inode-table block and the
+    /// group, sorted.
+    fn strict_slot_ranges(
+        &self,
+        tables: &[(u64, u32)],
+        d: &DirtyBlock,
+        strict_inodes: &HashSet<u32>,
+    ) -> Option<Vec<(u32, u32)>> {
+        if d.fresh {
+            return None;
+        }
+        let i = tables
+            .partition_point(|&(start, _)| start <= d.nr)
+            .checked_sub(1)?;
+        let (start, group) = tables[i];
+        let index = d.nr - start;
+        if index >= self.geo.itable_blocks() {
+            return None;
+        }
+        let isz = self.geo.inode_size;
+        let per_block = self.geo.block_size / isz;
+        // Inode numbers fit in u32 (ext4's s_inodes_count), and so does this block's first.
+        let first = group * self.geo.inodes_per_group + index as u32 * per_block + 1;
+        let mut strict = ByteRanges::new();
+        for slot in (0..per_block).filter(|s| strict_inodes.contains(&(first + s))) {
+            let (lo, hi) = (slot * isz, (slot + 1) * isz);
+            for r in d.changed.iter() {
+                strict.add(r.start.max(lo), r.end.min(hi));
+            }
+        }
+        if strict.is_empty() || strict.bytes() == d.changed.bytes() {
+            return None;
+        }
+        Some(strict.offset_lengths())
+    }
+
     /// The mode record of inode `ino`.
     pub(crate) fn mode_record(&mut self, io: &Io, ino: u32) -> Result<ModeRecord> {
         if let Some(r) = self.modes.records.get(&ino) {
