@@ -5,6 +5,7 @@
 mod common;
 
 use tidefs::fs::{Creds, Fs, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
+use tidefs::FsError;
 
 /// Goal and method: see the module doc.
 #[test]
@@ -234,5 +235,96 @@ fn timestamps_are_multigrain() {
     assert!(time(&last) >= before);
     assert_eq!(fs.read(f.ino, 0, 50).unwrap(), vec![b'b'; 50]);
     fs.unmount().unwrap();
+    common::assert_fsck_clean(&img);
+}
+
+/// Goal: open handles keep an unlinked file until the last release, also when opens and
+/// releases of linked files take the path that skips the metadata lock (their counts live in
+/// a table of their own, `fs/open_files.rs`). Method: a file opened twice is unlinked; it stays
+/// readable, can be opened once more while open, is freed at the last release only (free
+/// counts back to where they were), and cannot be opened after that. Then threads open, read and
+/// release files while another thread unlinks and re-creates them: every open either fails
+/// with NotFound or reads the file's whole content (or nothing, before its write), and after all handles are gone the image
+/// is clean by e2fsck (no inode freed under an open handle, none leaked).
+#[test]
+fn open_handles_keep_unlinked_files_until_the_last_release() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "open.img", 64, &[]);
+    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    let c = Creds::ROOT;
+    let before = fs.statfs().unwrap();
+    let f = fs.create(ROOT_INO, b"f", 0o100644, 0, c).unwrap().ino;
+    fs.write(f, 0, &vec![5u8; 50_000]).unwrap();
+    fs.sync().unwrap();
+    fs.getattr(f).unwrap();
+    fs.open_inode(f).unwrap();
+    fs.open_inode(f).unwrap();
+    fs.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(fs.getattr(f).unwrap().nlink, 0);
+    // Still open, so it can be opened again (as through /proc/self/fd).
+    fs.open_inode(f).unwrap();
+    fs.release_inode(f).unwrap();
+    fs.release_inode(f).unwrap();
+    assert_eq!(fs.read(f, 0, 50_000).unwrap(), vec![5u8; 50_000]);
+    fs.release_inode(f).unwrap();
+    assert!(matches!(fs.getattr(f), Err(FsError::NotFound)));
+    assert!(matches!(fs.open_inode(f), Err(FsError::NotFound)));
+    fs.sync().unwrap();
+    let after = fs.statfs().unwrap();
+    assert_eq!(
+        (after.blocks_free, after.files_free),
+        (before.blocks_free, before.files_free),
+        "the last release freed the file"
+    );
+
+    let names: Vec<Vec<u8>> = (0..4).map(|i| format!("g{i}").into_bytes()).collect();
+    let content = |i: usize| vec![i as u8 + 1; 9000];
+    for (i, n) in names.iter().enumerate() {
+        let g = fs.create(ROOT_INO, n, 0o100644, 0, c).unwrap().ino;
+        fs.write(g, 0, &content(i)).unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..3 {
+            let (fs, names, stop) = (&fs, &names, &stop);
+            s.spawn(move || {
+                let mut k = t;
+                while !stop.load(Ordering::SeqCst) {
+                    k = (k + 1) % names.len();
+                    let Ok(a) = fs.lookup(ROOT_INO, &names[k]) else {
+                        continue;
+                    };
+                    match fs.open_inode(a.ino) {
+                        Ok(()) => {
+                            // Empty when the name's new file is not written yet.
+                            let got = fs.read(a.ino, 0, 9000).unwrap();
+                            assert!(
+                                got.is_empty() || got == content(k),
+                                "an open handle reads its file, got {} bytes",
+                                got.len()
+                            );
+                            fs.release_inode(a.ino).unwrap();
+                        }
+                        Err(FsError::NotFound) => {}
+                        Err(e) => panic!("open: {e}"),
+                    }
+                }
+            });
+        }
+        for round in 0..200 {
+            let k = round % names.len();
+            fs.unlink(ROOT_INO, &names[k]).unwrap();
+            let g = fs.create(ROOT_INO, &names[k], 0o100644, 0, c).unwrap().ino;
+            fs.write(g, 0, &content(k)).unwrap();
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+    fs.unmount().unwrap();
+    drop(fs);
     common::assert_fsck_clean(&img);
 }

@@ -105,8 +105,8 @@ pub(crate) struct Meta {
     pub maps: HashMap<u32, super::extent_map::ExtentMap>,
     /// Name indexes of directories, built on first access.
     pub dirs: HashMap<u32, super::dir_index::DirIndex>,
-    /// Open handles per inode.
-    pub open: HashMap<u32, u32>,
+    /// Open handles per inode (shared with the lock-free open and release paths).
+    pub open: Arc<super::open_files::OpenFiles>,
     /// Next inode generation number.
     pub next_generation: u32,
     /// Copies of the blocks of the transaction being committed, until the journal holds them.
@@ -382,7 +382,7 @@ impl Meta {
         const MAX_DIRS: usize = 20_000;
         if self.maps.len() > MAX_MAPS {
             let open = &self.open;
-            self.maps.retain(|ino, _| open.contains_key(ino));
+            self.maps.retain(|ino, _| open.contains(*ino));
         }
         if self.dirs.len() > MAX_DIRS {
             self.dirs.clear();

@@ -27,6 +27,7 @@ mod layout;
 mod meta;
 mod modes;
 mod namecache;
+mod open_files;
 mod ops;
 mod writeback;
 
@@ -126,6 +127,8 @@ struct Inner {
     geo: Geometry,
     /// `Meta::names`: attributes and names served without the metadata lock.
     names: Arc<namecache::NameCache>,
+    /// `Meta::open`: open handles, counted without the metadata lock for linked files.
+    open: Arc<open_files::OpenFiles>,
     meta: Mutex<Meta>,
     /// Serialises commits: at most one transaction is being committed at a time.
     gate: CommitGate,
@@ -480,7 +483,7 @@ impl Fs {
             sb_dirty: false,
             maps: HashMap::new(),
             dirs: HashMap::new(),
-            open: HashMap::new(),
+            open: Arc::default(),
             next_generation: ops::now().nsec,
             committing: HashMap::new(),
             default_mode: opts.data_mode,
@@ -509,6 +512,7 @@ impl Fs {
             io,
             geo: meta.geo.clone(),
             names: meta.names.clone(),
+            open: meta.open.clone(),
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
             running_since: Mutex::new(Instant::now()),
@@ -1066,26 +1070,29 @@ impl Fs {
 
     /// Notes an open handle on `ino`: an unlinked inode stays alive until its last release.
     pub fn open_inode(&self, ino: Ino) -> Result<()> {
+        let inner = &self.inner;
+        let n = inner.geo.ino32(ino)?;
+        if !inner.closed.load(Ordering::SeqCst) && inner.open.open_linked(n, &inner.names) {
+            return Ok(());
+        }
         self.with_meta(false, |m, io| {
-            let n = m.ino32(ino)?;
             m.live_inode(io, n)?;
-            *m.open.entry(n).or_insert(0) += 1;
+            m.open.add(n);
             Ok(())
         })
     }
 
     /// Drops an open handle; the last release of an unlinked inode frees it.
     pub fn release_inode(&self, ino: Ino) -> Result<()> {
+        let inner = &self.inner;
+        let n = inner.geo.ino32(ino)?;
+        if !inner.closed.load(Ordering::SeqCst) && inner.open.release_linked(n, &inner.names) {
+            return Ok(());
+        }
         self.with_meta(false, |m, io| {
-            let n = m.ino32(ino)?;
-            let Some(c) = m.open.get_mut(&n) else {
-                return Ok(());
-            };
-            *c -= 1;
-            if *c > 0 {
+            if !m.open.release(n) {
                 return Ok(());
             }
-            m.open.remove(&n);
             let i = m.read_inode(io, n)?;
             if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
                 m.acts_for(io, n)?;
@@ -1226,8 +1233,7 @@ impl Inner {
     fn mark_clean(&self) -> Result<()> {
         {
             let mut m = self.meta.lock();
-            let orphans: Vec<u32> = m.open.keys().copied().collect();
-            m.open.clear();
+            let orphans = m.open.take_all();
             for ino in orphans {
                 let i = m.read_inode(&self.io, ino)?;
                 if i.links_count() == 0 && i.mode() != 0 && !m.read_only {

@@ -57,6 +57,12 @@ impl NameCache {
         attr
     }
 
+    /// Whether the cached attributes of `ino` show at least one link (`false` when not
+    /// cached). Hands nothing out, so it does not count as showing the times.
+    pub fn is_linked(&self, ino: u32) -> bool {
+        self.attrs.read().get(&ino).is_some_and(|a| a.nlink > 0)
+    }
+
     /// The attributes of `ino`, its times among them, are being handed out.
     pub fn shown(&self, ino: u32) {
         self.unseen.lock().remove(&ino);

@@ -154,7 +154,7 @@ impl Meta {
     pub(crate) fn live_inode(&mut self, io: &Io, ino: u32) -> Result<Inode> {
         let inode = self.read_inode(io, ino)?;
         if inode.links_count() == 0
-            && !self.open.contains_key(&ino)
+            && !self.open.contains(ino)
             && ino != super::api::ROOT_INO as u32
         {
             return Err(FsError::NotFound);
@@ -323,7 +323,7 @@ impl Meta {
         self.sb.set_last_orphan(ino);
         self.sb_dirty = true;
         self.write_inode(io, ino, &mut i)?;
-        *self.open.entry(ino).or_insert(0) += 1;
+        self.open.add(ino);
         Ok(self.attr(ino, &i))
     }
 
@@ -482,7 +482,7 @@ impl Meta {
         i.set_links_count(links);
         i.set_ctime(now());
         if links == 0 {
-            if self.open.contains_key(&ino) {
+            if self.open.last_link_dropped(ino, &self.names) {
                 // Keep it until the last release; the orphan list frees it after a crash.
                 i.set_dtime(self.sb.last_orphan());
                 self.sb.set_last_orphan(ino);
@@ -633,7 +633,7 @@ impl Meta {
         pi.set_mtime(t);
         pi.set_ctime(t);
         self.write_inode(io, parent, &mut pi)?;
-        if self.open.contains_key(&ino) {
+        if self.open.last_link_dropped(ino, &self.names) {
             i.set_dtime(self.sb.last_orphan());
             self.sb.set_last_orphan(ino);
             self.sb_dirty = true;
