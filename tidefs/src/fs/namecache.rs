@@ -143,10 +143,11 @@ impl NameCache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn attr(ino: u64, size: u64) -> Attr {
+    /// A regular file's attributes for tests (also `open_files.rs`'s).
+    pub(crate) fn attr(ino: u64, size: u64) -> Attr {
         let t = crate::fs::Timestamp::default();
         Attr {
             ino,

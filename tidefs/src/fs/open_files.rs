@@ -105,26 +105,12 @@ impl OpenFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fs::api::{Attr, FileKind, Timestamp};
+    use crate::fs::api::Attr;
 
     fn attr(ino: u32, nlink: u32) -> Attr {
-        let t = Timestamp { sec: 0, nsec: 0 };
         Attr {
-            ino: u64::from(ino),
-            size: 0,
-            blocks: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            crtime: t,
-            kind: FileKind::File,
-            perm: 0o644,
             nlink,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            blksize: 4096,
-            generation: 0,
+            ..crate::fs::namecache::tests::attr(u64::from(ino), 0)
         }
     }
 
