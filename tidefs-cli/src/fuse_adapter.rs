@@ -419,9 +419,19 @@ impl Filesystem for FuseFs {
         // Inode lifetimes follow open handles (open_inode/release_inode), not lookups.
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(to_fs(ino)) {
-            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+    /// A request with a file handle comes from the kernel itself, never from `stat` (the
+    /// kernel's `fuse_getattr` passes no file): it refreshes the size before a read past the
+    /// end it knows or an `lseek` from the end. Its reply is for that use only: it does not
+    /// count as a look at the times (so the next write may keep a coarse, unchanged mtime and
+    /// its fsync need not commit; docs/DESIGN.md §4.3), and the kernel may not keep it (valid
+    /// for no time), so any later `stat` asks again and sees times that count as seen.
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (attr, ttl) = match fh {
+            Some(_) => (self.fs.refresh_attr(to_fs(ino)), Duration::ZERO),
+            None => (self.fs.getattr(to_fs(ino)), TTL),
+        };
+        match attr {
+            Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
             Err(e) => reply.error(errno(&e)),
         }
     }

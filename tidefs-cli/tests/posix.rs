@@ -1340,3 +1340,54 @@ fn concurrent_appends_with_fdatasync() {
         );
     }
 }
+
+/// Goal: the kernel's own attribute requests (a size refresh before a read past the end it
+/// knows) do not count as a look at the file's times, so a rewrite after one keeps the coarse
+/// mtime and its fsync needs no commit, as on the kernel's ext4 (SQLite's rollback journal
+/// does exactly this); while a `stat` in between still makes the next write's mtime newer than
+/// what it showed. Method: 50 rounds of read past the end, rewrite of the first bytes, fsync,
+/// counting commits with `tidefs stats`; then rounds with an `fstat` between the read and the
+/// rewrite, comparing the mtime before and after.
+#[test]
+fn reads_past_the_end_do_not_count_as_looks_at_the_times() {
+    let m = mount!("reads_past_the_end_do_not_count_as_looks_at_the_times");
+    let path = m.path("journal");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .expect("OK to unwrap: create");
+    f.write_all_at(&[b'x'; 8720], 0)
+        .expect("OK to unwrap: write");
+    f.sync_all().expect("OK to unwrap: fsync");
+    let commits = || m.stats()["commits"].as_u64().expect("commits is a number");
+    let before = commits();
+    let mut buf = [0u8; 8];
+    let rounds = 50;
+    for _ in 0..rounds {
+        assert_eq!(f.read_at(&mut buf, 9216).expect("OK to unwrap: read"), 0);
+        f.write_all_at(b"header", 0).expect("OK to unwrap: rewrite");
+        f.sync_all().expect("OK to unwrap: fsync");
+    }
+    let spent = commits() - before;
+    assert!(
+        spent < rounds / 2,
+        "{spent} commits for {rounds} rewrites after reads past the end"
+    );
+    for _ in 0..20 {
+        assert_eq!(f.read_at(&mut buf, 9216).expect("OK to unwrap: read"), 0);
+        let seen = f
+            .metadata()
+            .expect("OK to unwrap: fstat")
+            .modified()
+            .unwrap();
+        f.write_all_at(b"header", 0).expect("OK to unwrap: rewrite");
+        let after = fs::metadata(&path)
+            .expect("OK to unwrap: stat")
+            .modified()
+            .unwrap();
+        assert!(after > seen, "a write after a stat moves the mtime forward");
+    }
+}

@@ -217,18 +217,35 @@ fn timestamps_are_multigrain() {
         before = after;
     }
     fs.fsync(f.ino, false).unwrap();
-    let start = fs.stats().commits;
+    // Commits of `rounds` rounds of write + fsync, `between`, write + fsync.
     let rounds = 50;
-    for i in 0..rounds {
-        fs.write(f.ino, i, b"a").unwrap();
-        fs.fsync(f.ino, false).unwrap();
-        fs.write(f.ino, i, b"b").unwrap();
-        fs.fsync(f.ino, false).unwrap();
-    }
-    let commits = fs.stats().commits - start;
+    let commits_of = |between: &dyn Fn()| {
+        let start = fs.stats().commits;
+        for i in 0..rounds {
+            fs.write(f.ino, i, b"a").unwrap();
+            fs.fsync(f.ino, false).unwrap();
+            between();
+            fs.write(f.ino, i, b"b").unwrap();
+            fs.fsync(f.ino, false).unwrap();
+        }
+        fs.stats().commits - start
+    };
+    let commits = commits_of(&|| {});
     assert!(
         commits < 2 * rounds,
         "{commits} commits for {rounds} rounds: no second write kept the times"
+    );
+    // `refresh_attr` is not a look: with one between the writes the rounds cost no more
+    // commits than without, while `getattr` there makes every second write change the times.
+    let refreshed = commits_of(&|| assert_eq!(fs.refresh_attr(f.ino).unwrap().size, 50));
+    assert!(
+        refreshed < 2 * rounds,
+        "{refreshed} commits for {rounds} rounds with refreshes"
+    );
+    let looked = commits_of(&|| assert_eq!(fs.getattr(f.ino).unwrap().size, 50));
+    assert!(
+        looked >= rounds,
+        "{looked} commits for {rounds} rounds with a getattr between the writes"
     );
     // The data is all there and the times moved past the last look.
     let last = fs.getattr(f.ino).unwrap();

@@ -194,6 +194,13 @@ impl Mount {
         serde_json::from_str(&stdout(&out)).expect("OK to unwrap: status is JSON")
     }
 
+    /// The daemon's counters, from `tidefs stats --json`.
+    pub fn stats(&self) -> serde_json::Value {
+        let out = output(tidefs().args(["stats", "--json"]).arg(&self.mnt));
+        assert!(out.status.success(), "stats failed: {}", stderr(&out));
+        serde_json::from_str(&stdout(&out)).expect("OK to unwrap: stats is JSON")
+    }
+
     /// The daemon's pid, from `tidefs status`.
     pub fn daemon_pid(&self) -> u32 {
         let value = self.status();

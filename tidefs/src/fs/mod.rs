@@ -702,16 +702,42 @@ impl Fs {
 
     /// Attributes of `ino`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.attributes(ino, true)
+    }
+
+    /// Attributes of `ino` for a caller that needs them for itself and shows the times to
+    /// nobody, such as the FUSE kernel module refreshing a file's size before a read past the
+    /// end it knows. Unlike [`Fs::getattr`], this does not count as a look at the times, so
+    /// the next change of the file may keep a coarse timestamp that needs no commit
+    /// (multigrain timestamps, docs/DESIGN.md §4.3). A caller that passes the times on, or
+    /// caches them where someone may read them later, must use [`Fs::getattr`].
+    pub fn refresh_attr(&self, ino: Ino) -> Result<Attr> {
+        self.attributes(ino, false)
+    }
+
+    /// [`Fs::getattr`] (`seen`) or [`Fs::refresh_attr`]: from the name cache without the
+    /// metadata lock when it holds them.
+    fn attributes(&self, ino: Ino, seen: bool) -> Result<Attr> {
         let inner = &self.inner;
         if !inner.closed.load(Ordering::SeqCst) {
-            if let Some(attr) = inner.names.attr(inner.geo.ino32(ino)?) {
+            let n = inner.geo.ino32(ino)?;
+            let cached = if seen {
+                inner.names.attr(n)
+            } else {
+                inner.names.attr_unseen(n)
+            };
+            if let Some(attr) = cached {
                 return Ok(attr);
             }
         }
         self.with_meta(false, |m, io| {
             let n = m.ino32(ino)?;
             let i = m.live_inode(io, n)?;
-            let attr = m.attr(n, &i);
+            let attr = if seen {
+                m.attr(n, &i)
+            } else {
+                m.attr_unseen(n, &i)
+            };
             m.names.put_attr(&attr);
             Ok(attr)
         })

@@ -48,13 +48,18 @@ struct Names {
 }
 
 impl NameCache {
-    /// The cached attributes of `ino`.
+    /// The cached attributes of `ino`, handed out: its times count as seen.
     pub fn attr(&self, ino: u32) -> Option<Attr> {
-        let attr = self.attrs.read().get(&ino).cloned();
+        let attr = self.attr_unseen(ino);
         if attr.is_some() {
             self.shown(ino);
         }
         attr
+    }
+
+    /// The cached attributes of `ino`, for a caller that does not show its times to anyone.
+    pub fn attr_unseen(&self, ino: u32) -> Option<Attr> {
+        self.attrs.read().get(&ino).cloned()
     }
 
     /// Whether the cached attributes of `ino` show at least one link (`false` when not

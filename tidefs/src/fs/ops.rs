@@ -165,8 +165,15 @@ impl Meta {
         Ok(inode)
     }
 
+    /// The attributes of `ino` for a caller that hands them out: its times count as seen
+    /// (multigrain timestamps, `Meta::change_time`).
     pub(crate) fn attr(&self, ino: u32, i: &Inode) -> Attr {
         self.names.shown(ino);
+        self.attr_unseen(ino, i)
+    }
+
+    /// The attributes of `ino` without counting its times as seen (see `Fs::refresh_attr`).
+    pub(crate) fn attr_unseen(&self, ino: u32, i: &Inode) -> Attr {
         let kind = kind_of(i.mode());
         let rdev = if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
             inode::decode_rdev(i.i_block())
