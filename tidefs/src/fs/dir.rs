@@ -21,14 +21,30 @@ use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
 
 fn block_space(recs: &[DirRecord]) -> usize {
+    recs.iter().map(record_spare).max().unwrap_or(0)
+}
+
+/// The room a new name could take in a record: all of an unused one, the tail of a used one.
+fn spare(inode: u32, rec_len: usize, name_len: usize) -> usize {
+    if inode == 0 {
+        rec_len
+    } else {
+        rec_len - rec_size(name_len)
+    }
+}
+
+fn record_spare(r: &DirRecord) -> usize {
+    spare(r.inode, r.rec_len, r.name.len())
+}
+
+/// [`block_space`] of a block after an edit that replaced the records at offsets `changed`
+/// with records whose spare room is `now`: computed from the records before the edit, so the
+/// block need not be parsed again. Debug builds check it against a fresh parse.
+fn space_after_edit(recs: &[DirRecord], changed: &[usize], now: &[usize]) -> usize {
     recs.iter()
-        .map(|r| {
-            if r.inode == 0 {
-                r.rec_len
-            } else {
-                r.rec_len - rec_size(r.name.len())
-            }
-        })
+        .filter(|r| !changed.contains(&r.offset))
+        .map(record_spare)
+        .chain(now.iter().copied())
         .max()
         .unwrap_or(0)
 }
@@ -53,6 +69,24 @@ impl Meta {
         self.geo
             .csum_seed
             .map(|s| inode_csum_seed(s, ino, generation))
+    }
+
+    /// Debug builds: `space` is what a fresh parse of the edited block finds.
+    fn debug_check_space(
+        &mut self,
+        io: &Io,
+        dir: u32,
+        lblk: u32,
+        pblk: u64,
+        generation: u32,
+        space: usize,
+    ) {
+        if cfg!(debug_assertions) {
+            let fresh = self
+                .dir_block_records(io, dir, lblk, pblk, false, generation)
+                .map(|recs| block_space(&recs));
+            debug_assert_eq!(fresh.ok(), Some(space), "directory block {lblk} space");
+        }
     }
 
     /// Reads and parses block `lblk` of directory `dir`.
@@ -273,13 +307,7 @@ impl Meta {
         let pblk = self.dir_pblk(io, dir, &inode, lblk)?;
         let generation = inode.generation();
         let recs = self.dir_block_records(io, dir, lblk, pblk, false, generation)?;
-        let Some(r) = recs.iter().find(|r| {
-            if r.inode == 0 {
-                r.rec_len >= need
-            } else {
-                r.rec_len - rec_size(r.name.len()) >= need
-            }
-        }) else {
+        let Some(r) = recs.iter().find(|r| record_spare(r) >= need) else {
             return Err(FsError::corrupt_inode(
                 dir,
                 "directory free space index is stale",
@@ -298,9 +326,11 @@ impl Meta {
         if let Some(s) = seed {
             set_tail_checksum(b, s);
         }
-        let recs = self.dir_block_records(io, dir, lblk, pblk, false, generation)?;
+        // The record that took the name keeps what the name left of its spare room.
+        let space = space_after_edit(&recs, &[r.offset], &[record_spare(r) - need]);
+        self.debug_check_space(io, dir, lblk, pblk, generation, space);
         let idx = self.dir_index(io, dir)?;
-        idx.space[lblk as usize] = block_space(&recs);
+        idx.space[lblk as usize] = space;
         idx.names.insert(
             name.to_vec(),
             DirSlot {
@@ -329,8 +359,9 @@ impl Meta {
             .ok_or_else(|| FsError::corrupt_inode(dir, "directory index points between records"))?;
         let b = self.block_mut(io, pblk)?;
         let r = &recs[pos];
-        if pos == 0 {
+        let space = if pos == 0 {
             write_record(b, r.offset, 0, r.rec_len, 0, &[]);
+            space_after_edit(&recs, &[r.offset], &[r.rec_len])
         } else {
             let p = &recs[pos - 1];
             write_record(
@@ -343,13 +374,15 @@ impl Meta {
             );
             let end = r.offset + r.rec_len;
             b[r.offset..end].fill(0);
-        }
+            let merged = spare(p.inode, p.rec_len + r.rec_len, p.name.len());
+            space_after_edit(&recs, &[p.offset, r.offset], &[merged])
+        };
         if let Some(s) = seed {
             set_tail_checksum(b, s);
         }
-        let recs = self.dir_block_records(io, dir, slot.lblk, pblk, false, generation)?;
+        self.debug_check_space(io, dir, slot.lblk, pblk, generation, space);
         let idx = self.dir_index(io, dir)?;
-        idx.space[slot.lblk as usize] = block_space(&recs);
+        idx.space[slot.lblk as usize] = space;
         idx.names.remove(name);
         Ok(slot)
     }
