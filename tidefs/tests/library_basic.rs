@@ -345,3 +345,36 @@ fn open_handles_keep_unlinked_files_until_the_last_release() {
     drop(fs);
     common::assert_fsck_clean(&img);
 }
+
+/// Goal: `flushes` in the statistics counts every cache flush the device received, including
+/// the one that ends each commit record's durable write. Method: ten appends with an fsync
+/// each on an `ordered` mount commit ten times, each with a flush before its commit record
+/// and the commit record's own: at least two flushes per commit.
+#[test]
+fn flush_count_includes_each_commit_record() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "flushes.img", 64, &[]);
+    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    let f = fs
+        .create(ROOT_INO, b"log", 0o100644, 0, Creds::ROOT)
+        .unwrap()
+        .ino;
+    fs.fsync(f, false).unwrap();
+    let before = fs.stats();
+    for i in 0..10u64 {
+        fs.write(f, i * 100, &[b'r'; 100]).unwrap();
+        fs.fsync(f, true).unwrap();
+    }
+    let after = fs.stats();
+    let commits = after.commits - before.commits;
+    let flushes = after.flushes - before.flushes;
+    assert_eq!(commits, 10, "each growing append commits");
+    assert!(
+        flushes >= 2 * commits,
+        "{flushes} flushes for {commits} commits"
+    );
+    fs.unmount().unwrap();
+}

@@ -451,6 +451,7 @@ pub struct Stats {
     pub range_bytes: u64,
     /// Transactions written as one compact commit of a few sectors.
     pub compact_commits: u64,
-    /// Cache flushes the devices received (file-system and journal device).
+    /// Cache flushes the devices received (file-system and journal device), counting the one
+    /// each durable write (a commit record) ends with.
     pub flushes: u64,
 }

@@ -1179,13 +1179,16 @@ impl Drop for Fs {
 }
 
 impl Io {
-    /// Flushes the devices received: the fs device's, plus the external journal device's.
+    /// Flushes the devices received: the fs device's, plus the external journal device's. A
+    /// durable write (a commit record, a journal superblock update) is a write and a flush on
+    /// a file or block device, so each counts as one.
     fn flushes(&self, j: &crate::journal::JournalStats) -> u64 {
-        let fs_dev = self.counted.counters.flushes.load(Ordering::Relaxed);
+        let c = &self.counted.counters;
+        let fs_dev = c.flushes.load(Ordering::Relaxed) + c.durable_writes.load(Ordering::Relaxed);
         if self.internal_journal {
             fs_dev
         } else {
-            fs_dev + j.journal_flushes
+            fs_dev + j.journal_flushes + j.durable_writes
         }
     }
 
