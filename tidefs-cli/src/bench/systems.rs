@@ -389,6 +389,8 @@ impl Drop for Mountpoint {
 struct LoopDevice {
     /// `/dev/loopN`.
     path: PathBuf,
+    /// The image behind it (absolute), to recognise the device as ours when detaching it.
+    image: PathBuf,
 }
 
 impl LoopDevice {
@@ -405,7 +407,8 @@ impl LoopDevice {
         if !path.starts_with("/dev") {
             return Err(CliError::new("bench: losetup", format!("printed '{out}'")));
         }
-        let device = LoopDevice { path };
+        let image = std::fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
+        let device = LoopDevice { path, image };
         if !device.direct_io() {
             eprintln!(
                 "tidefs: bench: {name}: the kernel refused direct I/O for {}; it is buffered",
@@ -430,6 +433,21 @@ impl LoopDevice {
             .is_ok_and(|s| s.trim() == "1")
     }
 
+    /// Whether the device is still attached to our image. Once it is detached, another
+    /// benchmark running at the same time may attach its own image under the same name, and a
+    /// detach by name would then take that one away.
+    fn still_ours(&self) -> bool {
+        let Ok(backing) =
+            std::fs::read_to_string(format!("/sys/block/{}/loop/backing_file", self.name()))
+        else {
+            return false;
+        };
+        // The kernel appends " (deleted)" once the image file is removed.
+        let backing = backing.trim_end_matches('\n');
+        let backing = backing.strip_suffix(" (deleted)").unwrap_or(backing);
+        Path::new(backing) == self.image
+    }
+
     /// `/sys/block/loopN/stat`: field 7 is sectors written (512 bytes each), field 16 flushes.
     fn counters(&self) -> DeviceCounters {
         let text =
@@ -448,8 +466,13 @@ impl LoopDevice {
 impl Drop for LoopDevice {
     fn drop(&mut self) {
         let losetup = find_tool("losetup").unwrap_or_else(|| PathBuf::from("losetup"));
-        // A device the kernel still holds for a moment after an unmount answers EBUSY; retry.
+        // A device the kernel still holds for a moment after an unmount answers EBUSY; retry,
+        // as long as the device is still ours (it may have gone meanwhile, and its name been
+        // given to another image).
         for _ in 0..50 {
+            if !self.still_ours() {
+                return;
+            }
             let ok = Command::new(&losetup)
                 .arg("-d")
                 .arg(&self.path)
