@@ -385,6 +385,14 @@ impl Drop for Mountpoint {
     }
 }
 
+/// Writes what the page cache holds of a freshly formatted image to the disk, so that a loop
+/// device doing direct I/O reads what the format wrote.
+fn settle(image: &Path) -> Result<(), CliError> {
+    std::fs::File::open(image)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| CliError::new(format!("bench: sync {}", image.display()), e.to_string()))
+}
+
 /// A loop device with direct I/O over an image file, detached on drop.
 struct LoopDevice {
     /// `/dev/loopN`.
@@ -588,6 +596,9 @@ impl Target {
                 let journal_path = journal_image.as_ref().map(|j| j.0.clone());
                 format_tidefs(&image.0, size, journal_path)?;
                 if let Some(journal_image) = journal_image {
+                    // mkfs wrote the journal through a buffered loop device of its own; the
+                    // direct-I/O loop device below reads the file past the page cache.
+                    settle(&journal_image.0)?;
                     journal = Some(ExternalJournal {
                         device: LoopDevice::attach(&journal_image.0, &name)?,
                         _image: journal_image,
@@ -611,6 +622,7 @@ impl Target {
             }
             (System::Fuse2fs, _) => format_ext4(&image.0, size, false, None)?,
         }
+        settle(&image.0)?;
         let device = LoopDevice::attach(&image.0, &name)?;
         let journal_path = journal.as_ref().map(|j| j.device.path.clone());
         let mountpoint = dir.join(format!("{name}.mnt"));
