@@ -108,7 +108,7 @@ impl Meta {
                     info.inode_bitmap,
                     info.inode_bitmap.saturating_add(1),
                 ),
-                ("inode table", info.inode_table, end_of_table),
+                (super::layout::INODE_TABLE, info.inode_table, end_of_table),
             ] {
                 runs.push(FixedRun {
                     start,

@@ -13,6 +13,9 @@ use std::fmt;
 
 use crate::{FsError, Result};
 
+/// [`FixedRun::what`] of a group's inode table.
+pub(crate) const INODE_TABLE: &str = "inode table";
+
 /// A run `[start, end)` of blocks holding one piece of fixed metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct FixedRun {
@@ -82,11 +85,20 @@ impl Layout {
             ));
         }
         // The first run that ends after `first` is the only candidate for an overlap.
-        let i = self.runs.partition_point(|r| r.end <= first);
-        match self.runs.get(i) {
+        match self.first_ending_after(first) {
             Some(r) if r.start < last => Err(format!("blocks {first}..{last} overlap {r}")),
             _ => Ok(()),
         }
+    }
+
+    /// The fixed metadata run that holds block `nr`, if any.
+    pub fn run_at(&self, nr: u64) -> Option<&FixedRun> {
+        self.first_ending_after(nr).filter(|r| r.start <= nr)
+    }
+
+    /// The first run that ends after block `nr`.
+    fn first_ending_after(&self, nr: u64) -> Option<&FixedRun> {
+        self.runs.get(self.runs.partition_point(|r| r.end <= nr))
     }
 }
 
@@ -119,6 +131,10 @@ mod tests {
         assert!(l.check_run(99, 2).unwrap_err().contains("outside"));
         assert!(l.check_run(20, 0).is_err());
         assert!(l.check_run(u64::MAX, 2).is_err());
+        assert_eq!(l.run_at(50).map(|r| r.what), Some("inode table"));
+        assert_eq!(l.run_at(59).map(|r| r.what), Some("inode table"));
+        assert_eq!(l.run_at(10).map(|r| r.what), Some("block bitmap"));
+        assert!(l.run_at(60).is_none() && l.run_at(11).is_none() && l.run_at(0).is_none());
     }
 
     #[test]

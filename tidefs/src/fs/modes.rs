@@ -265,11 +265,6 @@ impl Meta {
         strict_inodes: &HashSet<u32>,
         ranges_ok: bool,
     ) -> LightweightSort {
-        let mut tables: Vec<(u64, u32)> = (0u32..)
-            .zip(&self.groups)
-            .map(|(g, info)| (info.inode_table, g))
-            .collect();
-        tables.sort_unstable();
         let mut journaled = Vec::new();
         let mut in_place = Vec::new();
         let mut shared = Vec::new();
@@ -283,7 +278,7 @@ impl Meta {
                 } else {
                     in_place.push((d.nr, d.data));
                 }
-            } else if let Some(ranges) = self.strict_slot_ranges(&tables, &d, strict_inodes) {
+            } else if let Some(ranges) = self.strict_slot_ranges(&d, strict_inodes) {
                 in_place.push((d.nr, Arc::clone(&d.data)));
                 shared.push(RangeUpdate {
                     home: d.nr,
@@ -300,25 +295,21 @@ impl Meta {
     /// When `d` is an inode-table block whose changed bytes lie partly in slots of inodes a
     /// stricter operation wrote (`strict_inodes`) and partly in slots of inodes only
     /// lightweight operations wrote: the changed bytes of the first kind, as sorted
-    /// `(offset, length)` ranges. `tables`: each group's first inode-table block and the
-    /// group, sorted.
+    /// `(offset, length)` ranges.
     fn strict_slot_ranges(
         &self,
-        tables: &[(u64, u32)],
         d: &DirtyBlock,
         strict_inodes: &HashSet<u32>,
     ) -> Option<Vec<(u32, u32)>> {
         if d.fresh {
             return None;
         }
-        let i = tables
-            .partition_point(|&(start, _)| start <= d.nr)
-            .checked_sub(1)?;
-        let (start, group) = tables[i];
-        let index = d.nr - start;
-        if index >= self.geo.itable_blocks() {
-            return None;
-        }
+        let table = self
+            .layout
+            .run_at(d.nr)
+            .filter(|r| r.what == super::layout::INODE_TABLE)?;
+        let group = table.group?;
+        let index = d.nr - table.start;
         let isz = self.geo.inode_size;
         let per_block = self.geo.block_size / isz;
         // Inode numbers fit in u32 (ext4's s_inodes_count), and so does this block's first.
