@@ -83,7 +83,6 @@ fn reply_created(reply: ReplyCreate, attr: &Attr) {
 pub struct FuseFs {
     fs: Arc<Fs>,
     close: Arc<CloseOnce>,
-    syncs: SyncWorkers,
     /// The kernel accepts ENOSYS from opendir as "no handle needed" (FUSE_NO_OPENDIR_SUPPORT).
     no_opendir: bool,
 }
@@ -91,82 +90,10 @@ pub struct FuseFs {
 impl FuseFs {
     /// An adapter over `fs`; `destroy` closes it through `close`.
     pub fn new(fs: Arc<Fs>, close: Arc<CloseOnce>) -> FuseFs {
-        let syncs = SyncWorkers::start(fs.clone(), SYNC_WORKERS);
         FuseFs {
             fs,
             close,
-            syncs,
             no_opendir: false,
-        }
-    }
-}
-
-/// Threads that wait for fsyncs. Enough that every writer of a many-stream workload can have
-/// its fsync in flight at once, which is what lets them share one commit.
-const SYNC_WORKERS: usize = 256;
-
-/// What a sync worker makes durable.
-#[derive(Clone, Copy)]
-enum SyncTarget {
-    /// fsync/fdatasync of one inode (`true`: a data sync).
-    File(Ino, bool),
-    /// The whole file system (FUSE_SYNCFS).
-    All,
-}
-
-impl SyncTarget {
-    fn run(self, fs: &Fs) -> tidefs::Result<()> {
-        match self {
-            SyncTarget::File(ino, datasync) => fs.fsync(ino, datasync),
-            SyncTarget::All => fs.sync(),
-        }
-    }
-}
-
-/// One sync to serve and the reply to send once it is durable.
-type SyncJob = (SyncTarget, ReplyEmpty);
-
-/// Serves fsyncs away from the session threads: a session thread hands the request over and
-/// goes back to the kernel for the next one, and the reply leaves when the commit is durable
-/// (docs/DESIGN.md §2.7: one slow fsync never holds the other requests).
-struct SyncWorkers {
-    queue: Mutex<std::sync::mpsc::Sender<SyncJob>>,
-}
-
-impl SyncWorkers {
-    fn start(fs: Arc<Fs>, workers: usize) -> SyncWorkers {
-        let (tx, rx) = std::sync::mpsc::channel::<SyncJob>();
-        let rx = Arc::new(Mutex::new(rx));
-        for i in 0..workers {
-            let (fs, rx) = (fs.clone(), rx.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("tidefs-sync-{i}"))
-                .stack_size(64 << 10)
-                .spawn(move || loop {
-                    let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                    let Ok((target, reply)) = job else {
-                        return;
-                    };
-                    reply_empty(reply, target.run(&fs));
-                });
-            if spawned.is_err() {
-                break;
-            }
-        }
-        SyncWorkers {
-            queue: Mutex::new(tx),
-        }
-    }
-
-    /// Queues a sync; serves it on the calling thread if no worker is left.
-    fn submit(&self, fs: &Fs, target: SyncTarget, reply: ReplyEmpty) {
-        let sent = self
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send((target, reply));
-        if let Err(std::sync::mpsc::SendError((target, reply))) = sent {
-            reply_empty(reply, target.run(fs));
         }
     }
 }
@@ -367,6 +294,13 @@ fn reply_empty(reply: ReplyEmpty, result: tidefs::Result<()>) {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(errno(&e)),
     }
+}
+
+/// A reply sent once an fsync or sync is durable: the library calls it on the thread that
+/// made the commit durable, so the request thread that read the fsync goes straight back to the
+/// kernel (docs/DESIGN.md §2.7: one slow fsync never holds the other requests).
+fn reply_later(reply: ReplyEmpty) -> tidefs::fs::SyncDone {
+    Box::new(move |result| reply_empty(reply, result))
 }
 
 /// Replies to a getxattr/listxattr: the size for a probe (`size == 0`), ERANGE when the
@@ -688,8 +622,7 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.syncs
-            .submit(&self.fs, SyncTarget::File(to_fs(ino), datasync), reply);
+        self.fs.fsync_then(to_fs(ino), datasync, reply_later(reply));
     }
 
     /// Directories keep no per-open state (readdir works from offsets), so where the kernel
@@ -746,8 +679,7 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.syncs
-            .submit(&self.fs, SyncTarget::File(to_fs(ino), datasync), reply);
+        self.fs.fsync_then(to_fs(ino), datasync, reply_later(reply));
     }
 
     /// `syncfs(2)`: commit and flush everything, reply once durable. Linux 6.18 sends
@@ -755,7 +687,7 @@ impl Filesystem for FuseFs {
     /// `sync -f` and `syncfs(2)` never reach the daemon, but a kernel that forwards them gets
     /// the right answer here.
     fn syncfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyEmpty) {
-        self.syncs.submit(&self.fs, SyncTarget::All, reply);
+        self.fs.sync_then(reply_later(reply));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

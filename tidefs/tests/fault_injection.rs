@@ -118,6 +118,20 @@ fn timeless(mut t: common::Tree) -> common::Tree {
     t
 }
 
+/// Creates `count` files `PREFIX0`, `PREFIX1`, ... in the root, each holding `bytes`.
+fn files_with(fs: &Fs, prefix: &str, count: usize, bytes: &[u8]) -> Vec<u64> {
+    (0..count)
+        .map(|t| {
+            let name = format!("{prefix}{t}");
+            let f = fs
+                .create(ROOT_INO, name.as_bytes(), 0o100644, 0, Creds::ROOT)
+                .unwrap();
+            fs.write(f.ino, 0, bytes).unwrap();
+            f.ino
+        })
+        .collect()
+}
+
 #[test]
 fn shared_commit_failure_fails_every_fsync() {
     let Some(base) = base_image("shared.img") else {
@@ -133,21 +147,7 @@ fn shared_commit_failure_fails_every_fsync() {
         fs.write(keep.ino, 0, b"durable").unwrap();
         fs.fsync(keep.ino, false).unwrap();
         let threads = 4;
-        let files: Vec<u64> = (0..threads)
-            .map(|t| {
-                let a = fs
-                    .create(
-                        ROOT_INO,
-                        format!("t{t}").as_bytes(),
-                        0o100644,
-                        0,
-                        Creds::ROOT,
-                    )
-                    .unwrap();
-                fs.write(a.ino, 0, b"record").unwrap();
-                a.ino
-            })
-            .collect();
+        let files = files_with(&fs, "t", threads, b"record");
         // The next journal write fails, once: the device is healthy again right after, so a
         // waiter that merely saw the transaction id move on would wrongly report success.
         fault.inject(Fault::nth(FaultOp::Write, 0));
@@ -207,6 +207,73 @@ fn shared_commit_failure_fails_every_fsync() {
             "e2fsck -fy clears the error state"
         );
     }
+}
+
+/// Asks `fsync_then` for every file at once and collects the results in file order.
+fn fsyncs_then(fs: &Fs, files: &[u64]) -> Vec<tidefs::Result<()>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (i, &ino) in files.iter().enumerate() {
+        let tx = tx.clone();
+        fs.fsync_then(ino, true, Box::new(move |r| tx.send((i, r)).unwrap()));
+    }
+    drop(tx);
+    let mut results: Vec<_> = rx.iter().collect();
+    assert_eq!(results.len(), files.len(), "every callback is called once");
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// `Fs::fsync_then` (what the FUSE adapter uses): each callback's Ok is a promise kept after
+/// a crash, and a commit that fails fails every fsync queued for it.
+#[test]
+fn queued_fsyncs_are_durable_and_all_learn_a_failed_commit() {
+    let Some(base) = base_image("queued.img") else {
+        return;
+    };
+    let (fs, fault, mem) = open(&base, DataMode::Ordered);
+    let files = files_with(&fs, "q", 6, b"");
+    for round in 0..3u8 {
+        for &ino in &files {
+            fs.write(ino, u64::from(round) * 10, &[b'a' + round; 10])
+                .unwrap();
+        }
+        for (i, r) in fsyncs_then(&fs, &files).into_iter().enumerate() {
+            r.unwrap_or_else(|e| panic!("round {round}, file {i}: {e}"));
+        }
+    }
+    // Nothing was written since: an fsync needs nothing and answers on the caller's thread.
+    assert!(fsyncs_then(&fs, &files[..1])[0].is_ok());
+    // The promises, after a power cut right after the last callback.
+    fs.crash();
+    drop(fs);
+    let (fs, _fault, _mem) = open(&mem.to_bytes(), DataMode::Ordered);
+    for t in 0..6 {
+        let ino = fs.lookup(ROOT_INO, format!("q{t}").as_bytes()).unwrap().ino;
+        assert_eq!(
+            fs.read(ino, 0, 100).unwrap(),
+            b"aaaaaaaaaabbbbbbbbbbcccccccccc",
+            "file q{t} after the crash"
+        );
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+
+    // Every fsync queued for a commit whose first journal write fails gets EIO.
+    let (fs, fault2, _mem) = open(&base, DataMode::Ordered);
+    drop(fault);
+    let files = files_with(&fs, "e", 6, b"record");
+    fault2.inject(Fault::nth(FaultOp::Write, 0));
+    for (i, r) in fsyncs_then(&fs, &files).into_iter().enumerate() {
+        match r {
+            Err(e) => assert!(is_eio(&e), "file {i}: {e}"),
+            Ok(()) => panic!("file {i}: fsync succeeded over a failed commit"),
+        }
+    }
+    // Later ones fail too (the error state), on the caller's thread.
+    assert!(matches!(
+        fsyncs_then(&fs, &files[..1])[0],
+        Err(FsError::Io(_))
+    ));
 }
 
 #[test]

@@ -21,6 +21,7 @@ mod dir;
 mod dir_index;
 mod extent_map;
 mod extents;
+mod fsync_queue;
 mod geometry;
 mod inode_table;
 mod layout;
@@ -33,6 +34,7 @@ mod writeback;
 
 pub use api::*;
 pub use audit::AllocationAudit;
+pub use fsync_queue::SyncDone;
 pub use modes::MODE_ATTR as JOURNAL_MODE_XATTR;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -58,6 +60,7 @@ use crate::journal::{
 };
 use crate::{FsError, Result};
 
+use fsync_queue::{SyncJob, SyncQueue, SyncWork};
 use layout::Layout;
 use meta::{Geometry, Io, Meta};
 use writeback::{write_home, Scope};
@@ -83,6 +86,27 @@ struct Counters {
 const MAX_BATCH_WAIT: Duration = Duration::from_millis(2);
 
 const LATENCY_WINDOW: usize = 100_000;
+
+impl Counters {
+    /// An fsync begins: it counts as active (group commit waits for the others) until
+    /// [`Counters::fsync_finished`].
+    fn fsync_started(&self) -> Instant {
+        self.fsync_active.fetch_add(1, Ordering::SeqCst);
+        Instant::now()
+    }
+
+    /// An fsync that began at `start` has its result: counted, its latency kept.
+    fn fsync_finished(&self, start: Instant) {
+        self.fsync_active.fetch_sub(1, Ordering::SeqCst);
+        let us = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        let mut lat = self.fsync_us.lock();
+        if lat.len() >= LATENCY_WINDOW {
+            lat.drain(..LATENCY_WINDOW / 2);
+        }
+        lat.push(us);
+    }
+}
 
 /// Admits one committer at a time; everybody else waits on `done` and re-checks whether the
 /// transaction they need has become durable, so finished waiters never queue on a lock.
@@ -132,6 +156,8 @@ struct Inner {
     meta: Mutex<Meta>,
     /// Serialises commits: at most one transaction is being committed at a time.
     gate: CommitGate,
+    /// fsyncs answered by callback, served by the `tidefs-fsync` thread.
+    syncs: SyncQueue,
     /// When the running transaction opened (the previous one closed).
     running_since: Mutex<Instant>,
     /// Tid of the last transaction that is durable.
@@ -158,6 +184,8 @@ struct Inner {
 pub struct Fs {
     inner: Arc<Inner>,
     background: Mutex<Option<JoinHandle<()>>>,
+    /// Serves [`Fs::fsync_then`] and [`Fs::sync_then`] (`tidefs-fsync`).
+    sync_server: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Reads the superblock of `dev` and refuses what tidefs cannot handle.
@@ -515,6 +543,7 @@ impl Fs {
             open: meta.open.clone(),
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
+            syncs: SyncQueue::default(),
             running_since: Mutex::new(Instant::now()),
             committed_tid: AtomicU32::new(tid.wrapping_sub(1)),
             errored: AtomicBool::new(false),
@@ -535,6 +564,7 @@ impl Fs {
         let fs = Fs {
             inner: inner.clone(),
             background: Mutex::new(None),
+            sync_server: Mutex::new(None),
         };
         if !ro && fs.inner.recovery.is_some() && opts.data_mode == DataMode::Lightweight {
             // Say what an unclean lightweight shutdown left behind.
@@ -563,6 +593,12 @@ impl Fs {
                 .spawn(move || inner.background_loop())
                 .map_err(FsError::Io)?;
             *fs.background.lock() = Some(bg);
+            let inner = fs.inner.clone();
+            let server = std::thread::Builder::new()
+                .name("tidefs-fsync".into())
+                .spawn(move || inner.serve_sync_queue())
+                .map_err(FsError::Io)?;
+            *fs.sync_server.lock() = Some(server);
         }
         Ok(fs)
     }
@@ -593,6 +629,7 @@ impl Fs {
         if let Some(h) = self.background.lock().take() {
             let _ = h.join();
         }
+        self.stop_sync_server(true);
         self.inner.io.journal.stop_background();
         self.inner.meta.lock().read_only = true;
     }
@@ -610,10 +647,20 @@ impl Fs {
         if let Some(h) = self.background.lock().take() {
             let _ = h.join();
         }
+        self.stop_sync_server(false);
         if self.inner.read_only {
             return Ok(());
         }
         self.inner.mark_clean()
+    }
+
+    /// Stops the thread that serves queued fsyncs once it has served (or, at a crash, failed)
+    /// what is queued; later fsyncs run on their callers' threads.
+    fn stop_sync_server(&self, fail_rest: bool) {
+        self.inner.syncs.stop(fail_rest);
+        if let Some(h) = self.sync_server.lock().take() {
+            let _ = h.join();
+        }
     }
 
     /// Block size in bytes.
@@ -954,19 +1001,35 @@ impl Fs {
     /// other than timestamps), committing the running transaction only when that change is in
     /// it. Cached data that overwrites blocks already on disk goes home without a commit.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
-        let start = Instant::now();
-        let c = &self.inner.counters;
-        c.fsync_active.fetch_add(1, Ordering::SeqCst);
-        let r = self.inner.fsync_inode(ino, datasync);
-        c.fsync_active.fetch_sub(1, Ordering::SeqCst);
-        let us = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
-        c.fsyncs.fetch_add(1, Ordering::Relaxed);
-        let mut lat = c.fsync_us.lock();
-        if lat.len() >= LATENCY_WINDOW {
-            lat.drain(..LATENCY_WINDOW / 2);
-        }
-        lat.push(us);
+        let inner = &self.inner;
+        let start = inner.counters.fsync_started();
+        let r = match inner.fsync_plan(ino, datasync) {
+            Ok(Some(work)) => inner.run_sync_work(work),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        inner.counters.fsync_finished(start);
         r
+    }
+
+    /// [`Fs::fsync`] without blocking the caller: `done` gets the result, on the caller's
+    /// thread when nothing needs the device, else on the thread that serves fsyncs once the
+    /// commit holding the file's last change is durable. All the fsyncs queued while one
+    /// commit runs share the next (group commit). For servers (the FUSE adapter) whose request
+    /// threads must not wait for the device.
+    pub fn fsync_then(&self, ino: Ino, datasync: bool, done: SyncDone) {
+        let inner = &self.inner;
+        let start = inner.counters.fsync_started();
+        let job = match inner.fsync_plan(ino, datasync) {
+            Ok(Some(work)) => SyncJob {
+                work,
+                fsync_start: Some(start),
+                done,
+            },
+            Ok(None) => return inner.finish_sync_now(start, done, Ok(())),
+            Err(e) => return inner.finish_sync_now(start, done, Err(e)),
+        };
+        inner.queue_or_run(job);
     }
 
     /// Makes everything durable.
@@ -975,6 +1038,19 @@ impl Fs {
             return Err(FsError::ReadOnly);
         }
         self.inner.sync_all()
+    }
+
+    /// [`Fs::sync`] without blocking the caller; `done` gets the result as for
+    /// [`Fs::fsync_then`].
+    pub fn sync_then(&self, done: SyncDone) {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return done(Err(FsError::ReadOnly));
+        }
+        self.inner.queue_or_run(SyncJob {
+            work: SyncWork::All,
+            fsync_start: None,
+            done,
+        });
     }
 
     /// Lists `ino` from cookie `offset` (0 = start), calling `emit` per entry until it returns
@@ -1342,8 +1418,9 @@ impl Inner {
         Ok(())
     }
 
-    /// fsync/fdatasync of one inode (see [`Fs::fsync`]).
-    fn fsync_inode(&self, ino: Ino, datasync: bool) -> Result<()> {
+    /// What an fsync/fdatasync of `ino` needs from the device (see [`Fs::fsync`]); `None`
+    /// when everything it covers is durable already.
+    fn fsync_plan(&self, ino: Ino, datasync: bool) -> Result<Option<SyncWork>> {
         let (n, target, dirty) = {
             let mut m = self.meta.lock();
             let n = m.ino32(ino)?;
@@ -1353,7 +1430,7 @@ impl Inner {
                 return Err(self.error_result());
             }
             if m.read_only && self.read_only {
-                return Ok(());
+                return Ok(None);
             }
             let durable = self.committed_tid.load(Ordering::SeqCst);
             let target = m
@@ -1363,12 +1440,35 @@ impl Inner {
                 .filter(|&t| !tid_geq(durable, t));
             (n, target, m.data.dirty_count_of(n) > 0)
         };
-        match target {
+        Ok(match target {
             // The commit writes every dirty page back as well.
-            Some(t) => self.commit_up_to(t),
-            None if dirty => self.write_back_overwrites(n),
-            None => Ok(()),
+            Some(t) => Some(SyncWork::Commit(t)),
+            None if dirty => Some(SyncWork::Overwrites(n)),
+            None => None,
+        })
+    }
+
+    /// Does what an fsync or sync needs, on the calling thread.
+    fn run_sync_work(&self, work: SyncWork) -> Result<()> {
+        match work {
+            SyncWork::Commit(t) => self.commit_up_to(t),
+            SyncWork::Overwrites(n) => self.write_back_overwrites(n),
+            SyncWork::All => self.sync_all(),
         }
+    }
+
+    /// Queues `job` for the serving thread, or serves it here once that thread has stopped.
+    fn queue_or_run(&self, job: SyncJob) {
+        if let Err(job) = self.syncs.push(job) {
+            let r = self.run_sync_work(job.work);
+            self.finish_sync(job, r);
+        }
+    }
+
+    /// An fsync that needs nothing from the device (or cannot be served) ends at once.
+    fn finish_sync_now(&self, start: Instant, done: SyncDone, r: Result<()>) {
+        self.counters.fsync_finished(start);
+        done(r);
     }
 
     /// Sends the dirty pages of `ino` that overwrite blocks already on disk home and flushes
