@@ -85,6 +85,8 @@ pub struct FuseFs {
     close: Arc<CloseOnce>,
     /// The kernel accepts ENOSYS from opendir as "no handle needed" (FUSE_NO_OPENDIR_SUPPORT).
     no_opendir: bool,
+    /// The same for open (FUSE_NO_OPEN_SUPPORT).
+    no_open: bool,
 }
 
 impl FuseFs {
@@ -94,6 +96,7 @@ impl FuseFs {
             fs,
             close,
             no_opendir: false,
+            no_open: false,
         }
     }
 }
@@ -278,6 +281,14 @@ fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
 
+/// Replies with an entry the kernel will hold (it counts a lookup until its FORGET): the
+/// inode is held as well, so it outlives its last link while the kernel may still name it
+/// (see `FuseFs::forget`).
+fn reply_held_entry(fs: &Fs, reply: ReplyEntry, result: tidefs::Result<Attr>) {
+    let held = result.and_then(|attr| fs.open_inode(attr.ino).map(|()| attr));
+    reply_entry(reply, held);
+}
+
 fn reply_entry(reply: ReplyEntry, result: tidefs::Result<Attr>) {
     match result {
         Ok(attr) => reply.entry(
@@ -332,6 +343,10 @@ impl Filesystem for FuseFs {
         self.no_opendir = config
             .add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT)
             .is_ok();
+        // Nor do files (see `open`).
+        self.no_open = config
+            .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
+            .is_ok();
         let _ = config.set_max_write(1 << 20);
         Ok(())
     }
@@ -345,12 +360,24 @@ impl Filesystem for FuseFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(to_fs(parent), name_bytes(name)) {
             Err(FsError::NotFound) => reply.entry(&TTL, &negative_entry(), Generation(0)),
-            found => reply_entry(reply, found),
+            found => reply_held_entry(&self.fs, reply, found),
         }
     }
 
-    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
-        // Inode lifetimes follow open handles (open_inode/release_inode), not lookups.
+    /// The kernel dropped `nlookup` of its references to `ino` (it counts one per entry reply,
+    /// each of which held the inode in the library's open table): the last one frees an inode
+    /// without links. The kernel forgets an inode only once nothing uses it (no open file, no
+    /// working directory, no mapping), so this is the only hold the adapter needs, and an
+    /// inode number is never reused while the kernel may still name it.
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if ino == INodeNo::ROOT {
+            return;
+        }
+        if let Err(e) = self.fs.forget_inode(to_fs(ino), nlookup) {
+            // No reply to carry it: the inode stays until unmount or the next mount's orphan
+            // processing frees it.
+            log::warn!("forget of inode {ino}: {e}");
+        }
     }
 
     /// A request with a file handle comes from the kernel itself, never from `stat` (the
@@ -438,7 +465,8 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         let mode = mode & !(umask & 0o777);
-        reply_entry(
+        reply_held_entry(
+            &self.fs,
             reply,
             self.fs
                 .create(to_fs(parent), name_bytes(name), mode, rdev, creds(req)),
@@ -455,7 +483,8 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         let perm = (mode & !umask & 0o7777) as u16;
-        reply_entry(
+        reply_held_entry(
+            &self.fs,
             reply,
             self.fs
                 .mkdir(to_fs(parent), name_bytes(name), perm, creds(req)),
@@ -478,7 +507,8 @@ impl Filesystem for FuseFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        reply_entry(
+        reply_held_entry(
+            &self.fs,
             reply,
             self.fs.symlink(
                 to_fs(parent),
@@ -528,7 +558,8 @@ impl Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply_entry(
+        reply_held_entry(
+            &self.fs,
             reply,
             self.fs
                 .link(to_fs(ino), to_fs(newparent), name_bytes(newname)),
@@ -541,10 +572,15 @@ impl Filesystem for FuseFs {
         self.fs.kill_suidgid(to_fs(ino)).map_err(|e| errno(&e))
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open_inode(to_fs(ino)) {
-            Ok(()) => reply.opened(FileHandle(0), OPEN_FLAGS),
-            Err(e) => reply.error(errno(&e)),
+    /// Where the kernel offers FUSE_NO_OPEN_SUPPORT the first open answers ENOSYS, which the
+    /// kernel takes as success for every later open: no OPEN or RELEASE round trip. Handles
+    /// need no counting: an inode's lifetime follows the kernel's lookups (see `forget`), which
+    /// an open file keeps.
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_open {
+            reply.error(Errno::ENOSYS);
+        } else {
+            reply.opened(FileHandle(0), OPEN_FLAGS);
         }
     }
 
@@ -597,21 +633,25 @@ impl Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // close() promises nothing about durability; fsync does.
-        reply.ok();
+        // close() promises nothing about durability; fsync does. ENOSYS tells the kernel so
+        // for good: it sends no more FLUSH (files opened without an OPEN request do not carry
+        // FOPEN_NOFLUSH).
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         _fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.release_inode(to_fs(ino)));
+        // Nothing to drop: handles are not counted (see `open`); the kernel's FORGET, which
+        // follows the last close, frees an unlinked inode.
+        reply.ok();
     }
 
     fn fsync(
@@ -786,6 +826,7 @@ impl Filesystem for FuseFs {
                 return;
             }
         };
+        // The kernel's lookup holds the inode until FORGET (and outlasts the new handle).
         match self.fs.open_inode(attr.ino) {
             Ok(()) => reply_created(reply, &attr),
             Err(e) => reply.error(errno(&e)),
@@ -803,6 +844,7 @@ impl Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         let mode = mode & !(umask & 0o777);
+        // The tmpfile comes with one hold: the kernel's lookup, dropped by its FORGET.
         match self.fs.tmpfile(to_fs(parent), mode, creds(req)) {
             Ok(attr) => reply_created(reply, &attr),
             Err(e) => reply.error(errno(&e)),

@@ -378,3 +378,61 @@ fn flush_count_includes_each_commit_record() {
     );
     fs.unmount().unwrap();
 }
+
+/// Goal: space held by an orphan (an unlinked inode still held, as the FUSE adapter holds one
+/// until the kernel forgets it) is waited for, briefly, by an operation that runs out of
+/// space: `rm big; write` finds the space even when the last release comes a moment later.
+/// Method: fill a small image, hold the file, unlink it, release it from another thread 50 ms
+/// later while this thread writes 1 MiB: the write is whole. Held with no release coming, the
+/// write fails with ENOSPC after a bounded wait instead.
+#[test]
+fn a_full_file_system_waits_for_orphans_being_released() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "full.img", 16, &[]);
+    let fs = std::sync::Arc::new(Fs::open(&img, &MountOptions::default()).unwrap());
+    let c = Creds::ROOT;
+    let chunk = vec![3u8; 1 << 20];
+    let fill = |name: &[u8]| {
+        let f = fs.create(ROOT_INO, name, 0o100644, 0, c).unwrap().ino;
+        let mut at = 0u64;
+        loop {
+            match fs.write(f, at, &chunk) {
+                Ok(n) => at += u64::from(n),
+                Err(FsError::NoSpace) => break,
+                Err(e) => panic!("fill: {e}"),
+            }
+        }
+        assert!(at > 8 << 20, "filled only {at} bytes");
+        f
+    };
+    let big = fill(b"big");
+    fs.open_inode(big).unwrap();
+    fs.unlink(ROOT_INO, b"big").unwrap();
+    let releaser = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            fs.forget_inode(big, 1).unwrap();
+        })
+    };
+    let after = fs.create(ROOT_INO, b"after", 0o100644, 0, c).unwrap().ino;
+    assert_eq!(
+        fs.write(after, 0, &chunk).unwrap() as usize,
+        chunk.len(),
+        "the write found the orphan's space"
+    );
+    releaser.join().unwrap();
+    fs.unlink(ROOT_INO, b"after").unwrap();
+    // Held for good: the wait is bounded, and the write fails as it must.
+    let late = fs.create(ROOT_INO, b"late", 0o100644, 0, c).unwrap().ino;
+    let big = fill(b"big2");
+    fs.open_inode(big).unwrap();
+    fs.unlink(ROOT_INO, b"big2").unwrap();
+    assert!(matches!(fs.write(late, 0, &chunk), Err(FsError::NoSpace)));
+    fs.release_inode(big).unwrap();
+    fs.unmount().unwrap();
+    common::assert_fsck_clean(&img);
+}

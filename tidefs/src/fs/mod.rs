@@ -87,6 +87,11 @@ const MAX_BATCH_WAIT: Duration = Duration::from_millis(2);
 
 const LATENCY_WINDOW: usize = 100_000;
 
+/// Longest an operation that ran out of space waits for orphans (unlinked inodes still held)
+/// to be freed before it fails: a FUSE unlink frees the inode only when the kernel forgets it,
+/// a moment after the unlink returned, and `rm big; write` must find the space.
+const ORPHAN_WAIT: Duration = Duration::from_millis(200);
+
 impl Counters {
     /// An fsync begins: it counts as active (group commit waits for the others) until
     /// [`Counters::fsync_finished`].
@@ -158,6 +163,8 @@ struct Inner {
     gate: CommitGate,
     /// fsyncs answered by callback, served by the `tidefs-fsync` thread.
     syncs: SyncQueue,
+    /// Counts orphans freed by their last release; space waiters watch it (`ORPHAN_WAIT`).
+    orphans_freed: (Mutex<u64>, Condvar),
     /// When the running transaction opened (the previous one closed).
     running_since: Mutex<Instant>,
     /// Tid of the last transaction that is durable.
@@ -544,6 +551,7 @@ impl Fs {
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
             syncs: SyncQueue::default(),
+            orphans_freed: (Mutex::new(0), Condvar::new()),
             running_since: Mutex::new(Instant::now()),
             committed_tid: AtomicU32::new(tid.wrapping_sub(1)),
             errored: AtomicBool::new(false),
@@ -681,6 +689,7 @@ impl Fs {
     ) -> Result<T> {
         let inner = &self.inner;
         let mut retries = 0;
+        let mut orphan_deadline = None;
         loop {
             if inner.closed.load(Ordering::SeqCst) {
                 return Err(FsError::ReadOnly);
@@ -711,6 +720,13 @@ impl Fs {
             if write && retries < 2 && waiting_frees && matches!(r, Err(FsError::NoSpace)) {
                 retries += 1;
                 continue;
+            }
+            if write && matches!(r, Err(FsError::NoSpace)) {
+                let deadline = *orphan_deadline.get_or_insert_with(|| Instant::now() + ORPHAN_WAIT);
+                if inner.wait_for_orphans(deadline) {
+                    retries = 0;
+                    continue;
+                }
             }
             return r;
         }
@@ -922,6 +938,7 @@ impl Fs {
         let lock = self.data_lock(n);
         let _g = lock.write();
         let mut done = 0usize;
+        let mut orphan_deadline = None;
         loop {
             let rest = &data[done..];
             let at = offset + done as u64;
@@ -941,6 +958,10 @@ impl Fs {
             // transaction become usable, and go on if that made room.
             let waiting = self.inner.meta.lock().frees_pending();
             if !waiting {
+                let deadline = *orphan_deadline.get_or_insert_with(|| Instant::now() + ORPHAN_WAIT);
+                if self.inner.wait_for_orphans(deadline) {
+                    continue;
+                }
                 break;
             }
             self.inner.commit_running()?;
@@ -1186,22 +1207,36 @@ impl Fs {
 
     /// Drops an open handle; the last release of an unlinked inode frees it.
     pub fn release_inode(&self, ino: Ino) -> Result<()> {
+        self.forget_inode(ino, 1)
+    }
+
+    /// Drops `count` handles of `ino` at once (a FUSE FORGET of `count` lookups); as
+    /// [`Fs::release_inode`] otherwise.
+    pub fn forget_inode(&self, ino: Ino, count: u64) -> Result<()> {
         let inner = &self.inner;
         let n = inner.geo.ino32(ino)?;
-        if !inner.closed.load(Ordering::SeqCst) && inner.open.release_linked(n, &inner.names) {
+        if !inner.closed.load(Ordering::SeqCst) && inner.open.release_linked(n, count, &inner.names)
+        {
             return Ok(());
         }
-        self.with_meta(false, |m, io| {
-            if !m.open.release(n) {
-                return Ok(());
+        let freed = self.with_meta(false, |m, io| {
+            if !m.open.release(n, count) {
+                return Ok(false);
             }
             let i = m.read_inode(io, n)?;
             if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
                 m.acts_for(io, n)?;
                 m.free_inode_fully(io, n)?;
+                return Ok(true);
             }
-            Ok(())
-        })
+            Ok(false)
+        })?;
+        if freed {
+            let (count, freed) = &inner.orphans_freed;
+            *count.lock() += 1;
+            freed.notify_all();
+        }
+        Ok(())
     }
 
     /// Live counters.
@@ -1493,6 +1528,24 @@ impl Inner {
         self.io.dev.flush().map_err(FsError::Io)?;
         self.meta.lock().finish_home_writes(&writes);
         Ok(())
+    }
+
+    /// An operation ran out of space: if unlinked inodes wait on the orphan list for their last
+    /// release, waits (until `deadline`) for one to be freed, and says whether one was; the
+    /// caller then tries again (the freed blocks may need a commit first, which its retry does).
+    fn wait_for_orphans(&self, deadline: Instant) -> bool {
+        let (count, freed) = &self.orphans_freed;
+        let seen = *count.lock();
+        if self.meta.lock().sb.last_orphan() == 0 {
+            return false;
+        }
+        let mut now = count.lock();
+        while *now == seen {
+            if freed.wait_until(&mut now, deadline).timed_out() {
+                return *now != seen;
+            }
+        }
+        true
     }
 
     /// Commits the running transaction if it holds anything.

@@ -2,7 +2,10 @@
 //! file never waits for a commit or for other files' writes (docs/DESIGN.md §2.5).
 //!
 //! An inode with open handles is not freed when its last link goes: it goes on the orphan
-//! list and is freed at its last release (or by orphan cleanup after a crash).
+//! list and is freed at its last release (or by orphan cleanup after a crash). A "handle" is
+//! whatever a user of the library counts with `Fs::open_inode`: the FUSE adapter counts each
+//! reference the kernel holds (every entry it replies with, until the kernel forgets it) and
+//! each handle of a created file, so an inode lives while the kernel may still name it.
 //!
 //! Invariants (lock order: metadata lock, then this table, then the name cache's locks):
 //! - the code that drops an inode's last link (under the metadata lock) asks
@@ -27,7 +30,7 @@ use super::namecache::NameCache;
 /// Open handle counts by inode; see the module documentation.
 #[derive(Default)]
 pub(crate) struct OpenFiles {
-    counts: Mutex<HashMap<u32, u32>>,
+    counts: Mutex<HashMap<u32, u64>>,
 }
 
 impl OpenFiles {
@@ -62,14 +65,14 @@ impl OpenFiles {
         true
     }
 
-    /// Drops one handle of `ino` without the metadata lock when that cannot free the inode:
+    /// Drops `n` handles of `ino` without the metadata lock when that cannot free the inode:
     /// other handles remain, or the name cache shows it linked. `false`: the caller must take
     /// the slow path ([`OpenFiles::release`] under the metadata lock).
-    pub fn release_linked(&self, ino: u32, names: &NameCache) -> bool {
+    pub fn release_linked(&self, ino: u32, n: u64, names: &NameCache) -> bool {
         let mut counts = self.counts.lock();
         match counts.get_mut(&ino) {
-            Some(c) if *c > 1 => {
-                *c -= 1;
+            Some(c) if *c > n => {
+                *c -= n;
                 true
             }
             Some(_) if names.is_linked(ino) => {
@@ -82,13 +85,13 @@ impl OpenFiles {
         }
     }
 
-    /// Drops one handle of `ino` (under the metadata lock); true when it was the last.
-    pub fn release(&self, ino: u32) -> bool {
+    /// Drops `n` handles of `ino` (under the metadata lock); true when they were the last.
+    pub fn release(&self, ino: u32, n: u64) -> bool {
         let mut counts = self.counts.lock();
         let Some(c) = counts.get_mut(&ino) else {
             return false;
         };
-        *c -= 1;
+        *c = c.saturating_sub(n);
         if *c > 0 {
             return false;
         }
@@ -122,14 +125,14 @@ mod tests {
         names.put_attr(&attr(12, 1));
         assert!(open.open_linked(12, &names));
         assert!(open.open_linked(12, &names));
-        assert!(open.release_linked(12, &names), "another handle remains");
+        assert!(open.release_linked(12, 1, &names), "another handle remains");
         names.forget_attr(12);
         assert!(open.contains(12));
         assert!(
-            !open.release_linked(12, &names),
+            !open.release_linked(12, 1, &names),
             "the last handle of an inode whose links are unknown goes the slow way"
         );
-        assert!(open.release(12), "the slow path drops the last handle");
+        assert!(open.release(12, 1), "the slow path drops the last handle");
         assert!(!open.contains(12));
         names.put_attr(&attr(14, 1));
         assert!(open.open_linked(14, &names));
@@ -138,10 +141,10 @@ mod tests {
             "open: kept as an orphan"
         );
         assert!(
-            !open.release_linked(14, &names),
+            !open.release_linked(14, 1, &names),
             "its last release frees it"
         );
-        assert!(open.release(14));
+        assert!(open.release(14, 1));
         names.put_attr(&attr(15, 1));
         assert!(
             !open.last_link_dropped(15, &names),
@@ -157,7 +160,21 @@ mod tests {
             "an unlinked inode: slow path"
         );
         open.add(13);
-        assert!(!open.release_linked(13, &names));
+        assert!(!open.release_linked(13, 1, &names));
         assert_eq!(open.take_all(), vec![13]);
+        // Several handles dropped at once (a kernel FORGET of n lookups).
+        names.put_attr(&attr(16, 1));
+        for _ in 0..3 {
+            assert!(open.open_linked(16, &names));
+        }
+        assert!(open.release_linked(16, 2, &names), "one remains");
+        assert!(open.contains(16));
+        names.forget_attr(16);
+        assert!(
+            !open.release_linked(16, 1, &names),
+            "the last goes the slow way"
+        );
+        assert!(open.release(16, 1));
+        assert!(!open.contains(16));
     }
 }
