@@ -588,23 +588,24 @@ impl Target {
         let journal_image = (place == JournalPlace::External && system != System::Fuse2fs)
             .then(|| fresh_image("-journal"));
         let journal_size = journal_size(size);
-        // ext4 is formatted on the attached journal device (mke2fs takes only a block device
-        // as an external journal); tidefs' mkfs attaches a journal file itself.
+        // An external journal is formatted on the benchmark's own (direct-I/O) loop device,
+        // for tidefs as for ext4, so its file is only ever seen through that one device: a
+        // journal file formatted through another loop device and then attached again could be
+        // read stale past a page cache.
         let mut journal = None;
         match (&system, journal_image) {
-            (System::Tidefs(_) | System::Embedded(_), journal_image) => {
-                let journal_path = journal_image.as_ref().map(|j| j.0.clone());
-                format_tidefs(&image.0, size, journal_path)?;
-                if let Some(journal_image) = journal_image {
-                    // mkfs wrote the journal through a buffered loop device of its own; the
-                    // direct-I/O loop device below reads the file past the page cache.
-                    settle(&journal_image.0)?;
+            (System::Tidefs(_) | System::Embedded(_), journal_image) => match journal_image {
+                Some(journal_image) => {
+                    sparse_file(&journal_image.0, journal_size)?;
+                    let device = LoopDevice::attach(&journal_image.0, &name)?;
+                    format_tidefs(&image.0, size, Some(device.path.clone()))?;
                     journal = Some(ExternalJournal {
-                        device: LoopDevice::attach(&journal_image.0, &name)?,
+                        device,
                         _image: journal_image,
                     });
                 }
-            }
+                None => format_tidefs(&image.0, size, None)?,
+            },
             (System::Ext4(mode), journal_image) => {
                 let fast_commit = *mode == Ext4Mode::FastCommit;
                 if let Some(journal_image) = journal_image {
@@ -837,12 +838,13 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
     Some((ticks(11)? + ticks(12)?) as f64 / 100.0)
 }
 
-/// Formats an image for tidefs, with its journal in the file `journal` if given: the one place
+/// Formats an image for tidefs, with its journal on the device `journal` if given: the one place
 /// the benchmarks call `tidefs_mkfs`.
 fn format_tidefs(image: &Path, size: u64, journal: Option<PathBuf>) -> Result<(), CliError> {
     let opts = tidefs_mkfs::MkfsOptions {
         size: Some(size),
-        journal_size: Some(journal_size(size)),
+        // An external journal is a device of exactly that size already.
+        journal_size: journal.is_none().then(|| journal_size(size)),
         journal_device: journal,
         ..tidefs_mkfs::MkfsOptions::default()
     };

@@ -24,9 +24,10 @@ use std::io;
 use std::os::unix::fs::{FileExt as _, FileTypeExt as _};
 use std::path::Path;
 
-use std::sync::{mpsc, Arc};
+use std::collections::VecDeque;
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::{check_range, lock, Barrier, BlockDevice};
 
@@ -222,89 +223,155 @@ impl FileDev {
             }
             return Ok(());
         }
-        let (done_tx, done_rx) = mpsc::channel();
         let first = runs.swap_remove(0);
-        let mut handed = 0;
+        let batch = Arc::new(Batch::new(runs.len()));
         for (offset, buf) in runs {
-            match self.writers.submit(WriteJob {
+            let job = WriteJob {
                 file: Arc::clone(&self.file),
                 offset,
                 buf,
-                done: done_tx.clone(),
-            }) {
-                Ok(()) => handed += 1,
-                // No worker left (they only stop when the device is dropped): write it here.
-                Err(job) => {
-                    let r = job.file.write_all_at(job.buf.as_slice(), job.offset);
-                    let _ = done_tx.send(r);
-                    handed += 1;
-                }
+                batch: Arc::clone(&batch),
+            };
+            // No worker left (they only stop when the device is dropped): write it here.
+            if let Err(job) = self.writers.submit(job) {
+                job.run();
             }
         }
-        drop(done_tx);
-        let mut result = self.write_raw(first.0, first.1.as_slice(), false);
-        for _ in 0..handed {
-            let r = done_rx
-                .recv()
-                .unwrap_or_else(|_| Err(io::Error::other("a device writer thread stopped")));
-            result = result.and(r);
-        }
-        result
+        let result = self.write_raw(first.0, first.1.as_slice(), false);
+        result.and(batch.wait())
     }
 }
 
-/// One run for a [`WriterPool`] thread, and where to report how it went.
+/// The runs of one [`FileDev::write_runs`] call that the pool writes: the caller sleeps until
+/// the last of them is written and is woken once, by the thread that wrote it.
+struct Batch {
+    /// Runs not yet written, and the first error among those written.
+    state: Mutex<(usize, io::Result<()>)>,
+    finished: Condvar,
+}
+
+impl Batch {
+    fn new(runs: usize) -> Batch {
+        Batch {
+            state: Mutex::new((runs, Ok(()))),
+            finished: Condvar::new(),
+        }
+    }
+
+    /// One run is written, with result `r`.
+    fn done(&self, r: io::Result<()>) {
+        let mut s = self.state.lock();
+        s.0 -= 1;
+        if s.1.is_ok() {
+            s.1 = r;
+        }
+        if s.0 == 0 {
+            self.finished.notify_one();
+        }
+    }
+
+    /// Waits for every run; the first error, if any.
+    fn wait(&self) -> io::Result<()> {
+        let mut s = self.state.lock();
+        while s.0 > 0 {
+            self.finished.wait(&mut s);
+        }
+        std::mem::replace(&mut s.1, Ok(()))
+    }
+}
+
+/// One run for a [`WriterPool`] thread, and the batch it belongs to.
 struct WriteJob {
     file: Arc<File>,
     offset: u64,
     buf: AlignedBuf,
-    done: mpsc::Sender<io::Result<()>>,
+    batch: Arc<Batch>,
+}
+
+impl WriteJob {
+    fn run(self) {
+        let r = self.file.write_all_at(self.buf.as_slice(), self.offset);
+        self.batch.done(r);
+    }
+}
+
+/// The jobs waiting for a [`WriterPool`] thread.
+#[derive(Default)]
+struct PoolQueue {
+    jobs: VecDeque<WriteJob>,
+    /// The device is gone: the threads stop once the queue is empty.
+    closed: bool,
+}
+
+/// What a [`WriterPool`] and its threads share: a queue under a lock, and a condition
+/// variable on which idle threads sleep (a job wakes one of them, nothing else).
+#[derive(Default)]
+struct PoolShared {
+    queue: Mutex<PoolQueue>,
+    ready: Condvar,
 }
 
 /// Threads that write runs handed over by [`FileDev::write_runs`]; they stop when the
-/// device is dropped (their queue closes). Started once per device, so a batch costs a
-/// wake-up per run, not a thread.
+/// device is dropped. Started once per device, so a batch costs a wake-up per run, not a
+/// thread.
 struct WriterPool {
-    queue: Option<Mutex<mpsc::Sender<WriteJob>>>,
+    shared: Option<Arc<PoolShared>>,
 }
 
 impl WriterPool {
     /// `threads` workers (none for a read-only device, or if the system refuses threads).
     fn start(threads: usize) -> WriterPool {
-        let (tx, rx) = mpsc::channel::<WriteJob>();
-        let rx = Arc::new(Mutex::new(rx));
+        let shared = Arc::new(PoolShared::default());
         let mut started = 0;
         for i in 0..threads {
-            let rx = Arc::clone(&rx);
+            let shared = Arc::clone(&shared);
             let spawned = std::thread::Builder::new()
                 .name(format!("tidefs-dev-writer-{i}"))
                 .stack_size(64 << 10)
                 .spawn(move || loop {
-                    let job = rx.lock().recv();
-                    let Ok(job) = job else {
-                        return;
+                    let job = {
+                        let mut q = shared.queue.lock();
+                        loop {
+                            if let Some(job) = q.jobs.pop_front() {
+                                break job;
+                            }
+                            if q.closed {
+                                return;
+                            }
+                            shared.ready.wait(&mut q);
+                        }
                     };
-                    let r = job.file.write_all_at(job.buf.as_slice(), job.offset);
-                    let _ = job.done.send(r);
+                    job.run();
                 });
             if spawned.is_ok() {
                 started += 1;
             }
         }
         WriterPool {
-            queue: (started > 0).then(|| Mutex::new(tx)),
+            shared: (started > 0).then_some(shared),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.queue.is_none()
+        self.shared.is_none()
     }
 
     /// Queues `job`, or gives it back when no worker can take it.
     fn submit(&self, job: WriteJob) -> Result<(), WriteJob> {
-        match &self.queue {
-            Some(q) => q.lock().send(job).map_err(|e| e.0),
-            None => Err(job),
+        let Some(shared) = &self.shared else {
+            return Err(job);
+        };
+        shared.queue.lock().jobs.push_back(job);
+        shared.ready.notify_one();
+        Ok(())
+    }
+}
+
+impl Drop for WriterPool {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.shared {
+            shared.queue.lock().closed = true;
+            shared.ready.notify_all();
         }
     }
 }
