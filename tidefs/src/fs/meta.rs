@@ -423,10 +423,16 @@ impl Meta {
     pub fn flush_sb_to_cache(&mut self, io: &Io) -> Result<()> {
         self.sb.update_checksum();
         let (nr, off) = self.sb_location();
-        let sb = self.sb.clone();
-        let b = self.block_mut(io, nr)?;
-        sb.write(&mut b[off..off + SUPERBLOCK_SIZE]);
+        let mut bytes = [0u8; SUPERBLOCK_SIZE];
+        self.sb.write(&mut bytes);
         self.sb_dirty = false;
+        // Changes that cancel out (an orphan added and removed again in one transaction, as
+        // every FUSE unlink of a closed file does) leave the block as it is: not journaled.
+        if self.block(io, nr)?[off..off + SUPERBLOCK_SIZE] == bytes[..] {
+            return Ok(());
+        }
+        let b = self.block_mut(io, nr)?;
+        b[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
         Ok(())
     }
 }
