@@ -7,7 +7,7 @@
 //! Protocol: the client sends one command line; the daemon answers with JSON lines.
 //! - `status` → `{"ok":true,"pid":..,"image":"..","mountpoint":"..","read_only":..,
 //!   "commit_seconds":..,"cache_size_bytes":..,"data_mode":".."}` (the options in effect)
-//! - `stats` → `{"ok":true,"stats":{"journal_bytes":..,...}}`
+//! - `stats` → `{"ok":true,"stats":{"journal_bytes":..,...},"fuse_requests":{"WRITE":..,...}}`
 //! - `sync` → `{"ok":true}` once the running transaction is committed and flushed (durable), or
 //!   `{"ok":false,"error":".."}`
 //! - `unmount` → `{"ok":true,"state":"unmounting"}` once the kernel let go of the mount, then
@@ -231,6 +231,8 @@ pub trait Daemon: Send + Sync + 'static {
     fn status(&self) -> Value;
     /// Current counters.
     fn stats(&self) -> Stats;
+    /// FUSE requests served so far, by kind (the kernel's opcode name without `FUSE_`).
+    fn requests(&self) -> Vec<(String, u64)>;
     /// Commits the running transaction and flushes; returns when it is durable.
     fn sync(&self) -> Result<(), String>;
     /// Asks the kernel to unmount and answers on `stream`: an error, or `unmounting` and later
@@ -278,7 +280,14 @@ fn handle<D: Daemon>(stream: UnixStream, daemon: &D) {
     let mut stream = stream;
     let reply = match line.trim() {
         "status" => daemon.status(),
-        "stats" => json!({"ok": true, "stats": daemon.stats()}),
+        "stats" => {
+            let requests: serde_json::Map<String, Value> = daemon
+                .requests()
+                .into_iter()
+                .map(|(kind, n)| (kind, Value::from(n)))
+                .collect();
+            json!({"ok": true, "stats": daemon.stats(), "fuse_requests": requests})
+        }
         "sync" => match daemon.sync() {
             Ok(()) => json!({"ok": true}),
             Err(e) => json!({"ok": false, "error": e}),

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fuser::{Config, MountOption, Session, SessionACL};
+use fuser::{Config, MountOption, RequestCounts, Session, SessionACL};
 use serde_json::{json, Value};
 use tidefs::dev::Barrier;
 use tidefs::fs::{DataMode, Fs, MountOptions, Stats};
@@ -453,6 +453,8 @@ struct DaemonState {
     unmount_requested: Mutex<bool>,
     /// Control connections waiting for the final close. [own lock]
     waiters: Mutex<Vec<UnixStream>>,
+    /// FUSE requests served, by kind (counted by the session threads).
+    requests: RequestCounts,
 }
 
 impl DaemonState {
@@ -518,6 +520,10 @@ impl control::Daemon for DaemonState {
 
     fn stats(&self) -> Stats {
         self.fs.stats()
+    }
+
+    fn requests(&self) -> Vec<(String, u64)> {
+        self.requests.snapshot()
     }
 
     fn sync(&self) -> Result<(), String> {
@@ -617,7 +623,9 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
             mount_options.push(option);
         }
     }
+    let requests = RequestCounts::default();
     let mut fuse_config = Config::default();
+    fuse_config.request_counts = Some(requests.clone());
     fuse_config.mount_options = mount_options;
     fuse_config.n_threads = Some(16);
     fuse_config.clone_fd = true;
@@ -643,6 +651,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         options,
         unmount_requested: Mutex::new(false),
         waiters: Mutex::new(Vec::new()),
+        requests,
     });
     spawn("tidefs-signals", {
         let state = state.clone();

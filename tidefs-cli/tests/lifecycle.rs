@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::os::unix::fs::FileExt as _;
 use std::time::Duration;
 
@@ -382,6 +382,31 @@ fn stats_reports_the_counters() {
         "{}",
         stdout(&out)
     );
+    // The FUSE requests, by kind: one WRITE and one FSYNC per append; opening the file again
+    // ten times reaches the daemon once at most (the first OPEN, which tells the kernel to open
+    // files without asking from then on), and never releases.
+    drop(file);
+    let requests = |m: &Mount| m.stats()["fuse_requests"].clone();
+    let before = requests(&m);
+    assert!(before["WRITE"].as_u64().unwrap_or(0) >= 10, "{before}");
+    assert!(before["FSYNC"].as_u64().unwrap_or(0) >= 10, "{before}");
+    for _ in 0..10 {
+        let mut text = Vec::new();
+        std::fs::File::open(m.path("log"))
+            .and_then(|mut f| f.read_to_end(&mut text))
+            .expect("OK to unwrap: read");
+        assert_eq!(text.len(), 1250);
+    }
+    let after = requests(&m);
+    let count = |v: &serde_json::Value, kind: &str| v[kind].as_u64().unwrap_or(0);
+    assert!(count(&after, "OPEN") <= 1, "{after}");
+    assert_eq!(
+        count(&after, "RELEASE"),
+        count(&before, "RELEASE"),
+        "{after}"
+    );
+    let out = output(tidefs().arg("stats").arg(&m.mnt));
+    assert!(stdout(&out).contains("fuse_requests"), "{}", stdout(&out));
 }
 
 /// Goal: with -n, fsck never writes to the image, even when the journal needs replay.

@@ -57,6 +57,10 @@ impl<'a> RequestWithSender<'a> {
     /// request and sends back the returned reply to the kernel
     pub(crate) fn dispatch<FS: Filesystem>(&self, se: &SessionEventLoop<FS>) {
         debug!("{} thread={}", self.request, se.thread_name);
+        // tidefs patch: count the request.
+        if let Some(counts) = &se.request_counts {
+            counts.add(self.request.opcode());
+        }
         match self.dispatch_req(se) {
             Ok(Some(resp)) => self.reply::<ReplyRaw>().send_ll(&resp),
             Ok(None) => {}

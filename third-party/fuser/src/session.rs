@@ -294,6 +294,7 @@ impl<FS: Filesystem> Session<FS> {
             let thread_name = format!("fuser-{i}");
             let event_loop = SessionEventLoop {
                 thread_name: thread_name.clone(),
+                request_counts: config.request_counts.clone(),
                 filesystem: filesystem.clone(),
                 ch,
                 allowed,
@@ -514,6 +515,8 @@ impl SessionUnmounter {
 pub(crate) struct SessionEventLoop<FS: Filesystem> {
     /// Cache thread name for faster `debug!`.
     pub(crate) thread_name: String,
+    /// tidefs patch: `Config::request_counts`.
+    pub(crate) request_counts: Option<crate::RequestCounts>,
     pub(crate) ch: Channel,
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,

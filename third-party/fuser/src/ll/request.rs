@@ -2243,6 +2243,11 @@ impl<'a> AnyRequest<'a> {
         RequestId(self.header.unique)
     }
 
+    /// tidefs patch: the request's opcode as the kernel sent it.
+    pub(crate) fn opcode(&self) -> u32 {
+        self.header.opcode
+    }
+
     /// Returns the node id of the inode this request is targeted to.
     pub(crate) fn nodeid(&self) -> INodeNo {
         INodeNo(self.header.nodeid)

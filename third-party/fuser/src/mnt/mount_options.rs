@@ -18,6 +18,8 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// tidefs patch: counted up for every request the session serves.
+    pub request_counts: Option<crate::RequestCounts>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
