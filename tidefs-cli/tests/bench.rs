@@ -335,6 +335,7 @@ fn run_sqlite(modes: &[&str], systems: &[&str]) -> serde_json::Value {
         "seconds",
         "dev B/txn",
         "commits/txn",
+        "FUSE req/txn",
         "time vs ext4:ordered",
     ] {
         assert!(text.contains(header), "no column {header}:\n{text}");
@@ -363,6 +364,16 @@ fn run_sqlite(modes: &[&str], systems: &[&str]) -> serde_json::Value {
         );
         // tidefs and the kernel's jbd2 both count their commits.
         assert!(row["commits_per_transaction"].as_f64().is_some(), "{row}");
+        // Only the tidefs daemon counts its FUSE requests; a transaction takes several.
+        let requests = row["fuse_requests_per_transaction"].as_f64();
+        if row["system"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("tidefs:"))
+        {
+            assert!(requests.is_some_and(|r| r >= 3.0), "{row}");
+        } else {
+            assert!(requests.is_none(), "{row}");
+        }
     }
     assert_compared_by(rows, "seconds", "time_ratio_to_ext4_ordered");
     assert_eq!(names(&report["systems"], "system"), systems);

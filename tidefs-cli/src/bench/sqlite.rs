@@ -13,8 +13,9 @@
 //!
 //! The table gives, per journal mode, phase and system, and for the three phases together:
 //! transactions per second, seconds, what the device received per transaction (bytes,
-//! flushes), journal commits per transaction where the system counts them, and the time
-//! against ext4 `data=ordered` in the same journal mode and phase. `--plot` draws the seconds
+//! flushes), journal commits per transaction where the system counts them, FUSE requests per
+//! transaction for tidefs through FUSE (the daemon's count), and the time against ext4
+//! `data=ordered` in the same journal mode and phase. `--plot` draws the seconds
 //! as grouped bars, one chart per journal mode.
 
 use std::collections::HashSet;
@@ -291,6 +292,8 @@ struct Sample {
     transactions_per_s: f64,
     device: DeviceCounters,
     commits: Option<u64>,
+    /// FUSE requests the daemon served (tidefs through FUSE only).
+    fuse_requests: Option<u64>,
 }
 
 /// The table's row: medians over the runs.
@@ -305,6 +308,8 @@ struct Row {
     device_bytes_per_transaction: f64,
     flushes_per_transaction: f64,
     commits_per_transaction: Option<f64>,
+    /// FUSE round trips per transaction (tidefs through FUSE only).
+    fuse_requests_per_transaction: Option<f64>,
     /// Seconds against ext4 `data=ordered`'s in the same journal mode and phase.
     time_ratio_to_ext4_ordered: Option<f64>,
 }
@@ -375,7 +380,7 @@ pub fn run(args: SqliteArgs) -> Result<(), CliError> {
         args.common.runs
     );
     report::print_table(
-        "system|journal|phase|txn/s|seconds|dev B/txn|flush/txn|commits/txn|time vs ext4:ordered",
+        "system|journal|phase|txn/s|seconds|dev B/txn|flush/txn|commits/txn|FUSE req/txn|time vs ext4:ordered",
         &rows,
         |r: &Row| {
             vec![
@@ -388,6 +393,8 @@ pub fn run(args: SqliteArgs) -> Result<(), CliError> {
                 format!("{:.2}", r.flushes_per_transaction),
                 r.commits_per_transaction
                     .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
+                r.fuse_requests_per_transaction
+                    .map_or_else(|| "-".into(), |c| format!("{c:.1}")),
                 report::ratio_cell(r.time_ratio_to_ext4_ordered),
             ]
         },
@@ -424,6 +431,7 @@ fn row(system: &str, mode: JournalMode, phase: &'static str, samples: &[Sample])
         report::median(&mut mine.iter().map(|s| f(s)).collect::<Vec<_>>())
     };
     let has_commits = mine.iter().all(|s| s.commits.is_some());
+    let has_requests = mine.iter().all(|s| s.fuse_requests.is_some());
     Row {
         system: system.to_string(),
         journal_mode: mode.name(),
@@ -435,6 +443,8 @@ fn row(system: &str, mode: JournalMode, phase: &'static str, samples: &[Sample])
         flushes_per_transaction: median(&|s| per_txn(s, s.device.flushes)),
         commits_per_transaction: has_commits
             .then(|| median(&|s| per_txn(s, s.commits.unwrap_or(0)))),
+        fuse_requests_per_transaction: has_requests
+            .then(|| median(&|s| per_txn(s, s.fuse_requests.unwrap_or(0)))),
         time_ratio_to_ext4_ordered: None,
     }
 }
@@ -492,6 +502,7 @@ impl Database<'_> {
             bar.set_message(format!("{what} {}", phase.name()));
             let mut statement = conn.prepare(phase.sql()).map_err(failed)?;
             let commits_before = self.target.commits();
+            let requests_before = self.target.fuse_requests();
             let device_before = self.target.counters();
             let started = Instant::now();
             for _ in 0..ops {
@@ -521,6 +532,9 @@ impl Database<'_> {
                     commits_before
                         .zip(self.target.commits())
                         .map(|(a, b)| b.saturating_sub(a)),
+                    requests_before
+                        .zip(self.target.fuse_requests())
+                        .map(|(a, b)| b.saturating_sub(a)),
                 ),
             );
             bar.inc(1);
@@ -533,6 +547,7 @@ impl Database<'_> {
                 .iter()
                 .fold(DeviceCounters::default(), |sum, s| sum.plus(s.device)),
             samples.iter().map(|s| s.commits).sum(),
+            samples.iter().map(|s| s.fuse_requests).sum(),
         );
         samples.push(total);
         Ok(samples)
@@ -545,6 +560,7 @@ impl Database<'_> {
         seconds: f64,
         device: DeviceCounters,
         commits: Option<u64>,
+        fuse_requests: Option<u64>,
     ) -> Sample {
         Sample {
             system: self.name.to_string(),
@@ -556,6 +572,7 @@ impl Database<'_> {
             transactions_per_s: transactions as f64 / seconds.max(1e-9),
             device,
             commits,
+            fuse_requests,
         }
     }
 }

@@ -744,6 +744,18 @@ impl Target {
         }
     }
 
+    /// FUSE requests the tidefs daemon has served so far (`tidefs stats`' `fuse_requests`, all
+    /// kinds); `None` for systems without that count (the kernel's ext4, fuse2fs, the library).
+    pub fn fuse_requests(&self) -> Option<u64> {
+        let Mounted::Tidefs(mnt) = &self.mounted else {
+            return None;
+        };
+        let mut client = crate::control::Client::connect(mnt).ok()?;
+        let reply = client.request("stats").ok()?;
+        let kinds = reply["fuse_requests"].as_object()?;
+        Some(kinds.values().filter_map(serde_json::Value::as_u64).sum())
+    }
+
     /// The kernel's name of an ext4 journal (`/proc/fs/jbd2/NAME`, thread `jbd2/NAME`): the
     /// external journal's device, or the file system's device and the journal inode (8).
     fn jbd2_name(&self) -> String {
