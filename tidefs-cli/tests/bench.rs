@@ -274,6 +274,7 @@ fn postmark_reports_every_system() {
         "total s",
         "dev MB written",
         "of which journal",
+        "FUSE req/tx",
         "vs ext4:ordered",
     ] {
         assert!(text.contains(header), "no column {header}:\n{text}");
@@ -290,6 +291,13 @@ fn postmark_reports_every_system() {
             assert_eq!(journal, None, "{row}");
         } else {
             assert!(journal.is_some_and(|j| j > 0.0), "{row}");
+        }
+        // Only the tidefs daemon counts its FUSE requests: every transaction takes some.
+        let requests = row["fuse_requests_per_transaction"].as_f64();
+        if row["system"] == "tidefs:writeback" {
+            assert!(requests.is_some_and(|r| r >= 1.0), "{row}");
+        } else {
+            assert_eq!(requests, None, "{row}");
         }
     }
 }

@@ -4,8 +4,8 @@
 //! fresh file system whose journal is on its own loop device (fuse2fs has no external journal:
 //! all its bytes count as home bytes). Reported: transactions per second, total time, what the
 //! devices received (bytes written to the journal and to the file system, flushes; up to the
-//! end of the unmount, so that what a system only writes at unmount counts too), and the ratio
-//! to ext4 `data=ordered`. By default every tidefs data mode and every ext4 mode run side by
+//! end of the unmount, so that what a system only writes at unmount counts too), FUSE requests
+//! per transaction for tidefs (the daemon's count), and the ratio to ext4 `data=ordered`. By default every tidefs data mode and every ext4 mode run side by
 //! side.
 //!
 //! postmark's own timer counts whole seconds, so the rate here is the configured transactions
@@ -58,6 +58,8 @@ struct Sample {
     transactions_per_s: f64,
     /// What the devices received, including the unmount after the run.
     device: Traffic,
+    /// FUSE requests the tidefs daemon served during the run (`None` for the other systems).
+    fuse_requests: Option<u64>,
 }
 
 /// The table's row: one system over all runs (medians).
@@ -70,6 +72,9 @@ struct Row {
     /// Of which to the external journal device (`None` for fuse2fs).
     journal_bytes_written: Option<f64>,
     device_flushes: f64,
+    /// FUSE round trips per postmark transaction (tidefs only; creations and deletions of the
+    /// initial and final file sets included).
+    fuse_requests_per_transaction: Option<f64>,
     ratio_to_ext4_ordered: Option<f64>,
 }
 
@@ -126,6 +131,9 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
                     .all(|x| x.device.journal.is_some())
                     .then(|| pick(|x| x.device.journal.map_or(0.0, |j| j.bytes_written as f64))),
                 device_flushes: pick(|x| x.device.total().flushes as f64),
+                fuse_requests_per_transaction: mine.iter().all(|x| x.fuse_requests.is_some()).then(
+                    || pick(|x| x.fuse_requests.unwrap_or(0) as f64) / args.transactions as f64,
+                ),
                 ratio_to_ext4_ordered: None,
             }
         })
@@ -146,7 +154,7 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
         args.common.runs
     );
     report::print_table(
-        "system|tx/s|total s|dev MB written|of which journal|flushes|vs ext4:ordered",
+        "system|tx/s|total s|dev MB written|of which journal|flushes|FUSE req/tx|vs ext4:ordered",
         &rows,
         |r: &Row| {
             vec![
@@ -157,6 +165,8 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
                 r.journal_bytes_written
                     .map_or_else(|| "-".into(), |j| format!("{:.1}", j / 1e6)),
                 format!("{:.0}", r.device_flushes),
+                r.fuse_requests_per_transaction
+                    .map_or_else(|| "-".into(), |q| format!("{q:.1}")),
                 report::ratio_cell(r.ratio_to_ext4_ordered),
             ]
         },
@@ -213,12 +223,16 @@ fn one_run(
     std::fs::write(&config_path, config(args, &location)).map_err(failed)?;
     target.sync()?;
     let before = target.counters();
+    let requests_before = target.fuse_requests();
     let started = Instant::now();
     let out = run_tool(
         Command::new(postmark).arg(&config_path),
         &format!("postmark on {name}"),
     );
     let seconds = started.elapsed().as_secs_f64();
+    let fuse_requests = requests_before
+        .zip(target.fuse_requests())
+        .map(|(a, b)| b.saturating_sub(a));
     let _ = std::fs::remove_file(&config_path);
     let out = out?;
     // postmark reports a failed file operation on stderr and still exits 0; its summary is
@@ -236,5 +250,6 @@ fn one_run(
         seconds,
         transactions_per_s: args.transactions as f64 / seconds.max(1e-9),
         device,
+        fuse_requests,
     })
 }
