@@ -285,7 +285,13 @@ fn name_bytes(name: &OsStr) -> &[u8] {
 /// inode is held as well, so it outlives its last link while the kernel may still name it
 /// (see `FuseFs::forget`).
 fn reply_held_entry(fs: &Fs, reply: ReplyEntry, result: tidefs::Result<Attr>) {
-    let held = result.and_then(|attr| fs.open_inode(attr.ino).map(|()| attr));
+    // The root is never freed, and the kernel never forgets it (see `forget`).
+    let held = result.and_then(|attr| {
+        if attr.ino == ROOT_INO {
+            return Ok(attr);
+        }
+        fs.open_inode(attr.ino).map(|()| attr)
+    });
     reply_entry(reply, held);
 }
 

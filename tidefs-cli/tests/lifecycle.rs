@@ -400,9 +400,10 @@ fn stats_reports_the_counters() {
     let after = requests(&m);
     let count = |v: &serde_json::Value, kind: &str| v[kind].as_u64().unwrap_or(0);
     assert!(count(&after, "OPEN") <= 1, "{after}");
-    assert_eq!(
-        count(&after, "RELEASE"),
-        count(&before, "RELEASE"),
+    // The created file's own handle may still send its RELEASE (asynchronously, after the
+    // close above); the re-opens send none.
+    assert!(
+        count(&after, "RELEASE") <= count(&before, "RELEASE") + 1,
         "{after}"
     );
     let out = output(tidefs().arg("stats").arg(&m.mnt));

@@ -242,7 +242,15 @@ fn queued_fsyncs_are_durable_and_all_learn_a_failed_commit() {
         }
     }
     // Nothing was written since: an fsync needs nothing and answers on the caller's thread.
-    assert!(fsyncs_then(&fs, &files[..1])[0].is_ok());
+    let caller = std::thread::current().id();
+    let answered_on = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let on = answered_on.clone();
+    fs.fsync_then(
+        files[0],
+        true,
+        Box::new(move |r| *on.lock().unwrap() = Some((std::thread::current().id(), r.is_ok()))),
+    );
+    assert_eq!(*answered_on.lock().unwrap(), Some((caller, true)));
     // The promises, after a power cut right after the last callback.
     fs.crash();
     drop(fs);

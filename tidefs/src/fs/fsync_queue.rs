@@ -81,6 +81,11 @@ impl SyncQueue {
         self.ready.notify_all();
     }
 
+    /// Takes every queued job (the serving thread is gone and they must fail).
+    fn drain(&self) -> Vec<SyncJob> {
+        std::mem::take(&mut self.state.lock().jobs)
+    }
+
     /// Waits for jobs and takes all of them; `None` once stopped and empty. The second value
     /// says whether the jobs must fail instead of being served.
     fn next_batch(&self) -> Option<(Vec<SyncJob>, bool)> {
@@ -98,6 +103,21 @@ impl SyncQueue {
 impl Inner {
     /// The serving thread's loop (`tidefs-fsync`), until the queue stops and drains.
     pub(super) fn serve_sync_queue(&self) {
+        // Should the thread die (a panic), later fsyncs run on their callers' threads and the
+        // ones queued fail, instead of waiting for ever.
+        struct Orphaned<'a>(&'a Inner);
+        impl Drop for Orphaned<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.syncs.stop(true);
+                    for job in self.0.syncs.drain() {
+                        let dead = std::io::Error::other("the fsync thread stopped");
+                        self.0.finish_sync(job, Err(FsError::Io(dead)));
+                    }
+                }
+            }
+        }
+        let _orphaned = Orphaned(self);
         while let Some((batch, fail)) = self.syncs.next_batch() {
             if fail {
                 for job in batch {
@@ -123,12 +143,14 @@ impl Inner {
             let Some(newest) = newest else {
                 continue;
             };
-            // One commit makes every older transaction durable too. When it fails, nothing
-            // from the failed transaction on can become durable: those waiters get the error.
-            let _ = self.commit_up_to(newest);
+            // One commit makes every older transaction durable too (Ok also when there was
+            // nothing left to commit: a transaction emptied by rolled-back operations). When
+            // it fails, nothing from the failed transaction on can become durable: those
+            // waiters get the error, the ones an earlier commit covered their Ok.
+            let all_durable = self.commit_up_to(newest).is_ok();
             let durable = self.committed_tid.load(std::sync::atomic::Ordering::SeqCst);
             for (tid, job) in commits {
-                let r = if tid_geq(durable, tid) {
+                let r = if all_durable || tid_geq(durable, tid) {
                     Ok(())
                 } else {
                     Err(self.error_result())

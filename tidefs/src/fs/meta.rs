@@ -381,8 +381,9 @@ impl Meta {
         const MAX_MAPS: usize = 200_000;
         const MAX_DIRS: usize = 20_000;
         if self.maps.len() > MAX_MAPS {
-            let open = &self.open;
-            self.maps.retain(|ino, _| open.contains(*ino));
+            // Not only those of closed files: through FUSE every inode the kernel caches is
+            // held (docs/DESIGN.md §2.7), so sparing held ones could spare them all.
+            self.maps.clear();
         }
         if self.dirs.len() > MAX_DIRS {
             self.dirs.clear();

@@ -595,6 +595,10 @@ impl Fs {
                 Err(e) => log::warn!("could not audit the allocation bitmaps: {e}"),
             }
         }
+        if ro {
+            // No serving thread: fsyncs and syncs answer on their callers' threads.
+            fs.inner.syncs.stop(false);
+        }
         if !ro {
             let bg = std::thread::Builder::new()
                 .name("tidefs-commit".into())
@@ -629,6 +633,8 @@ impl Fs {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Nothing queued from now on is written: it fails.
+        self.inner.syncs.stop(true);
         {
             let (lock, cv) = &self.inner.wake;
             *lock.lock() = true;
@@ -647,6 +653,8 @@ impl Fs {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        // What is queued is served before the final commit; nothing more is queued.
+        self.inner.syncs.stop(false);
         {
             let (lock, cv) = &self.inner.wake;
             *lock.lock() = true;
@@ -1456,6 +1464,10 @@ impl Inner {
     /// What an fsync/fdatasync of `ino` needs from the device (see [`Fs::fsync`]); `None`
     /// when everything it covers is durable already.
     fn fsync_plan(&self, ino: Ino, datasync: bool) -> Result<Option<SyncWork>> {
+        if self.closed.load(Ordering::SeqCst) {
+            // Unmounted or crashed: nothing more reaches the device.
+            return Err(FsError::ReadOnly);
+        }
         let (n, target, dirty) = {
             let mut m = self.meta.lock();
             let n = m.ino32(ino)?;
@@ -1534,6 +1546,9 @@ impl Inner {
     /// release, waits (until `deadline`) for one to be freed, and says whether one was; the
     /// caller then tries again (the freed blocks may need a commit first, which its retry does).
     fn wait_for_orphans(&self, deadline: Instant) -> bool {
+        if Instant::now() >= deadline {
+            return false;
+        }
         let (count, freed) = &self.orphans_freed;
         let seen = *count.lock();
         if self.meta.lock().sb.last_orphan() == 0 {
