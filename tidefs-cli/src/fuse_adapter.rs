@@ -811,6 +811,9 @@ impl Filesystem for FuseFs {
         reply.ok();
     }
 
+    /// Where files open without OPEN requests (see `open`), CREATE answers ENOSYS, which the
+    /// kernel takes for good: it creates files with MKNOD and opens them without asking, so a
+    /// new file costs one request instead of CREATE and, at its close, RELEASE.
     fn create(
         &self,
         req: &Request,
@@ -821,6 +824,10 @@ impl Filesystem for FuseFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        if self.no_open {
+            reply.error(Errno::ENOSYS);
+            return;
+        }
         let mode = mode & !(umask & 0o777);
         let attr = match self
             .fs
