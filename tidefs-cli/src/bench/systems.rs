@@ -722,11 +722,7 @@ impl Target {
     pub fn commits(&self) -> Option<u64> {
         match &self.mounted {
             Mounted::Embedded(fs) => Some(fs.stats().commits),
-            Mounted::Tidefs(mnt) => {
-                let mut client = crate::control::Client::connect(mnt).ok()?;
-                let reply = client.request("stats").ok()?;
-                reply["stats"]["commits"].as_u64()
-            }
+            Mounted::Tidefs(_) => self.daemon_stats()?["stats"]["commits"].as_u64(),
             Mounted::Kernel(_) => {
                 let first_number = |path: String| -> Option<u64> {
                     let text = std::fs::read_to_string(path).ok()?;
@@ -747,13 +743,19 @@ impl Target {
     /// FUSE requests the tidefs daemon has served so far (`tidefs stats`' `fuse_requests`, all
     /// kinds); `None` for systems without that count (the kernel's ext4, fuse2fs, the library).
     pub fn fuse_requests(&self) -> Option<u64> {
+        let reply = self.daemon_stats()?;
+        let kinds = reply["fuse_requests"].as_object()?;
+        Some(kinds.values().filter_map(serde_json::Value::as_u64).sum())
+    }
+
+    /// The tidefs daemon's `stats` reply over its control socket; `None` for other systems or
+    /// when the daemon does not answer.
+    fn daemon_stats(&self) -> Option<serde_json::Value> {
         let Mounted::Tidefs(mnt) = &self.mounted else {
             return None;
         };
         let mut client = crate::control::Client::connect(mnt).ok()?;
-        let reply = client.request("stats").ok()?;
-        let kinds = reply["fuse_requests"].as_object()?;
-        Some(kinds.values().filter_map(serde_json::Value::as_u64).sum())
+        client.request("stats").ok()
     }
 
     /// The kernel's name of an ext4 journal (`/proc/fs/jbd2/NAME`, thread `jbd2/NAME`): the

@@ -729,12 +729,12 @@ impl Fs {
                 retries += 1;
                 continue;
             }
-            if write && matches!(r, Err(FsError::NoSpace)) {
-                let deadline = *orphan_deadline.get_or_insert_with(|| Instant::now() + ORPHAN_WAIT);
-                if inner.wait_for_orphans(deadline) {
-                    retries = 0;
-                    continue;
-                }
+            if write
+                && matches!(r, Err(FsError::NoSpace))
+                && inner.wait_for_orphans(&mut orphan_deadline)
+            {
+                retries = 0;
+                continue;
             }
             return r;
         }
@@ -966,8 +966,7 @@ impl Fs {
             // transaction become usable, and go on if that made room.
             let waiting = self.inner.meta.lock().frees_pending();
             if !waiting {
-                let deadline = *orphan_deadline.get_or_insert_with(|| Instant::now() + ORPHAN_WAIT);
-                if self.inner.wait_for_orphans(deadline) {
+                if self.inner.wait_for_orphans(&mut orphan_deadline) {
                     continue;
                 }
                 break;
@@ -1032,11 +1031,9 @@ impl Fs {
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
         let inner = &self.inner;
         let start = inner.counters.fsync_started();
-        let r = match inner.fsync_plan(ino, datasync) {
-            Ok(Some(work)) => inner.run_sync_work(work),
-            Ok(None) => Ok(()),
-            Err(e) => Err(e),
-        };
+        let r = inner
+            .fsync_plan(ino, datasync)
+            .and_then(|work| work.map_or(Ok(()), |work| inner.run_sync_work(work)));
         inner.counters.fsync_finished(start);
         r
     }
@@ -1049,16 +1046,18 @@ impl Fs {
     pub fn fsync_then(&self, ino: Ino, datasync: bool, done: SyncDone) {
         let inner = &self.inner;
         let start = inner.counters.fsync_started();
-        let job = match inner.fsync_plan(ino, datasync) {
-            Ok(Some(work)) => SyncJob {
+        match inner.fsync_plan(ino, datasync) {
+            Ok(Some(work)) => inner.queue_or_run(SyncJob {
                 work,
                 fsync_start: Some(start),
                 done,
-            },
-            Ok(None) => return inner.finish_sync_now(start, done, Ok(())),
-            Err(e) => return inner.finish_sync_now(start, done, Err(e)),
-        };
-        inner.queue_or_run(job);
+            }),
+            // Nothing needs the device, or the fsync cannot be served: it ends here.
+            settled => {
+                inner.counters.fsync_finished(start);
+                done(settled.map(drop));
+            }
+        }
     }
 
     /// Makes everything durable.
@@ -1512,12 +1511,6 @@ impl Inner {
         }
     }
 
-    /// An fsync that needs nothing from the device (or cannot be served) ends at once.
-    fn finish_sync_now(&self, start: Instant, done: SyncDone, r: Result<()>) {
-        self.counters.fsync_finished(start);
-        done(r);
-    }
-
     /// Sends the dirty pages of `ino` that overwrite blocks already on disk home and flushes
     /// them, without a commit (they change no metadata). If the file also has dirty pages that
     /// need metadata (allocation, unwritten extents, journal mode), commits instead.
@@ -1543,9 +1536,11 @@ impl Inner {
     }
 
     /// An operation ran out of space: if unlinked inodes wait on the orphan list for their last
-    /// release, waits (until `deadline`) for one to be freed, and says whether one was; the
-    /// caller then tries again (the freed blocks may need a commit first, which its retry does).
-    fn wait_for_orphans(&self, deadline: Instant) -> bool {
+    /// release, waits for one to be freed, and says whether one was; the caller then tries
+    /// again (the freed blocks may need a commit first, which its retry does). `deadline` is
+    /// the operation's: set to [`ORPHAN_WAIT`] from now at its first wait, never waited past.
+    fn wait_for_orphans(&self, deadline: &mut Option<Instant>) -> bool {
+        let deadline = *deadline.get_or_insert_with(|| Instant::now() + ORPHAN_WAIT);
         if Instant::now() >= deadline {
             return false;
         }
