@@ -7,15 +7,25 @@ mod common;
 use tidefs::fs::{Creds, Fs, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
 use tidefs::FsError;
 
+/// A fresh image of `mb` MiB from the real mkfs, opened with the default options: the
+/// directory that holds it (removed when dropped), its path and the file system; `None` (the
+/// test skips, or fails in CI) without e2fsprogs.
+fn fresh(name: &str, mb: u64) -> Option<(tempfile::TempDir, std::path::PathBuf, Fs)> {
+    if !common::have_e2fsprogs() {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), name, mb, &[]);
+    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    Some((dir, img, fs))
+}
+
 /// Goal and method: see the module doc.
 #[test]
 fn operations_round_trip_and_fsck_clean() {
-    if !common::have_e2fsprogs() {
+    let Some((_dir, img, fs)) = fresh("t.img", 64) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "t.img", 64, &[]);
-    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    };
     let c = Creds::ROOT;
     let d = fs.mkdir(ROOT_INO, b"dir", 0o755, c).unwrap();
     let f = fs.create(d.ino, b"file", 0o100644, 0, c).unwrap();
@@ -123,12 +133,9 @@ fn commit_timer_skips_idle_and_commits_changes() {
 /// set-group-ID only when the group may execute the file. Method: set, change, read back.
 #[test]
 fn writes_truncates_and_chown_drop_capabilities_and_setid_bits() {
-    if !common::have_e2fsprogs() {
+    let Some((_dir, img, fs)) = fresh("t.img", 64) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "t.img", 64, &[]);
-    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    };
     let f = fs
         .create(ROOT_INO, b"prog", 0o106755, 0, Creds::ROOT)
         .unwrap();
@@ -196,12 +203,9 @@ fn writes_truncates_and_chown_drop_capabilities_and_setid_bits() {
 /// nothing to commit (a round shorter than a clock tick keeps the times).
 #[test]
 fn timestamps_are_multigrain() {
-    if !common::have_e2fsprogs() {
+    let Some((_dir, img, fs)) = fresh("t.img", 64) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "t.img", 64, &[]);
-    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    };
     let f = fs
         .create(ROOT_INO, b"log", 0o100644, 0, Creds::ROOT)
         .unwrap();
@@ -267,12 +271,9 @@ fn timestamps_are_multigrain() {
 fn open_handles_keep_unlinked_files_until_the_last_release() {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    if !common::have_e2fsprogs() {
+    let Some((_dir, img, fs)) = fresh("open.img", 64) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "open.img", 64, &[]);
-    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    };
     let c = Creds::ROOT;
     let before = fs.statfs().unwrap();
     let f = fs.create(ROOT_INO, b"f", 0o100644, 0, c).unwrap().ino;
@@ -352,12 +353,9 @@ fn open_handles_keep_unlinked_files_until_the_last_release() {
 /// and the commit record's own: at least two flushes per commit.
 #[test]
 fn flush_count_includes_each_commit_record() {
-    if !common::have_e2fsprogs() {
+    let Some((_dir, _img, fs)) = fresh("flushes.img", 64) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "flushes.img", 64, &[]);
-    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    };
     let f = fs
         .create(ROOT_INO, b"log", 0o100644, 0, Creds::ROOT)
         .unwrap()
@@ -387,12 +385,10 @@ fn flush_count_includes_each_commit_record() {
 /// write fails with ENOSPC after a bounded wait instead.
 #[test]
 fn a_full_file_system_waits_for_orphans_being_released() {
-    if !common::have_e2fsprogs() {
+    let Some((_dir, img, fs)) = fresh("full.img", 16) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "full.img", 16, &[]);
-    let fs = std::sync::Arc::new(Fs::open(&img, &MountOptions::default()).unwrap());
+    };
+    let fs = std::sync::Arc::new(fs);
     let c = Creds::ROOT;
     let chunk = vec![3u8; 1 << 20];
     let fill = |name: &[u8]| {
@@ -443,12 +439,9 @@ fn a_full_file_system_waits_for_orphans_being_released() {
 /// released right after equal those of committing a plain unlink of a file just like it.
 #[test]
 fn an_orphan_freed_in_its_own_transaction_leaves_the_superblock_out() {
-    if !common::have_e2fsprogs() {
+    let Some((_dir, img, fs)) = fresh("orphan.img", 64) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "orphan.img", 64, &[]);
-    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    };
     let journal_for = |name: &[u8], held: bool| -> u64 {
         let f = fs
             .create(ROOT_INO, name, 0o100644, 0, Creds::ROOT)
