@@ -534,32 +534,31 @@ fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
     let value = reply.get("stats").cloned().unwrap_or_default();
     let stats: tidefs::fs::Stats = serde_json::from_value(value)
         .map_err(|e| CliError::new(what, format!("bad reply from the daemon: {e}")))?;
-    let mut requests: Vec<(String, u64)> = reply
+    let requests = reply
         .get("fuse_requests")
-        .and_then(|r| r.as_object())
-        .map(|r| {
-            r.iter()
-                .filter_map(|(kind, n)| Some((kind.clone(), n.as_u64()?)))
-                .collect()
-        })
-        .unwrap_or_default();
-    // Most frequent first, then by name.
-    requests.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({}));
     if as_json {
         // OK to unwrap: a plain struct of numbers always serializes to an object.
         let mut out = serde_json::to_value(&stats).expect("stats serialize");
-        out["fuse_requests"] = requests
-            .iter()
-            .map(|(kind, n)| (kind.clone(), serde_json::Value::from(*n)))
-            .collect::<serde_json::Map<_, _>>()
-            .into();
+        out["fuse_requests"] = requests;
         println!(
             "{}",
             serde_json::to_string_pretty(&out).expect("stats serialize")
         );
     } else {
+        let mut kinds: Vec<(String, u64)> = requests
+            .as_object()
+            .map(|r| {
+                r.iter()
+                    .filter_map(|(kind, n)| Some((kind.clone(), n.as_u64()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Most frequent first, then by name.
+        kinds.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         print!("{}", stats_table(&stats));
-        print!("{}", requests_table(&requests));
+        print!("{}", requests_table(&kinds));
     }
     Ok(())
 }
