@@ -28,9 +28,14 @@ use tidefs::fs::{
 };
 use tidefs::FsError;
 
-/// How long the kernel may cache attributes and entries. Writes always reach us (the write-back
-/// cache is off); this only saves lookups and getattrs.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache attributes and entries (a day, as long as the kernel keeps
+/// them anyway). Nothing changes a name or an attribute behind the kernel's back: the image is
+/// locked to this daemon, every change of names, attributes, sizes and extended attributes is
+/// a request of this mount, and the kernel drops or updates what each request makes stale
+/// (the parent directory's attributes after a create or unlink, a file's after a write). A
+/// short validity only cost round trips: with one second, a lookup of a name not used in the
+/// last second (every `stat` of a random file among many) waited for the daemon.
+const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// `fallocate` mode bit: do not change the file size.
 const FALLOC_FL_KEEP_SIZE: i32 = 0x01;

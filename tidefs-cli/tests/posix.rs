@@ -1185,6 +1185,47 @@ fn missing_names_appear_and_vanish_at_once() {
     missing("later");
 }
 
+/// Goal: names and attributes the kernel was given stay valid in its caches (nothing changes
+/// them behind its back), so looking at them again later costs the daemon nothing, and a
+/// change made through the mount is still seen at once. Method: stat names and a directory,
+/// wait past a second (the old validity), stat them again and count the LOOKUP and GETATTR
+/// requests the daemon received; then change a file and see the change.
+#[test]
+fn cached_names_and_attributes_stay_valid() {
+    let m = mount!("cached_names_and_attributes_stay_valid");
+    fs::create_dir(m.path("d")).expect("OK to unwrap: mkdir");
+    for i in 0..20 {
+        write_file(&m.path(&format!("d/f{i}")), b"x");
+    }
+    let look = || {
+        for i in 0..20 {
+            let meta = fs::metadata(m.path(&format!("d/f{i}"))).expect("OK to unwrap: stat");
+            assert_eq!(meta.len(), 1);
+        }
+        fs::metadata(m.path("d")).expect("OK to unwrap: stat of the directory");
+        assert!(fs::metadata(m.path("d/missing")).is_err());
+    };
+    look();
+    let asked = |m: &Mount| {
+        let requests = m.stats()["fuse_requests"].clone();
+        let count = |kind: &str| requests[kind].as_u64().unwrap_or(0);
+        (count("LOOKUP"), count("GETATTR"))
+    };
+    let before = asked(&m);
+    std::thread::sleep(Duration::from_millis(1500));
+    look();
+    assert_eq!(
+        asked(&m),
+        before,
+        "the kernel asked again for what it was told"
+    );
+    // A change through the mount drops what it makes stale.
+    write_file(&m.path("d/f3"), b"longer");
+    assert_eq!(fs::metadata(m.path("d/f3")).expect("stat").len(), 6);
+    fs::remove_file(m.path("d/f4")).expect("OK to unwrap: unlink");
+    assert!(fs::metadata(m.path("d/f4")).is_err());
+}
+
 /// Goal: a write by a non-root user clears set-user-id and set-group-id (with group exec), as
 /// ext4 does; root's write keeps them.
 #[test]

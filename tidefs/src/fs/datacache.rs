@@ -19,7 +19,7 @@
 //! - while an operation runs (`begin_undo`), the first change to each page saves its old state,
 //!   so a failed operation takes its data changes back with its metadata changes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::api::DataMode;
@@ -63,7 +63,9 @@ pub(crate) struct DirtyPage {
 #[derive(Default)]
 struct FilePages {
     pages: BTreeMap<u32, Page>,
-    dirty: usize,
+    /// The blocks of the dirty pages: write-back visits them without walking the clean pages
+    /// (a long file appended to has many clean pages and one dirty one).
+    dirty: BTreeSet<u32>,
     reserved: u64,
 }
 
@@ -122,7 +124,7 @@ impl DataCache {
 
     /// Dirty pages of `ino`.
     pub fn dirty_count_of(&self, ino: u32) -> usize {
-        self.files.get(&ino).map_or(0, |f| f.dirty)
+        self.files.get(&ino).map_or(0, |f| f.dirty.len())
     }
 
     /// Files with dirty pages, in inode order.
@@ -130,7 +132,7 @@ impl DataCache {
         let mut v: Vec<u32> = self
             .files
             .iter()
-            .filter(|(_, f)| f.dirty > 0)
+            .filter(|(_, f)| !f.dirty.is_empty())
             .map(|(i, _)| *i)
             .collect();
         v.sort_unstable();
@@ -140,9 +142,9 @@ impl DataCache {
     /// The dirty pages of `ino`, in block order.
     pub fn dirty_pages(&self, ino: u32) -> Vec<DirtyPage> {
         self.files.get(&ino).map_or_else(Vec::new, |f| {
-            f.pages
+            f.dirty
                 .iter()
-                .filter(|(_, p)| p.dirty)
+                .filter_map(|l| f.pages.get(l).map(|p| (l, p)))
                 .map(|(l, p)| DirtyPage {
                     lblk: *l,
                     gen: p.gen,
@@ -201,7 +203,7 @@ impl DataCache {
     fn remove_page(&mut self, ino: u32, lblk: u32) -> Option<Page> {
         let f = self.files.get_mut(&ino)?;
         let p = f.pages.remove(&lblk)?;
-        f.dirty -= usize::from(p.dirty);
+        f.dirty.remove(&lblk);
         f.reserved -= u64::from(p.reserved);
         if f.pages.is_empty() {
             self.files.remove(&ino);
@@ -218,7 +220,9 @@ impl DataCache {
         self.dirty += usize::from(p.dirty);
         self.reserved += u64::from(p.reserved);
         let f = self.files.entry(ino).or_default();
-        f.dirty += usize::from(p.dirty);
+        if p.dirty {
+            f.dirty.insert(lblk);
+        }
         f.reserved += u64::from(p.reserved);
         f.pages.insert(lblk, p);
     }
@@ -282,7 +286,9 @@ impl DataCache {
         p.gen = gen;
         // Offsets inside a block fit in u32.
         p.changed.add(offset as u32, (offset + data.len()) as u32);
-        f.dirty += usize::from(newly_dirty);
+        if newly_dirty {
+            f.dirty.insert(lblk);
+        }
         self.dirty += usize::from(newly_dirty);
         true
     }
@@ -299,7 +305,7 @@ impl DataCache {
         if p.gen == gen && p.dirty {
             p.dirty = false;
             p.changed.clear();
-            f.dirty -= 1;
+            f.dirty.remove(&lblk);
             self.dirty -= 1;
         }
     }
@@ -417,6 +423,36 @@ mod tests {
         assert!(!c.get(1, 0).unwrap().dirty);
         assert!(c.get(1, 1).is_none());
         assert_eq!((c.dirty_count(), c.reserved(), c.pages), (0, 0, 1));
+    }
+
+    /// The dirty set that write-back walks agrees with the pages' own marks through writes,
+    /// write-backs, drops and a rollback, among many clean pages of the same file.
+    #[test]
+    fn dirty_pages_are_found_among_many_clean_ones() {
+        let mut c = DataCache::new(4096);
+        for l in 0..1000 {
+            c.insert(7, l, vec![0u8; 8].into(), false);
+        }
+        c.write(7, 900, 0, b"a", 1, DataMode::Ordered);
+        c.write(7, 10, 0, b"b", 1, DataMode::Ordered);
+        let lblks = |c: &DataCache| c.dirty_pages(7).iter().map(|p| p.lblk).collect::<Vec<_>>();
+        assert_eq!(lblks(&c), vec![10, 900]);
+        let pages = c.dirty_pages(7);
+        c.written_back(7, 10, pages[0].gen);
+        assert_eq!(lblks(&c), vec![900]);
+        c.begin_undo();
+        c.write(7, 500, 0, b"c", 1, DataMode::Ordered);
+        c.drop_range(7, 900, 901);
+        assert_eq!(lblks(&c), vec![500]);
+        c.rollback();
+        assert_eq!(lblks(&c), vec![900]);
+        let marked: Vec<u32> = (0..1000)
+            .filter(|l| c.get(7, *l).is_some_and(|p| p.dirty))
+            .collect();
+        assert_eq!(marked, vec![900]);
+        assert_eq!((c.dirty_count(), c.dirty_count_of(7)), (1, 1));
+        c.drop_file(7);
+        assert!(c.dirty_files().is_empty());
     }
 
     #[test]
