@@ -24,6 +24,7 @@ pub mod fault;
 mod file;
 pub mod lock;
 pub mod record;
+mod uring;
 
 pub use file::{AlignedBuf, FileDev};
 
