@@ -18,9 +18,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tidefs::fs::{
     Attr, Creds, FileKind, Fs, Ino, RenameFlags as FsRenameFlags, SetAttr, SetTime, Timestamp,
@@ -29,12 +29,14 @@ use tidefs::fs::{
 use tidefs::FsError;
 
 /// How long the kernel may cache attributes and entries (a day, as long as the kernel keeps
-/// them anyway). Nothing changes a name or an attribute behind the kernel's back: the image is
-/// locked to this daemon, every change of names, attributes, sizes and extended attributes is
-/// a request of this mount, and the kernel drops or updates what each request makes stale
-/// (the parent directory's attributes after a create or unlink, a file's after a write). A
-/// short validity only cost round trips: with one second, a lookup of a name not used in the
-/// last second (every `stat` of a random file among many) waited for the daemon.
+/// them anyway). The image is locked to this daemon, every change of names, attributes, sizes
+/// and extended attributes is a request of this mount, and the kernel drops or updates what
+/// each request makes stale (the parent directory's attributes after a create or unlink, a
+/// file's after a write). The one attribute that moves behind a request's back, `st_blocks`
+/// (extent-tree blocks at write-back, an attribute block), is reported by the library and
+/// forgotten by the kernel on our word ([`forget_attributes_of_changed_blocks`]). A short
+/// validity only cost round trips: with one second, a lookup of a name not used in the last
+/// second (every `stat` of a random file among many) waited for the daemon.
 const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// `fallocate` mode bit: do not change the file size.
@@ -163,6 +165,24 @@ fn to_fuse(ino: Ino) -> INodeNo {
     } else {
         INodeNo(ino)
     }
+}
+
+/// Tells the kernel to forget the cached attributes of inodes whose block count the library
+/// changed behind its back (`Fs::on_blocks_changed`): attributes are valid for [`TTL`], and
+/// nothing else would make it ask again for a file whose extent tree grew at a commit.
+pub fn forget_attributes_of_changed_blocks(fs: &Fs, notifier: Notifier) {
+    fs.on_blocks_changed(Box::new(move |inodes| {
+        for &ino in inodes {
+            // ENOENT: the kernel does not hold the inode, so it has nothing to forget;
+            // ENODEV, ENOTCONN: the mount is gone (the final commit of an unmount).
+            if let Err(e) = notifier.inval_inode(to_fuse(ino), -1, 0) {
+                let gone = [libc::ENOENT, libc::ENODEV, libc::ENOTCONN];
+                if !e.raw_os_error().is_some_and(|n| gone.contains(&n)) {
+                    log::warn!("telling the kernel that inode {ino} changed: {e}");
+                }
+            }
+        }
+    }));
 }
 
 fn file_type(kind: FileKind) -> FileType {

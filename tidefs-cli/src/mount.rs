@@ -25,7 +25,7 @@ use tidefs::dev::Barrier;
 use tidefs::fs::{DataMode, Fs, MountOptions, Stats};
 
 use crate::control;
-use crate::fuse_adapter::{CloseOnce, FuseFs};
+use crate::fuse_adapter::{self, CloseOnce, FuseFs};
 use crate::sys;
 use crate::CliError;
 
@@ -642,6 +642,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
             io_reason(&e)
         ))
     })?;
+    fuse_adapter::forget_attributes_of_changed_blocks(&fs, session.notifier());
 
     let state = Arc::new(DaemonState {
         fs: fs.clone(),

@@ -1226,6 +1226,42 @@ fn cached_names_and_attributes_stay_valid() {
     assert!(fs::metadata(m.path("d/f4")).is_err());
 }
 
+/// Goal: `st_blocks` is right after changes the kernel does not expect to move it, although
+/// the kernel keeps attributes for a day: a commit whose write-back grows a file's extent tree
+/// by a block, and an extended attribute that moves out of the inode into a block of its own.
+/// Method: a file of 10 separate one-block extents (more than the inode holds: a leaf block at
+/// write-back), stat before and after `fsync`; a 2000-byte attribute set and removed, stat
+/// after each.
+#[test]
+fn st_blocks_follows_changes_behind_the_kernel() {
+    let m = mount!("st_blocks_follows_changes_behind_the_kernel");
+    let path = m.path("sparse");
+    let f = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(&path)
+        .expect("OK to unwrap: create");
+    for k in 0..10u64 {
+        f.write_all_at(&[b'x'; 4096], k * 2 * 4096)
+            .expect("OK to unwrap: write");
+    }
+    let blocks = |p: &Path| fs::metadata(p).expect("OK to unwrap: stat").blocks();
+    // Ten data blocks, counted from the writes on; asked twice so the kernel holds them.
+    assert_eq!(blocks(&path), 80);
+    assert_eq!(blocks(&path), 80);
+    f.sync_all().expect("OK to unwrap: fsync");
+    assert_eq!(
+        blocks(&path),
+        88,
+        "the extent tree's leaf block after write-back"
+    );
+    let big = vec![b'v'; 2000];
+    setxattr(&path, "user.big", &big, 0).expect("OK to unwrap: setxattr");
+    assert_eq!(blocks(&path), 96, "the attribute block");
+    removexattr(&path, "user.big").expect("OK to unwrap: removexattr");
+    assert_eq!(blocks(&path), 88, "the attribute block freed");
+}
+
 /// Goal: a write by a non-root user clears set-user-id and set-group-id (with group exec), as
 /// ext4 does; root's write keeps them.
 #[test]

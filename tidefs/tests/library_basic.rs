@@ -466,3 +466,42 @@ fn an_orphan_freed_in_its_own_transaction_leaves_the_superblock_out() {
     fs.unmount().unwrap();
     common::assert_fsck_clean(&img);
 }
+
+/// Goal: the listener of `Fs::on_blocks_changed` hears of every inode whose block count moves
+/// without an operation on it asking (extent-tree blocks added at write-back, an attribute
+/// block), and of no other. Method: a file of 10 separate one-block extents and a file written
+/// in one run, fsync of both; then a 2000-byte attribute on the second, set and removed. The
+/// block counts are checked beside what the listener heard.
+#[test]
+fn the_blocks_listener_hears_of_changes_no_operation_asked_for() {
+    let Some((_dir, _img, fs)) = fresh("blocks.img", 64) else {
+        return;
+    };
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = std::sync::Arc::clone(&heard);
+    fs.on_blocks_changed(Box::new(move |inodes| {
+        sink.lock().unwrap().extend_from_slice(inodes);
+    }));
+    let c = Creds::ROOT;
+    let sparse = fs.create(ROOT_INO, b"sparse", 0o100644, 0, c).unwrap();
+    let dense = fs.create(ROOT_INO, b"dense", 0o100644, 0, c).unwrap();
+    for k in 0..10u64 {
+        fs.write(sparse.ino, k * 8192, &[b'x'; 4096]).unwrap();
+    }
+    fs.write(dense.ino, 0, &vec![b'y'; 40960]).unwrap();
+    assert_eq!(fs.getattr(sparse.ino).unwrap().blocks, 80);
+    fs.fsync(sparse.ino, false).unwrap();
+    fs.fsync(dense.ino, false).unwrap();
+    assert_eq!(fs.getattr(sparse.ino).unwrap().blocks, 88);
+    assert_eq!(fs.getattr(dense.ino).unwrap().blocks, 80);
+    assert_eq!(*heard.lock().unwrap(), vec![sparse.ino]);
+    heard.lock().unwrap().clear();
+    fs.setxattr(dense.ino, b"user.big", &[b'v'; 2000], XattrSetMode::Any)
+        .unwrap();
+    fs.setxattr(dense.ino, b"user.small", b"v", XattrSetMode::Any)
+        .unwrap();
+    fs.removexattr(dense.ino, b"user.big").unwrap();
+    assert_eq!(fs.getattr(dense.ino).unwrap().blocks, 80);
+    assert_eq!(*heard.lock().unwrap(), vec![dense.ino, dense.ino]);
+    fs.unmount().unwrap();
+}

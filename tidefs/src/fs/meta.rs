@@ -148,6 +148,10 @@ pub(crate) struct Meta {
     /// What `lookup` and `getattr` serve without this lock; entries are dropped here, under
     /// the lock, as their inodes and names change.
     pub names: Arc<super::namecache::NameCache>,
+    /// Inodes whose block count changed without an operation on them asking for it: write-back
+    /// added or removed extent-tree blocks. Taken by each commit and passed to the listener of
+    /// [`super::Fs::on_blocks_changed`] (a server whose clients cache attributes).
+    pub blocks_changed: Vec<u32>,
 }
 
 /// The transactions that hold an inode's last changes (see [`Meta::ino_tids`]).

@@ -35,6 +35,10 @@ mod writeback;
 pub use api::*;
 pub use audit::AllocationAudit;
 pub use fsync_queue::SyncDone;
+
+/// Told, after the fact, which inodes' block counts (`st_blocks`) changed without an operation
+/// on them asking for it; see [`Fs::on_blocks_changed`].
+pub type BlocksListener = dyn Fn(&[Ino]) + Send + Sync;
 pub use modes::MODE_ATTR as JOURNAL_MODE_XATTR;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -176,6 +180,8 @@ struct Inner {
     /// What failed first, for the EIO of every later fsync.
     first_error: Mutex<Option<String>>,
     data_locks: Mutex<HashMap<u32, Arc<RwLock<()>>>>,
+    /// Told which inodes' block counts changed behind the operations (`Fs::on_blocks_changed`).
+    blocks_listener: Mutex<Option<Arc<BlocksListener>>>,
     counters: Counters,
     read_only: bool,
     closed: AtomicBool,
@@ -535,6 +541,7 @@ impl Fs {
             data: datacache::DataCache::new(cache_blocks),
             ino_tids: HashMap::new(),
             names: Arc::default(),
+            blocks_changed: Vec::new(),
         };
         meta.load_groups(&io)?;
         meta.sum_free_counts();
@@ -557,6 +564,7 @@ impl Fs {
             errored: AtomicBool::new(false),
             first_error: Mutex::new(None),
             data_locks: Mutex::new(HashMap::new()),
+            blocks_listener: Mutex::new(None),
             counters: Counters::default(),
             read_only: ro,
             closed: AtomicBool::new(false),
@@ -1157,20 +1165,47 @@ impl Fs {
 
     /// Sets extended attribute `name`.
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
-        self.with_meta(true, |m, io| {
-            let n = m.ino32(ino)?;
-            m.acts_for(io, n)?;
-            m.setxattr(io, n, name, value, mode)
-        })
+        self.change_xattrs(ino, |m, io, n| m.setxattr(io, n, name, value, mode))
     }
 
     /// Removes extended attribute `name`.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
-        self.with_meta(true, |m, io| {
+        self.change_xattrs(ino, |m, io, n| m.removexattr(io, n, name))
+    }
+
+    /// Runs an extended-attribute change of `ino`; when it allocated or freed the inode's
+    /// attribute block, the listener of [`Fs::on_blocks_changed`] hears of it (a kernel that
+    /// caches attributes does not expect `st_blocks` to move on `setxattr`).
+    fn change_xattrs(
+        &self,
+        ino: Ino,
+        mut change: impl FnMut(&mut Meta, &Io, u32) -> Result<()>,
+    ) -> Result<()> {
+        let moved = self.with_meta(true, |m, io| {
             let n = m.ino32(ino)?;
             m.acts_for(io, n)?;
-            m.removexattr(io, n, name)
-        })
+            let bs = m.geo.block_size;
+            let before = m.read_inode(io, n)?.blocks_512(bs);
+            change(m, io, n)?;
+            Ok(m.read_inode(io, n)?.blocks_512(bs) != before)
+        })?;
+        if moved {
+            if let Ok(n) = u32::try_from(ino) {
+                self.inner.tell_blocks_changed(&[n]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers `listener`, called with the inodes whose block count (`st_blocks`) changed
+    /// without an operation on them asking for it: a commit's write-back adding or removing
+    /// extent-tree blocks, an extended-attribute change allocating or freeing the attribute
+    /// block. A server whose clients cache attributes (the FUSE kernel module) tells them to
+    /// forget those inodes' attributes. It is called on the thread that made the change, after
+    /// the change, without any lock of the file system held; it must not block on the file
+    /// system. A later call replaces the listener.
+    pub fn on_blocks_changed(&self, listener: Box<BlocksListener>) {
+        *self.inner.blocks_listener.lock() = Some(Arc::from(listener));
     }
 
     /// The journaling mode inode `ino` obeys (docs/DESIGN.md §3.2): a directory's own mode
@@ -1728,9 +1763,24 @@ impl Inner {
                 self.counters
                     .changed_metadata_bytes
                     .fetch_add(changed, Ordering::Relaxed);
+                let blocks_changed = std::mem::take(&mut m.blocks_changed);
+                drop(m);
+                self.tell_blocks_changed(&blocks_changed);
                 Ok(())
             }
             Err(e) => Err(self.fail(&mut m, &format!("commit of transaction {tid}"), e)),
+        }
+    }
+
+    /// Hands `inodes` to the listener of [`Fs::on_blocks_changed`], if any.
+    fn tell_blocks_changed(&self, inodes: &[u32]) {
+        if inodes.is_empty() {
+            return;
+        }
+        let listener = self.blocks_listener.lock().clone();
+        if let Some(listener) = listener {
+            let inodes: Vec<Ino> = inodes.iter().map(|&i| Ino::from(i)).collect();
+            listener(&inodes);
         }
     }
 

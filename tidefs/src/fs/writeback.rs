@@ -143,7 +143,13 @@ impl Meta {
                 }
             }
             if map_changed {
+                let before = inode.blocks_512(self.geo.block_size);
                 map.store(self, io, ino, &mut inode)?;
+                if inode.blocks_512(self.geo.block_size) != before {
+                    // Tree blocks: `st_blocks` moves although no write asked (the data
+                    // blocks were counted as reserved from the write on).
+                    self.blocks_changed.push(ino);
+                }
                 let blocks = inode.blocks_512(self.geo.block_size) + new_blocks * (bs / 512);
                 inode.set_blocks_512(blocks);
                 self.write_inode(io, ino, &mut inode)?;
