@@ -52,7 +52,12 @@ impl UringWriter {
         file: &File,
         runs: Vec<(u64, AlignedBuf)>,
     ) -> Result<io::Result<()>, Vec<(u64, AlignedBuf)>> {
-        let Some(mut slot) = self.rings.iter().find_map(|r| r.try_lock()) else {
+        // A ring that is free and not retired.
+        let free = self
+            .rings
+            .iter()
+            .find_map(|r| r.try_lock().filter(|ring| ring.is_some()));
+        let Some(mut slot) = free else {
             return Err(runs);
         };
         let Some(ring) = slot.as_mut() else {
@@ -228,6 +233,23 @@ mod tests {
         }
         let back = std::fs::read(tmp.path()).expect("read back");
         assert_eq!(back[8192], 4);
+    }
+
+    /// Goal: a retired ring is passed over for one that still works. Method: retire the
+    /// first ring, then write a batch.
+    #[test]
+    fn a_retired_ring_is_passed_over() {
+        let Some(rings) = rings() else {
+            return;
+        };
+        *rings.rings[0].lock() = None;
+        let tmp = tempfile::NamedTempFile::new().expect("OK to unwrap: test file");
+        tmp.as_file().set_len(65536).expect("OK to unwrap: size");
+        let result = rings
+            .write_runs(tmp.as_file(), vec![run(0, 4096, 1), run(8192, 4096, 2)])
+            .unwrap_or_else(|_| panic!("the working ring refused the batch"));
+        result.expect("OK to unwrap: the writes succeed");
+        assert_eq!(std::fs::read(tmp.path()).expect("read back")[8192], 2);
     }
 
     /// Goal: when every ring is busy, a batch is handed back untouched for the threads to
