@@ -219,7 +219,7 @@ impl FileDev {
     /// file data and log body, a checkpoint's scattered home blocks). The first error is
     /// returned once every run has finished, so no write is still in flight when the caller
     /// learns of it.
-    fn write_runs(&self, runs: Vec<(u64, AlignedBuf)>) -> io::Result<()> {
+    fn write_runs(&self, mut runs: Vec<(u64, AlignedBuf)>) -> io::Result<()> {
         if runs.len() <= 1 || overlapping(&runs) || self.writers.is_empty() {
             // Overlapping runs keep their order: the later one must land last.
             for (offset, buf) in &runs {
@@ -227,7 +227,6 @@ impl FileDev {
             }
             return Ok(());
         }
-        let mut runs = runs;
         if let Some(uring) = &self.uring {
             match uring.write_runs(&self.file, runs) {
                 Ok(result) => return result,

@@ -125,27 +125,26 @@ fn write_all(
                 ));
             };
             let res = cqe.result();
-            if res < 0 {
-                if -res == libc::EINTR || -res == libc::EAGAIN {
+            let failed = match usize::try_from(res) {
+                Err(_) if -res == libc::EINTR || -res == libc::EAGAIN => {
                     queued.push(i);
-                } else if first_error.is_ok() {
-                    first_error = Err(io::Error::from_raw_os_error(-res));
+                    None
                 }
-                continue;
-            }
-            let written = usize::try_from(res).unwrap_or(0);
-            if written == 0 {
-                if first_error.is_ok() {
-                    first_error = Err(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        "the device accepted no bytes",
-                    ));
+                Err(_) => Some(io::Error::from_raw_os_error(-res)),
+                Ok(0) => Some(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "the device accepted no bytes",
+                )),
+                Ok(written) => {
+                    done[i] += written;
+                    if done[i] < buf.as_slice().len() {
+                        queued.push(i);
+                    }
+                    None
                 }
-                continue;
-            }
-            done[i] += written;
-            if done[i] < buf.as_slice().len() {
-                queued.push(i);
+            };
+            if let (Some(e), Ok(())) = (failed, &first_error) {
+                first_error = Err(e);
             }
         }
     }

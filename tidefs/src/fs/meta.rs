@@ -149,8 +149,9 @@ pub(crate) struct Meta {
     /// the lock, as their inodes and names change.
     pub names: Arc<super::namecache::NameCache>,
     /// Inodes whose block count changed without an operation on them asking for it: write-back
-    /// added or removed extent-tree blocks. Taken by each commit and passed to the listener of
-    /// [`super::Fs::on_blocks_changed`] (a server whose clients cache attributes).
+    /// added or removed extent-tree blocks, an attribute change allocated or freed the
+    /// attribute block. Taken by each commit and by each attribute change, and passed to the
+    /// listener of [`super::Fs::on_blocks_changed`] (a server whose clients cache attributes).
     pub blocks_changed: Vec<u32>,
 }
 

@@ -1174,26 +1174,21 @@ impl Fs {
     }
 
     /// Runs an extended-attribute change of `ino`; when it allocated or freed the inode's
-    /// attribute block, the listener of [`Fs::on_blocks_changed`] hears of it (a kernel that
-    /// caches attributes does not expect `st_blocks` to move on `setxattr`).
+    /// attribute block (`store_xattrs` notes it), the listener of [`Fs::on_blocks_changed`]
+    /// hears of it at once (a kernel that caches attributes does not expect `st_blocks` to
+    /// move on `setxattr`).
     fn change_xattrs(
         &self,
         ino: Ino,
         mut change: impl FnMut(&mut Meta, &Io, u32) -> Result<()>,
     ) -> Result<()> {
-        let moved = self.with_meta(true, |m, io| {
+        let blocks_changed = self.with_meta(true, |m, io| {
             let n = m.ino32(ino)?;
             m.acts_for(io, n)?;
-            let bs = m.geo.block_size;
-            let before = m.read_inode(io, n)?.blocks_512(bs);
             change(m, io, n)?;
-            Ok(m.read_inode(io, n)?.blocks_512(bs) != before)
+            Ok(std::mem::take(&mut m.blocks_changed))
         })?;
-        if moved {
-            if let Ok(n) = u32::try_from(ino) {
-                self.inner.tell_blocks_changed(&[n]);
-            }
-        }
+        self.inner.tell_blocks_changed(&blocks_changed);
         Ok(())
     }
 

@@ -1402,6 +1402,7 @@ impl Meta {
                     i.blocks_512(self.geo.block_size)
                         .saturating_sub(u64::from(self.geo.block_size / 512)),
                 );
+                self.blocks_changed.push(ino);
             }
         } else {
             let shared = old_blk != 0 && xattr::block_refcount(self.block(io, old_blk)?) > 1;
@@ -1418,6 +1419,7 @@ impl Meta {
                     i.set_blocks_512(
                         i.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512),
                     );
+                    self.blocks_changed.push(ino);
                 }
                 b
             } else {
