@@ -92,6 +92,23 @@ pub fn umount(path: &Path, lazy: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// `stat(2)` of `path`, following symlinks: the basic attributes only, as `ls -l` and C
+/// programs ask for them. (Rust's `std::fs::metadata` calls `statx` with the birth time as
+/// well, which a FUSE kernel module does not keep from lookups: it asks the daemon once per
+/// inode, so a benchmark that means "stat" must not measure that.) Returns the size.
+pub fn stat_size(path: &Path) -> io::Result<u64> {
+    let path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: an all-zero `struct stat` is a valid value of a plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a valid NUL-terminated string and `st` a writable `struct stat`,
+    // both outliving the call.
+    if unsafe { libc::stat(path.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::try_from(st.st_size).unwrap_or(0))
+}
+
 /// Position of the next data at or after `offset` in `file` (SEEK_DATA), or `None` past the
 /// last data.
 pub fn seek_data(file: &std::fs::File, offset: u64) -> io::Result<Option<u64>> {

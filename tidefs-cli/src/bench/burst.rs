@@ -9,7 +9,7 @@
 //!
 //! `--probe` adds the read-latency probe: while `--probe-threads` writers run the same storm on
 //! other files, one thread repeatedly stats and reads a small cached file and stats a name in a
-//! directory of `--probe-entries` names; the table compares its p50/p99 with ext4 `data=ordered`
+//! directory of `--probe-entries` names (`stat(2)`, see `sys::stat_size`); the table compares its p50/p99 with ext4 `data=ordered`
 //! under the same storm. Only systems reached through a path are probed.
 
 use std::fs::OpenOptions;
@@ -454,9 +454,9 @@ fn probe(
                 .wrapping_add(1_442_695_040_888_963_407);
             let entry = dir.join(format!("e{}", (pick >> 33) % entries as u64));
             let t = Instant::now();
-            let step = std::fs::metadata(&small)
+            let step = crate::sys::stat_size(&small)
                 .and_then(|_| std::fs::read(&small))
-                .and_then(|_| std::fs::metadata(&entry));
+                .and_then(|_| crate::sys::stat_size(&entry));
             samples.push(report::micros(t.elapsed()));
             if let Err(e) = step {
                 probe_error = Some(format!("probe: {e}"));
