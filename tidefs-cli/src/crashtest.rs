@@ -53,6 +53,9 @@ pub struct CrashtestArgs {
     /// Skip the comparison with e2fsck's own journal replay.
     #[arg(long)]
     pub no_kernel_compare: bool,
+    /// Record with `-o fenced_commits` (a flush before every commit block).
+    #[arg(long)]
+    pub fenced_commits: bool,
     /// Print progress on stderr.
     #[arg(long)]
     pub progress: bool,
@@ -118,6 +121,7 @@ pub fn run(args: CrashtestArgs) -> Result<u8, CliError> {
             ace_len3: args.ace3,
             kernel_compare: !args.no_kernel_compare,
             progress: args.progress,
+            fenced_commits: args.fenced_commits,
             ..Config::new(mode)
         })
         .collect();

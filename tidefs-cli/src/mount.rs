@@ -55,6 +55,9 @@ pub struct MountConfig {
     pub data_mode: Option<DataMode>,
     /// `barrier=flush|none`; `none` (benchmarks only) is unsafe.
     pub barrier: Option<Barrier>,
+    /// `fenced_commits`: every commit flushes its body before its commit block, so a crashed
+    /// image's journal stays replayable by the kernel and e2fsck.
+    pub fenced_commits: bool,
 }
 
 /// Options that mount(8) and fstab lines carry for mount(8) itself (or that ask for what
@@ -122,6 +125,7 @@ impl MountConfig {
                 ("nodev", None) => config.nodev = true,
                 ("dev", None) => config.nodev = false,
                 ("noexec", None) => config.noexec = true,
+                ("fenced_commits", None) => config.fenced_commits = true,
                 ("exec", None) => config.noexec = false,
                 ("commit", Some(v)) => {
                     let seconds: u64 = v
@@ -157,7 +161,7 @@ impl MountConfig {
                 }
                 (
                     "ro" | "rw" | "allow_other" | "private" | "nosuid" | "suid" | "nodev" | "dev"
-                    | "noexec" | "exec",
+                    | "noexec" | "exec" | "fenced_commits",
                     Some(_),
                 ) => {
                     return Err(format!("option {key} takes no value"));
@@ -196,6 +200,7 @@ impl MountConfig {
             (self.nosuid, "nosuid"),
             (self.nodev, "nodev"),
             (self.noexec, "noexec"),
+            (self.fenced_commits, "fenced_commits"),
         ] {
             if set {
                 items.push(name.into());
@@ -223,6 +228,7 @@ impl MountConfig {
         let mut opts = MountOptions {
             read_only: self.read_only,
             journal_device: self.journal_device.clone(),
+            fenced_commits: self.fenced_commits,
             ..MountOptions::default()
         };
         if let Some(seconds) = self.commit_seconds.filter(|s| *s > 0) {
@@ -756,7 +762,7 @@ mod tests {
     fn options_parse() {
         let c = parse(&[
             "ro,commit=7,cache_size=64M,data=journal",
-            "allow_other,journal_device=/dev/x,barrier=none",
+            "allow_other,journal_device=/dev/x,barrier=none,fenced_commits",
         ])
         .expect("OK to unwrap: valid options");
         assert_eq!(
@@ -769,10 +775,17 @@ mod tests {
                 allow_other: true,
                 data_mode: Some(DataMode::Journal),
                 barrier: Some(Barrier::None),
+                fenced_commits: true,
                 ..MountConfig::default()
             }
         );
         assert_eq!(c.mount_options().barrier, Barrier::None);
+        assert!(c.mount_options().fenced_commits);
+        let passed_on = parse(&["fenced_commits"])
+            .expect("OK to unwrap: valid")
+            .to_option_string()
+            .expect("OK to unwrap: no path to resolve");
+        assert_eq!(passed_on, "rw,fenced_commits");
         assert!(!parse(&["ro,rw"]).expect("OK to unwrap: valid").read_only);
         assert_eq!(
             parse(&[]).expect("OK to unwrap: valid"),
@@ -847,6 +860,7 @@ mod tests {
             ("barrier=fua", "barrier=fua: expected flush or none"),
             ("barrier", "needs a value"),
             ("private=1", "takes no value"),
+            ("fenced_commits=yes", "takes no value"),
             ("sync", "unknown mount option 'sync'"),
         ] {
             let err = parse(&[list]).expect_err("must be refused");

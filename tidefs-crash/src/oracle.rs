@@ -602,8 +602,10 @@ pub fn inodes_named(report: &str) -> std::collections::BTreeSet<u64> {
                     out.insert(n);
                 }
             }
+            // "... has a hash (N) which is invalid": N is a hash value.
+            let hash_value = i > 0 && words[i - 1] == "hash";
             let bare = w.trim_end_matches([',', '.', ':']);
-            if bare.starts_with('(') && bare.ends_with(')') {
+            if bare.starts_with('(') && bare.ends_with(')') && !hash_value {
                 if let Some(n) = num(bare) {
                     out.insert(n);
                 }
@@ -641,11 +643,12 @@ mod tests {
             Entry 'bar' in /A (12) has deleted/unused inode 14.  Clear? no\n\
             Inode 15, i_size is 0, should be 4096.  Fix? no\n\
             Inode 15 has illegal extended attribute value inode 2155906546.\n\
+            Extended attribute in inode 16 has a hash (611737362) which is invalid\n\
             '..' in /A (12) is <The NULL inode> (0), should be / (2).\n\
             Block bitmap differences:  -(1069--1070)\n\
             Free blocks count wrong for group #0 (5, counted=7).\n\
             Inode bitmap differences:  -13\n";
-        let want: std::collections::BTreeSet<u64> = [2, 12, 14, 15].into_iter().collect();
+        let want: std::collections::BTreeSet<u64> = [2, 12, 14, 15, 16].into_iter().collect();
         assert_eq!(inodes_named(report), want);
     }
 

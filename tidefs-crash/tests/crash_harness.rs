@@ -35,6 +35,8 @@ const STATES_PER_MODE: u64 = 2000;
 /// Crash states per mode of the `threads` family (about two workloads; their states are slower:
 /// larger image, longer log).
 const THREAD_STATES_PER_MODE: u64 = 200;
+/// States per mode of the fenced-commit runs.
+const FENCED_STATES: u64 = 600;
 
 /// Whether e2fsprogs is installed; if not, the test skips (and fails under `TIDEFS_CI=1`).
 fn have_e2fsprogs() -> bool {
@@ -134,6 +136,26 @@ fn writeback_keeps_its_promise() {
 #[test]
 fn ordered_keeps_its_promise() {
     assert_mode_clean(DataMode::Ordered);
+}
+
+/// Goal: the other barrier strategy, every commit fenced (`fenced_commits`), keeps ordered and
+/// journal mode's promises too, and its journals are the kernel's (the e2fsck comparison runs
+/// on every state whose primary superblock e2fsck can read).
+#[test]
+fn fenced_commits_keep_the_promise() {
+    if !have_e2fsprogs() {
+        return;
+    }
+    for mode in [DataMode::Ordered, DataMode::Journal] {
+        let report = run(Config {
+            family: Family::All,
+            states: FENCED_STATES,
+            seed: 0x71de,
+            fenced_commits: true,
+            ..Config::new(mode)
+        });
+        assert_clean(&report, FENCED_STATES);
+    }
 }
 
 /// Goal: journal mode keeps its crash promise over the seeded states (see the module doc).

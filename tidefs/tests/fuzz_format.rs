@@ -280,7 +280,7 @@ proptest! {
         let mut b = vec![0u8; 4096];
         revoke.write(&mut b);
         prop_assert_eq!(RevokeBlock::parse(&b, format).unwrap(), revoke);
-        let commit = CommitBlock { sequence, chksum_type: 0, chksum_size: 0, chksum: [0; 8], commit_sec: sec, commit_nsec: 5 };
+        let commit = CommitBlock { sequence, chksum_type: 0, chksum_size: 0, flags: (sec & 1) as u8, chksum: [0; 8], commit_sec: sec, commit_nsec: 5 };
         let mut b = vec![0u8; 4096];
         commit.write(&mut b);
         prop_assert_eq!(CommitBlock::parse(&b).unwrap(), commit);

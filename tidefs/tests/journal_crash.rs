@@ -26,6 +26,8 @@ use std::sync::Arc;
 use tidefs::fs::{Creds, Fs, MountOptions, RenameFlags, ROOT_INO};
 
 const CHILD_ENV: &str = "TIDEFS_CRASH_CHILD";
+/// Set (to anything) for a child that mounts with `fenced_commits`.
+const FENCED_ENV: &str = "TIDEFS_CRASH_FENCED";
 const THREADS: u64 = 4;
 const APPEND_FILES: u64 = 3;
 const VERSION_LEN: usize = 3000;
@@ -63,6 +65,7 @@ fn version_content(path: &str, v: u64) -> Vec<u8> {
 fn child_main(image: &Path) {
     let opts = MountOptions {
         commit_interval: std::time::Duration::from_millis(200),
+        fenced_commits: std::env::var_os(FENCED_ENV).is_some(),
         ..MountOptions::default()
     };
     let fs = Arc::new(Fs::open(image, &opts).expect("child: open"));
@@ -199,9 +202,13 @@ struct Promise {
 
 /// Runs the child on `image`, SIGKILLs it after `kill_after` promises; returns all promises it
 /// printed.
-fn run_child_and_kill(image: &Path, kill_after: usize) -> Vec<Promise> {
+fn run_child_and_kill(image: &Path, kill_after: usize, fenced: bool) -> Vec<Promise> {
     let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
+    let mut command = Command::new(exe);
+    if fenced {
+        command.env(FENCED_ENV, "1");
+    }
+    let mut child = command
         .args([
             "--ignored",
             "--exact",
@@ -364,17 +371,32 @@ fn copy(src: &Path, dst: &Path) {
     std::fs::copy(src, dst).unwrap();
 }
 
-fn crash_round(dir: &Path, round: usize, kill_after: usize, extra: &[&str]) {
+/// One SIGKILL round. `fenced`: the child mounts with `fenced_commits`, so its journal is the
+/// kernel's format throughout and e2fsprogs must replay it; otherwise e2fsprogs may instead
+/// refuse it (tidefs's incompat bit, while unfenced transactions are live), and only tidefs's
+/// two recoveries are compared.
+fn crash_round(dir: &Path, round: usize, kill_after: usize, extra: &[&str], fenced: bool) {
     let img = common::mkimage(dir, &format!("crash{round}.img"), 128, extra);
-    let promises = run_child_and_kill(&img, kill_after);
-    eprintln!("round {round}: killed after {} promises", promises.len());
+    let promises = run_child_and_kill(&img, kill_after, fenced);
+    eprintln!(
+        "round {round}: killed after {} promises (fenced commits: {fenced})",
+        promises.len()
+    );
     let d = common::dumpe2fs_h(&img);
     assert!(
         d["Filesystem features"].contains("needs_recovery"),
         "a killed mount leaves needs_recovery set"
     );
+    let guarded = journal_is_guarded(&img);
+    if fenced {
+        assert!(!guarded, "fenced commits never set tidefs's journal bit");
+    }
     // e2fsprogs parses tidefs's journal and finds the same last transaction tidefs replays.
-    let logdump = common::run_ok("debugfs", &["-R", "logdump", img.to_str().unwrap()]);
+    let logdump = if guarded {
+        String::new()
+    } else {
+        common::run_ok("debugfs", &["-R", "logdump", img.to_str().unwrap()])
+    };
     assert!(
         !logdump.to_lowercase().contains("bad "),
         "debugfs logdump complains:\n{logdump}"
@@ -403,10 +425,12 @@ fn crash_round(dir: &Path, round: usize, kill_after: usize, extra: &[&str]) {
     // A: tidefs's own recovery (what `tidefs fsck` runs), then e2fsck -fn.
     let report = tidefs::fs::recover_image(&a, None).expect("recover_image");
     eprintln!("round {round}: recovery report {report:?}");
-    assert_eq!(
-        report.last_tid, last_commit,
-        "tidefs and debugfs logdump disagree on the last committed transaction"
-    );
+    if !guarded {
+        assert_eq!(
+            report.last_tid, last_commit,
+            "tidefs and debugfs logdump disagree on the last committed transaction"
+        );
+    }
     common::assert_fsck_clean(&a);
     let fs = Fs::open(
         &a,
@@ -443,6 +467,16 @@ fn crash_round(dir: &Path, round: usize, kill_after: usize, extra: &[&str]) {
         "round {round}: e2fsck -fy exit {:?}:\n{text}",
         out.status.code()
     );
+    if guarded {
+        // Unfenced transactions are live: e2fsprogs must refuse the journal, not replay it.
+        assert_eq!(out.status.code(), Some(12), "{text}");
+        assert!(
+            text.contains("unknown incompatible feature flag"),
+            "e2fsck did not refuse the guarded journal:\n{text}"
+        );
+        common::assert_trees_equal("recover_image vs remount", &tree_a, &tree_b);
+        return;
+    }
     assert!(
         matches!(out.status.code(), Some(0 | 1)),
         "e2fsck -fy failed on tidefs's journal:\n{text}"
@@ -480,11 +514,29 @@ fn tidefs_sigkill_then_recover() {
     } else {
         &[30, 300, 1500]
     };
+    // Odd rounds with the default unfenced commits, even ones fenced (e2fsprogs replays).
     for (round, &k) in points.iter().enumerate() {
-        crash_round(dir.path(), round, k, &[]);
+        crash_round(dir.path(), round, k, &[], round % 2 == 0);
     }
     // 1 KiB blocks: more descriptor blocks per transaction, more groups.
-    crash_round(dir.path(), points.len(), 400, &["-b", "1024"]);
+    crash_round(dir.path(), points.len(), 400, &["-b", "1024"], true);
+    crash_round(dir.path(), points.len() + 1, 400, &["-b", "1024"], false);
+}
+
+/// Whether the image's journal superblock carries tidefs's incompat bit (0x80000000 at byte
+/// 0x28 of the journal superblock, big-endian), read with `debugfs -R "stat <8>"`-free means:
+/// `dumpe2fs -h` lists the journal's features.
+fn journal_is_guarded(img: &Path) -> bool {
+    let out = Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(img)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    text.lines()
+        .filter(|l| l.starts_with("Journal features:"))
+        .any(|l| l.contains("0x80000000") || l.contains("FEATURE_I31"))
 }
 
 /// `debugfs -R "ls -l <dir>"` on an image without replaying its journal: the names it lists.

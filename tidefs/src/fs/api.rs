@@ -289,6 +289,12 @@ impl DataMode {
         }
     }
 
+    /// Whether file data this mode writes home must be durable before the commit record of
+    /// the metadata that points to it (every mode but `writeback` and `lightweight`).
+    pub fn orders_data(self) -> bool {
+        !matches!(self, DataMode::Lightweight | DataMode::Writeback)
+    }
+
     /// Whether this mode may journal file data at all.
     pub fn may_journal_data(self) -> bool {
         self.journals_data(0)
@@ -403,6 +409,11 @@ pub struct MountOptions {
     pub hold_checkpoints: bool,
     /// What a flush does on the image and journal files (`-o barrier=`); `None` is unsafe.
     pub barrier: crate::dev::Barrier,
+    /// Flush every transaction's body before its commit block (`-o fenced_commits`), so the
+    /// journal of a crashed image is always one the kernel and e2fsck can replay. Off by
+    /// default: a commit whose data needs no ordering then costs one flush instead of two
+    /// (docs/DESIGN.md §4.2).
+    pub fenced_commits: bool,
 }
 
 impl Default for MountOptions {
@@ -415,6 +426,7 @@ impl Default for MountOptions {
             data_mode: DataMode::Ordered,
             hold_checkpoints: false,
             barrier: crate::dev::Barrier::Flush,
+            fenced_commits: false,
         }
     }
 }

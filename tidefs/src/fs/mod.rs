@@ -410,6 +410,7 @@ impl Fs {
             read_only: ro,
             csum_v3: sb.has_ro_compat(ro_compat::METADATA_CSUM),
             tags_64bit: sb.has_incompat(incompat::BIT64),
+            fenced_commits: opts.fenced_commits,
         };
         let jgeo = if sb.journal_inum() != 0 {
             if journal_dev.is_some() {
@@ -1714,6 +1715,7 @@ impl Inner {
                     // File data goes home with the log body, durable before the commit
                     // record that maps it (ordered mode's promise).
                     home_data: home.iter().map(|w| (w.at, Arc::clone(&w.bytes))).collect(),
+                    home_data_unordered: home.iter().all(|w| !w.ordered),
                 },
                 freed,
                 tid,

@@ -28,6 +28,9 @@ pub(crate) struct HomeWrite {
     pub ino: u32,
     pub lblk: u32,
     pub gen: u64,
+    /// The page's mode orders data: it must be durable before the commit record
+    /// ([`crate::DataMode::orders_data`]).
+    pub ordered: bool,
 }
 
 /// Which pages a write-back takes.
@@ -139,6 +142,7 @@ impl Meta {
                         ino,
                         lblk: page.lblk,
                         gen: page.gen,
+                        ordered: mode.orders_data(),
                     });
                 }
             }

@@ -24,10 +24,13 @@ const FS_BLOCKS: u64 = 256;
 const J1: u64 = 100;
 const J2: u64 = 200;
 
+/// Fenced, so that a classic transaction is exactly the kernel's (the unfenced block layout
+/// has tests of its own in `tests.rs`).
 const OPTS: JournalOptions = JournalOptions {
     read_only: false,
     csum_v3: true,
     tags_64bit: true,
+    fenced_commits: true,
 };
 
 fn extents(len: u32) -> Vec<JournalExtent> {

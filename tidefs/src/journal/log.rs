@@ -71,8 +71,8 @@ use super::records::{nonzero_ranges, range_entry_len, Jbd2BlockLayout, Record};
 use crate::dev::{sector_span, BlockDevice};
 use crate::error::{FsError, Result};
 use crate::format::jbd2::{
-    check_incompat, csum_seed, superblock::SUPERBLOCK_SIZE, JournalSuperblock, TagFormat,
-    CHKSUM_CRC32C, COMPAT_CHECKSUM, INCOMPAT_64BIT, INCOMPAT_CSUM_V2, INCOMPAT_CSUM_V3,
+    check_incompat, csum_seed, superblock::SUPERBLOCK_SIZE, CsumVersion, JournalSuperblock,
+    TagFormat, CHKSUM_CRC32C, COMPAT_CHECKSUM, INCOMPAT_64BIT, INCOMPAT_CSUM_V2, INCOMPAT_CSUM_V3,
     INCOMPAT_FAST_COMMIT, INCOMPAT_REVOKE, INCOMPAT_TIDEFS_EXT,
 };
 use crate::format::{le16, le32};
@@ -339,6 +339,11 @@ pub struct JournalOptions {
     /// Write 64-bit block numbers in tags and revoke records (set when the fs is 64bit):
     /// enables the 64BIT incompat bit likewise.
     pub tags_64bit: bool,
+    /// Always flush a block-layout transaction's body before its commit block, so that every
+    /// transaction stays replayable by the kernel and e2fsck. When false (the default), a
+    /// transaction under checksum v3 whose data needs no ordering before it is written as
+    /// body and commit block together with one flush (see [`JournalCore::commit`]).
+    pub fenced_commits: bool,
 }
 
 /// What one commit makes durable.
@@ -359,6 +364,9 @@ pub struct CommitRequest {
     /// the commit record (ordered mode's promise). The journal writes it together with the
     /// log body, so the device works on both at once, and flushes it with the body.
     pub home_data: Vec<(u64, Arc<[u8]>)>,
+    /// `home_data` need only be durable when the commit returns, not before the commit record
+    /// (writeback and lightweight pages): it does not keep the commit fenced.
+    pub home_data_unordered: bool,
 }
 
 /// A block of which only some byte ranges changed since its previous committed version.
@@ -410,6 +418,20 @@ pub struct JournalStats {
     pub range_bytes: u64,
 }
 
+/// One block-layout transaction on its way to the log (`JournalCore::write_block_layout`).
+#[derive(Clone, Copy)]
+struct TxnWrite<'a> {
+    tid: Tid,
+    records: &'a [Record],
+    home_data: &'a [(u64, Arc<[u8]>)],
+    /// Journal block where it starts.
+    start: u32,
+    /// (seconds, nanoseconds) since the epoch.
+    commit_time: (u64, u32),
+    /// Written with its commit block in one batch and one flush (see `JournalCore::commit`).
+    unfenced: bool,
+}
+
 /// A committed transaction whose blocks may not yet be home.
 #[derive(Clone, Copy, Debug)]
 #[cfg_attr(not(debug_assertions), allow(dead_code))]
@@ -421,7 +443,7 @@ pub(super) struct LiveTxn {
     pub start_off: u32,
     /// Blocks it opened (counted in `used`): 0 for a compact commit in a block already in use.
     pub len: u32,
-    /// It holds extension records (byte ranges, or it is a compact commit).
+    /// It holds extension records (byte ranges, or it is a compact commit or unfenced).
     pub ext: bool,
     /// The head after it: (block, byte offset).
     pub end: (u32, u32),
@@ -853,6 +875,17 @@ impl JournalCore {
     /// durable before the commit record), then the commit block as a durable write. An internal
     /// journal thus costs a flush before the commit block and one after it.
     ///
+    /// Unfenced block layout (a tidefs extension): when `JournalOptions::fenced_commits` is off,
+    /// the journal writes checksum v3 records, the request carries no data that must be durable
+    /// before the commit record (`data_written_home` false, and `home_data` empty or
+    /// `home_data_unordered`) and the transaction is not a compact commit, the body, the home
+    /// data and the commit block (marked `FLAG_UNFENCED`) go out in one batch followed by one
+    /// flush. Every block of the body carries its own checksum under v3, so a crash that keeps
+    /// the commit block but not all of the body is seen by recovery as a torn transaction (the
+    /// end of the log), not a committed one. Like an extension record, it sets
+    /// `INCOMPAT_TIDEFS_EXT` durably first, so the kernel and e2fsck refuse the log (rather than
+    /// replay a torn one) until it is checkpointed.
+    ///
     /// Compact commit: the home device is flushed first only when `req.data_written_home`;
     /// then the record is written as one durable write (its checksum covers all of it, so no
     /// flush is needed before it). When it is the first extension record since the log was
@@ -869,6 +902,8 @@ impl JournalCore {
         let bs = usize::try_from(self.geom.block_size).unwrap_or(usize::MAX);
         let home_data = std::mem::take(&mut req.home_data);
         let data_written_home = req.data_written_home || !home_data.is_empty();
+        let ordered_data =
+            req.data_written_home || !(home_data.is_empty() || req.home_data_unordered);
         let (records, revoked) = self.records_of(req, bs)?;
         let ext = records.iter().any(Record::is_extension);
         let home_blocks = self.home.len_bytes() / u64::from(self.geom.block_size);
@@ -940,7 +975,11 @@ impl JournalCore {
             self.checkpoint()?;
             state = self.log.lock();
         };
-        let ext = ext || compact.is_some();
+        let unfenced = compact.is_none()
+            && !ordered_data
+            && !self.opts.fenced_commits
+            && state.layout.format.csum == CsumVersion::V3;
+        let ext = ext || compact.is_some() || unfenced;
         let set_bit = ext && state.sb.feature_incompat & INCOMPAT_TIDEFS_EXT == 0;
         if state.live.is_empty() {
             state.sb.start_block = start;
@@ -974,8 +1013,15 @@ impl JournalCore {
                 (self.geom.received(&[(off, &rec[..])]), end)
             }
             None => {
-                let n =
-                    self.write_block_layout(&mut state, tid, &records, &home_data, start, now)?;
+                let txn = TxnWrite {
+                    tid,
+                    records: &records,
+                    home_data: &home_data,
+                    start,
+                    commit_time: now,
+                    unfenced,
+                };
+                let n = self.write_block_layout(&mut state, &txn)?;
                 (n, (self.advance(start, needed), 0))
             }
         };
@@ -1050,26 +1096,32 @@ impl JournalCore {
         Ok(tid)
     }
 
-    /// Writes a transaction in the block layout at `start`: the body and the home data
+    /// Writes a transaction in the block layout at `txn.start`: the body and the home data
     /// (together: one batch when the journal is internal, side by side when it has its own
-    /// device), a flush of both devices, then the commit block as a durable write. Returns the
-    /// bytes the journal device received.
-    fn write_block_layout(
-        &self,
-        state: &mut LogState,
-        tid: Tid,
-        records: &[Record],
-        home_data: &[(u64, Arc<[u8]>)],
-        start: u32,
-        commit_time: (u64, u32),
-    ) -> Result<u64> {
-        let txn = state.layout.serialize(tid, records, commit_time);
-        let mut positioned: Vec<(u64, &[u8])> = Vec::with_capacity(txn.body.len());
+    /// device), a flush of both devices, then the commit block as a durable write. An unfenced
+    /// transaction puts its commit block into the first batch and ends with the flush instead.
+    /// Returns the bytes the journal device received.
+    fn write_block_layout(&self, state: &mut LogState, txn: &TxnWrite<'_>) -> Result<u64> {
+        let TxnWrite {
+            tid,
+            records,
+            home_data,
+            start,
+            commit_time,
+            unfenced,
+        } = *txn;
+        let txn = state.layout.serialize(tid, records, commit_time, unfenced);
+        let mut positioned: Vec<(u64, &[u8])> = Vec::with_capacity(txn.body.len() + 1);
         for (i, b) in txn.body.iter().enumerate() {
             let at = self
                 .geom
                 .offset_of(self.advance(start, u32::try_from(i).unwrap_or(0)));
             positioned.push((at.map_err(|e| io_abort(state, e))?, &b[..]));
+        }
+        let body_len = u32::try_from(txn.body.len()).unwrap_or(u32::MAX);
+        let commit_off = self.geom.offset_of(self.advance(start, body_len))?;
+        if unfenced {
+            positioned.push((commit_off, &txn.commit[..]));
         }
         let body_bytes = self.geom.received(&positioned);
         let written = if home_data.is_empty() {
@@ -1093,9 +1145,9 @@ impl JournalCore {
             return Err(io_abort(state, e));
         }
         self.flush_both(state)?;
-        let body_len = u32::try_from(txn.body.len()).unwrap_or(u32::MAX);
-        let commit_pos = self.advance(start, body_len);
-        let commit_off = self.geom.offset_of(commit_pos)?;
+        if unfenced {
+            return Ok(body_bytes);
+        }
         if let Err(e) = self.geom.dev.write_durable(commit_off, &txn.commit) {
             return Err(io_abort(state, e));
         }

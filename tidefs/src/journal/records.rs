@@ -235,12 +235,14 @@ impl Jbd2BlockLayout {
         ))
     }
 
-    /// Serialises one transaction. `commit_time` is (seconds, nanoseconds) since the epoch.
+    /// Serialises one transaction. `commit_time` is (seconds, nanoseconds) since the epoch;
+    /// `unfenced` marks the commit block with [`commit::FLAG_UNFENCED`].
     pub fn serialize(
         &self,
         tid: u32,
         records: &[Record],
         commit_time: (u64, u32),
+        unfenced: bool,
     ) -> SerializedTxn {
         let per_desc = self.format.tags_per_block(self.block_size).max(1);
         let per_revoke = RevokeBlock::records_per_block(self.format, self.block_size).max(1);
@@ -333,6 +335,7 @@ impl Jbd2BlockLayout {
             sequence: tid,
             chksum_type,
             chksum_size,
+            flags: if unfenced { commit::FLAG_UNFENCED } else { 0 },
             chksum: [chksum0, 0, 0, 0, 0, 0, 0, 0],
             commit_sec: commit_time.0,
             commit_nsec: commit_time.1,

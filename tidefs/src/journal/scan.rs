@@ -16,8 +16,13 @@
 //!
 //! What a failed checksum means (as the kernel): a logged copy whose tag checksum fails is left
 //! out and counted (`corrupt_blocks`), the rest still replays; a commit record that fails ends
-//! the log; a descriptor, revoke or range block that fails ends the log quietly when no commit
-//! block of its transaction follows (a torn write), and is a `Corrupt` error when one does.
+//! the log (whatever its body holds); a descriptor, revoke or range block that fails ends the
+//! log quietly when no valid commit block of its transaction follows (a torn write), and is a
+//! `Corrupt` error when one does.
+//! Except for an *unfenced* transaction (commit block flag `FLAG_UNFENCED`, written with its
+//! body before one flush): its commit block does not prove its body reached the disk, so any
+//! failed block of it (a copy, a descriptor, revoke or range block) means it was torn, and the
+//! log ends there, before it (`failed_commit`).
 //!
 //! Invariants: the scan visits at most `s_maxlen - s_first` blocks, so a corrupt log can neither
 //! loop nor read outside the log; everything read is validated before use; it never writes.
@@ -294,6 +299,33 @@ impl JournalCore {
                     let Ok(c) = CommitBlock::parse(&buf) else {
                         return Ok(BlockTxn::End);
                     };
+                    let commit_ok = !format.csum.has_tail() || commit::verify_csum_v2v3(seed, &buf);
+                    // A commit block holds nothing but zeros after its header. One that fails
+                    // its checksum with other bytes there was torn (its first sector, with the
+                    // header, is new; a later one still holds what the journal block held
+                    // before): the transaction never committed, whatever its body holds (an
+                    // unfenced body may be torn too). One that fails with only zeros there was
+                    // written whole, so its checksum, like a failed body block beside it,
+                    // points at a wrong seed or a corrupt log: the rule below.
+                    let torn_commit =
+                        !commit_ok && buf[commit::COMMIT_HEADER_SIZE..].iter().any(|&b| b != 0);
+                    if torn_commit || (!commit_ok && cur_bad.is_none()) {
+                        out.corrupt_blocks -= cur.corrupt.len() as u64;
+                        out.failed_commit = Some(tid);
+                        return Ok(BlockTxn::End);
+                    }
+                    if commit_ok && c.unfenced() && (cur_bad.is_some() || !cur.corrupt.is_empty()) {
+                        log::info!(
+                            "journal scan ends at unfenced transaction {tid}, torn: {}",
+                            cur_bad.unwrap_or_else(|| format!(
+                                "{} logged copies fail their checksums",
+                                cur.corrupt.len()
+                            ))
+                        );
+                        out.corrupt_blocks -= cur.corrupt.len() as u64;
+                        out.failed_commit = Some(tid);
+                        return Ok(BlockTxn::End);
+                    }
                     if let Some(why) = cur_bad.take() {
                         return Err(FsError::corrupt(format!(
                             "journal transaction {tid}: {why}, yet its commit block {position} \
@@ -301,8 +333,7 @@ impl JournalCore {
                              checksum seed) is corrupt"
                         )));
                     }
-                    let commit_ok = !format.csum.has_tail() || commit::verify_csum_v2v3(seed, &buf);
-                    if !commit_ok || (v1 && !v1_commit_ok(&c, v1_sum)) {
+                    if v1 && !v1_commit_ok(&c, v1_sum) {
                         out.failed_commit = Some(tid);
                         return Ok(BlockTxn::End);
                     }

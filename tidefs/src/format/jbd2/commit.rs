@@ -6,7 +6,10 @@
 //! 0x00 header (12)      h_blocktype 2, h_sequence = transaction id
 //! 0x0C h_chksum_type    u8   1 = crc32 (v1 compat checksum), 0 under v2/v3
 //! 0x0D h_chksum_size    u8   4 under v1, 0 under v2/v3
-//! 0x0E h_padding        [u8;2]
+//! 0x0E h_padding[0]     u8   tidefs's commit flags (the kernel ignores this byte):
+//!                            bit 0 `FLAG_UNFENCED`: written without a flush between the
+//!                            body and this block (docs/FORMAT.md §4.3)
+//! 0x0F h_padding[1]     u8   0
 //! 0x10 h_chksum         [u32;8]  v1: [0] = crc32_be over the descriptor and data blocks;
 //!                                v2/v3: [0] = crc32c(seed, whole block with [0] zeroed)
 //! 0x30 h_commit_sec     u64  commit time, seconds
@@ -22,9 +25,15 @@ use crate::format::crc32c_raw;
 
 const H_CHKSUM_TYPE: usize = 0x0C;
 const H_CHKSUM_SIZE: usize = 0x0D;
+const H_FLAGS: usize = 0x0E;
 const H_CHKSUM: usize = 0x10;
 const H_COMMIT_SEC: usize = 0x30;
 const H_COMMIT_NSEC: usize = 0x38;
+/// Commit flag: the transaction's body and this commit block were written together, with no
+/// flush between them, so the commit block alone does not prove the body is on disk: the
+/// transaction counts only if every block of it verifies (a tidefs extension, set only under
+/// checksum v3 and while the journal superblock carries `INCOMPAT_TIDEFS_EXT`).
+pub const FLAG_UNFENCED: u8 = 0x01;
 /// Bytes of the commit header.
 pub const COMMIT_HEADER_SIZE: usize = 0x3C;
 const _: () = assert!(H_CHKSUM + 32 == H_COMMIT_SEC);
@@ -38,6 +47,8 @@ pub struct CommitBlock {
     pub chksum_type: u8,
     /// `h_chksum_size`.
     pub chksum_size: u8,
+    /// tidefs's commit flags (`h_padding[0]`): [`FLAG_UNFENCED`].
+    pub flags: u8,
     /// `h_chksum`.
     pub chksum: [u32; 8],
     /// `h_commit_sec`.
@@ -47,6 +58,11 @@ pub struct CommitBlock {
 }
 
 impl CommitBlock {
+    /// Whether the commit block carries [`FLAG_UNFENCED`].
+    pub fn unfenced(&self) -> bool {
+        self.flags & FLAG_UNFENCED != 0
+    }
+
     /// Decodes a commit block (checksum not verified: see [`verify_csum_v2v3`]).
     pub fn parse(b: &[u8]) -> Result<CommitBlock, Corrupt> {
         if b.len() < COMMIT_HEADER_SIZE {
@@ -68,6 +84,7 @@ impl CommitBlock {
             sequence: header.sequence,
             chksum_type: b[H_CHKSUM_TYPE],
             chksum_size: b[H_CHKSUM_SIZE],
+            flags: b[H_FLAGS],
             chksum,
             commit_sec: be64(b, H_COMMIT_SEC),
             commit_nsec: be32(b, H_COMMIT_NSEC),
@@ -84,6 +101,7 @@ impl CommitBlock {
         .write(b);
         b[H_CHKSUM_TYPE] = self.chksum_type;
         b[H_CHKSUM_SIZE] = self.chksum_size;
+        b[H_FLAGS] = self.flags;
         for (i, c) in self.chksum.iter().enumerate() {
             put_be32(b, H_CHKSUM + 4 * i, *c);
         }
@@ -122,6 +140,7 @@ mod tests {
             sequence: 42,
             chksum_type: 1,
             chksum_size: 4,
+            flags: FLAG_UNFENCED,
             chksum: [0x1234_5678, 0, 0, 0, 0, 0, 0, 9],
             commit_sec: 1_700_000_000,
             commit_nsec: 999,
@@ -133,6 +152,7 @@ mod tests {
         let mut b = vec![0xFFu8; 4096];
         sample().write(&mut b);
         assert_eq!(&b[0x10..0x14], &[0x12, 0x34, 0x56, 0x78]);
+        assert_eq!(b[0x0E], FLAG_UNFENCED);
         assert_eq!(CommitBlock::parse(&b).unwrap(), sample());
         assert!(b[COMMIT_HEADER_SIZE..].iter().all(|&x| x == 0));
     }
