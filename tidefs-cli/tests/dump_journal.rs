@@ -97,6 +97,11 @@ fn dump_journal_lists_transactions_and_ranges() {
         );
     }
     assert!(text.contains("tidefs_extension_records"), "{text}");
+    // The third, with no file data to order before it, was written with one flush.
+    assert!(
+        text.contains(&format!("Transaction {}: block layout (unfenced)", tids[2])),
+        "{text}"
+    );
     assert!(
         text.contains("range  home block       9000  1 range(s), 9 bytes: 100+9"),
         "{text}"
@@ -120,6 +125,8 @@ fn dump_journal_lists_transactions_and_ranges() {
         "the second compact commit shares a block"
     );
     assert_eq!(txns[2]["layout"], "block");
+    assert_eq!(txns[2]["unfenced"], true);
+    assert_eq!(txns[0]["unfenced"], false);
     assert_eq!(txns[0]["tags"][0]["kind"], "range");
     assert_eq!(txns[0]["tags"][0]["ranges"][0][0], 100);
     assert_eq!(txns[0]["tags"][0]["ranges"][0][1], 9);

@@ -711,6 +711,7 @@ impl Fs {
             if inner.closed.load(Ordering::SeqCst) {
                 return Err(FsError::ReadOnly);
             }
+            let orphans_freed = inner.orphans_freed_so_far();
             let (r, big, waiting_frees) = {
                 let mut m = inner.meta.lock();
                 if write && m.read_only {
@@ -740,7 +741,7 @@ impl Fs {
             }
             if write
                 && matches!(r, Err(FsError::NoSpace))
-                && inner.wait_for_orphans(&mut orphan_deadline)
+                && inner.wait_for_orphans(&mut orphan_deadline, orphans_freed)
             {
                 retries = 0;
                 continue;
@@ -959,6 +960,7 @@ impl Fs {
         loop {
             let rest = &data[done..];
             let at = offset + done as u64;
+            let orphans_freed = self.inner.orphans_freed_so_far();
             let n_written = self.with_meta(true, |m, io| {
                 m.acts_for(io, n)?;
                 m.write(io, n, at, rest)
@@ -975,7 +977,10 @@ impl Fs {
             // transaction become usable, and go on if that made room.
             let waiting = self.inner.meta.lock().frees_pending();
             if !waiting {
-                if self.inner.wait_for_orphans(&mut orphan_deadline) {
+                if self
+                    .inner
+                    .wait_for_orphans(&mut orphan_deadline, orphans_freed)
+                {
                     continue;
                 }
                 break;
@@ -1570,13 +1575,17 @@ impl Inner {
     /// release, waits for one to be freed, and says whether one was; the caller then tries
     /// again (the freed blocks may need a commit first, which its retry does). `deadline` is
     /// the operation's: set to [`ORPHAN_WAIT`] from now at its first wait, never waited past.
-    fn wait_for_orphans(&self, deadline: &mut Option<Instant>) -> bool {
+    /// `seen` is [`Inner::orphans_freed_so_far`] from before the attempt that failed: an orphan
+    /// freed since then (while the attempt ran or just after) counts, so none is missed.
+    fn wait_for_orphans(&self, deadline: &mut Option<Instant>, seen: u64) -> bool {
         let deadline = *deadline.get_or_insert_with(|| Instant::now() + ORPHAN_WAIT);
         if Instant::now() >= deadline {
             return false;
         }
         let (count, freed) = &self.orphans_freed;
-        let seen = *count.lock();
+        if *count.lock() != seen {
+            return true;
+        }
         if self.meta.lock().sb.last_orphan() == 0 {
             return false;
         }
@@ -1587,6 +1596,11 @@ impl Inner {
             }
         }
         true
+    }
+
+    /// How many orphans were freed since mount (see [`Inner::wait_for_orphans`]).
+    fn orphans_freed_so_far(&self) -> u64 {
+        *self.orphans_freed.0.lock()
     }
 
     /// Commits the running transaction if it holds anything.

@@ -80,6 +80,8 @@ pub struct DumpTxn {
     pub commit_sec: u64,
     /// Commit time, nanoseconds.
     pub commit_nsec: u32,
+    /// Written with its commit block before one flush (FORMAT.md §5.7).
+    pub unfenced: bool,
     /// Its records of home blocks (full copies and byte ranges), in log order.
     pub tags: Vec<DumpTag>,
     /// Home blocks it revokes.
@@ -171,6 +173,7 @@ impl JournalCore {
                     len_bytes: t.len_bytes,
                     commit_sec: t.commit_time.0,
                     commit_nsec: t.commit_time.1,
+                    unfenced: t.unfenced,
                     tags,
                     revokes,
                     corrupt: t.corrupt,

@@ -74,6 +74,8 @@ pub(super) struct ScannedTxn {
     pub len_bytes: u64,
     /// Commit time (seconds, nanoseconds).
     pub commit_time: (u64, u32),
+    /// Its commit block carries the unfenced flag (FORMAT.md §5.7).
+    pub unfenced: bool,
     /// Its records in log order, without the copies whose checksum failed.
     pub items: Vec<Item>,
     /// Home blocks of the copies whose tag checksum failed (not in `items`).
@@ -133,6 +135,7 @@ impl JournalCore {
                         start: (block, off),
                         len_bytes: u64::from(len),
                         commit_time: c.commit_time,
+                        unfenced: false,
                         items: c.entries.into_iter().map(Item::from).collect(),
                         corrupt: Vec::new(),
                     });
@@ -196,6 +199,7 @@ impl JournalCore {
             start: (first, 0),
             len_bytes: 0,
             commit_time: (0, 0),
+            unfenced: false,
             items: Vec::new(),
             corrupt: Vec::new(),
         };
@@ -338,6 +342,7 @@ impl JournalCore {
                         return Ok(BlockTxn::End);
                     }
                     cur.commit_time = (c.commit_sec, c.commit_nsec);
+                    cur.unfenced = c.unfenced();
                     cur.len_bytes = blocks * bs as u64;
                     return Ok(BlockTxn::Committed(cur, block));
                 }
