@@ -161,8 +161,18 @@ pub fn render(d: &JournalDump) -> String {
         .transactions
         .last()
         .map_or(d.sequence, |t| t.tid.wrapping_add(1));
-    match d.failed_commit {
-        Some(tid) => {
+    match (d.failed_commit, d.torn) {
+        (_, Some(tid)) => {
+            let _ = writeln!(
+                s,
+                "Transaction {tid} was torn by a crash (at block {} offset {}): the log ends \
+                 there, and nothing of it is replayed. {} transaction(s).",
+                d.end_block,
+                d.end_offset,
+                d.transactions.len()
+            );
+        }
+        (Some(tid), None) => {
             let _ = writeln!(
                 s,
                 "Transaction {tid} fails its commit checksum at block {} offset {}: the log ends \
@@ -170,7 +180,7 @@ pub fn render(d: &JournalDump) -> String {
                 d.end_block, d.end_offset
             );
         }
-        None => {
+        (None, None) => {
             let _ = writeln!(
                 s,
                 "No transaction {next} at block {} offset {}: end of the log. {} transaction(s).",

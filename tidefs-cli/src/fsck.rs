@@ -132,7 +132,7 @@ fn fsck(image: &Path, journal_device: Option<&Path>, mode: Mode) -> Result<u8, S
         if !no_modify {
             code |= 1;
         }
-    } else if report.failed_commit.is_none() {
+    } else if report.failed_commit.is_none() && report.torn.is_none() {
         println!("  journal: clean, nothing to replay");
     }
     if report.corrupt_blocks > 0 {
@@ -141,6 +141,11 @@ fn fsck(image: &Path, journal_device: Option<&Path>, mode: Mode) -> Result<u8, S
             report.corrupt_blocks
         );
         code |= 4;
+    }
+    if let Some(tid) = report.torn {
+        println!(
+            "  journal: transaction {tid} was torn by the crash (never completed); not replayed"
+        );
     }
     if let Some(tid) = report.failed_commit {
         println!("  journal: transaction {tid} was corrupt (commit block checksum); replay stopped there");

@@ -273,8 +273,8 @@ impl DataMode {
          (BYTES from 1 to 1G, K/M/G suffixes allowed)";
 
     /// Whether blocks of this mode's transactions may be logged as byte ranges (wasteless and
-    /// selective). The other modes write only standard jbd2 records, which the kernel and
-    /// e2fsck can replay.
+    /// selective). The other modes write only standard jbd2 records (which the kernel and
+    /// e2fsck can replay when the commits are fenced, `MountOptions::fenced_commits`).
     pub fn logs_byte_ranges(self) -> bool {
         matches!(self, DataMode::Wasteless | DataMode::Selective { .. })
     }

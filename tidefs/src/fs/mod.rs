@@ -1270,14 +1270,15 @@ impl Fs {
             if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
                 m.acts_for(io, n)?;
                 m.free_inode_fully(io, n)?;
+                // Counted under the metadata lock, with the orphan list change, so that
+                // `wait_for_orphans` sees both or neither.
+                *inner.orphans_freed.0.lock() += 1;
                 return Ok(true);
             }
             Ok(false)
         })?;
         if freed {
-            let (count, freed) = &inner.orphans_freed;
-            *count.lock() += 1;
-            freed.notify_all();
+            inner.orphans_freed.1.notify_all();
         }
         Ok(())
     }
@@ -1583,11 +1584,15 @@ impl Inner {
             return false;
         }
         let (count, freed) = &self.orphans_freed;
-        if *count.lock() != seen {
-            return true;
-        }
-        if self.meta.lock().sb.last_orphan() == 0 {
-            return false;
+        {
+            // One snapshot of both: an orphan is freed and counted under the metadata lock.
+            let m = self.meta.lock();
+            if *count.lock() != seen {
+                return true;
+            }
+            if m.sb.last_orphan() == 0 {
+                return false;
+            }
         }
         let mut now = count.lock();
         while *now == seen {

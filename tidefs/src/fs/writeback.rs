@@ -8,8 +8,9 @@
 //! - in `journal` mode, copies each page into the buffer cache as a dirty block of the running
 //!   transaction (the data is logged with the metadata that maps it), or
 //! - in the other modes, returns the page as a `HomeWrite` that the caller writes to its home
-//!   location before the transaction's commit record (ordered mode's promise; writeback and
-//!   lightweight modes keep the same order, it costs them nothing).
+//!   location: before the transaction's commit record when its mode orders data (ordered,
+//!   selective's large writes: `HomeWrite::ordered`), else with it (writeback, lightweight:
+//!   the commit may then be unfenced, docs/DESIGN.md §4.2).
 //!
 //! Pages become clean only once their bytes are at home (`Meta::finish_home_writes`), and only
 //! if no write changed them meanwhile.

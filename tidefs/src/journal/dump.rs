@@ -47,6 +47,8 @@ pub struct JournalDump {
     pub end_offset: u32,
     /// The transaction whose commit record failed its checksum, ending the log.
     pub failed_commit: Option<Tid>,
+    /// The transaction a crash tore, ending the log (not damage; FORMAT.md §5.7).
+    pub torn: Option<Tid>,
     /// Logged copies whose tag checksum failed.
     pub corrupt_blocks: u64,
 }
@@ -197,6 +199,7 @@ impl JournalCore {
             end_block: scan.end.0,
             end_offset: scan.end.1,
             failed_commit: scan.failed_commit,
+            torn: scan.torn,
             corrupt_blocks: scan.corrupt_blocks,
         })
     }

@@ -30,13 +30,15 @@
 //!   at offset 0 of the tail block; when the log empties, the head moves to the next block
 //!   boundary, so no retired transaction is ever replayed again;
 //! - the incompat bit `INCOMPAT_TIDEFS_EXT` is on in the on-disk superblock (durably) before any
-//!   extension record is written, and is cleared with the tail write that retires the last live
-//!   transaction holding one;
+//!   extension record or unfenced transaction is written, and is cleared with the tail write
+//!   that retires the last live transaction holding one;
 //! - the superblock on disk says `s_start = 0` exactly when no live transaction exists on disk
 //!   (it is written with `s_start != 0` before the first block of a transaction on an empty
 //!   log, and with 0 only after every live block is durable at home);
 //! - a commit block is written only after the transaction's body, the superblock (if
-//!   rewritten) and the home device have been flushed; a compact commit (its own body, under
+//!   rewritten) and the home device have been flushed, except an unfenced one (no ordered
+//!   data; checksum v3; `INCOMPAT_TIDEFS_EXT` durable first), written in one batch with its
+//!   body and flushed with it; a compact commit (its own body, under
 //!   its own checksum) only after the superblock, if rewritten, is durable and, when ordered
 //!   data went home for it, the home device has been flushed;
 //! - `pending` holds, for each home block, the newest copy committed and not yet written home;
@@ -1078,7 +1080,8 @@ impl JournalCore {
         {
             let mut stats = self.stats.lock();
             stats.commits += 1;
-            stats.durable_writes += 1;
+            // An unfenced commit ends with a flush, not a durable write.
+            stats.durable_writes += u64::from(!unfenced);
             stats.journal_bytes += written;
             stats.compact_commits += u64::from(compact.is_some());
             for r in &records {
@@ -1143,6 +1146,11 @@ impl JournalCore {
         };
         if let Err(e) = written {
             return Err(io_abort(state, e));
+        }
+        if unfenced && home_data.is_empty() {
+            // Only the log was written: an external journal's home device has nothing to flush.
+            self.flush_journal_dev().map_err(|e| io_abort(state, e))?;
+            return Ok(body_bytes);
         }
         self.flush_both(state)?;
         if unfenced {

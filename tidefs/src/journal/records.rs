@@ -4,7 +4,8 @@
 //! [`Jbd2BlockLayout`] turns them into the journal bytes of one transaction, in one of two
 //! layouts:
 //! - the block layout: the classic jbd2 layout (descriptor blocks with tags, the block copies,
-//!   revoke blocks, a commit block) that the kernel and e2fsck can replay, plus, when the
+//!   revoke blocks, a commit block) that the kernel and e2fsck can replay (unless written
+//!   unfenced: its commit block then carries tidefs's flag, FORMAT.md §5.7), plus, when the
 //!   transaction has byte-range records, range blocks (tidefs's own, docs/FORMAT.md §5) between
 //!   the copies and the revoke blocks;
 //! - the compact layout ([`Jbd2BlockLayout::compact`]): a transaction of range records and

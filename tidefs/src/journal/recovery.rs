@@ -18,6 +18,11 @@
 //!
 //! - a compact commit that fails its checksum ends the log like a failed commit block.
 //!
+//! And what tidefs adds (FORMAT.md §5.7): an unfenced transaction with a failed block and no
+//! next transaction begun after it, or a commit block torn by the crash (non-zero bytes after
+//! its header), ends the log as a normal outcome of the crash (`RecoveryReport::torn`), not as
+//! damage; nothing of that transaction is replayed.
+//!
 //! Invariants:
 //! - the scan (`scan.rs`) visits at most `s_maxlen - s_first` blocks, so a corrupt log can
 //!   neither loop nor read outside the log;
@@ -67,6 +72,9 @@ pub struct RecoveryReport {
     /// The transaction whose commit block failed its checksum, ending the log early: it and
     /// any later transaction were not replayed.
     pub failed_commit: Option<Tid>,
+    /// The transaction the crash tore (an unfenced body, or its commit block), ending the log:
+    /// not replayed, and not damage (FORMAT.md §5.7).
+    pub torn: Option<Tid>,
 }
 
 /// What replay starts one home block from.
@@ -118,6 +126,7 @@ impl JournalCore {
         let txns = scan.txns;
         report.corrupt_blocks = scan.corrupt_blocks;
         report.failed_commit = scan.failed_commit;
+        report.torn = scan.torn;
         report.scan = t0.elapsed();
         report.transactions = u32::try_from(txns.len()).unwrap_or(u32::MAX);
         report.last_tid = txns.last().map(|t| t.tid);

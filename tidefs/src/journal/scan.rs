@@ -22,7 +22,11 @@
 //! Except for an *unfenced* transaction (commit block flag `FLAG_UNFENCED`, written with its
 //! body before one flush): its commit block does not prove its body reached the disk, so any
 //! failed block of it (a copy, a descriptor, revoke or range block) means it was torn, and the
-//! log ends there, before it (`failed_commit`).
+//! log ends there, before it (`torn`) — unless the next transaction has begun right after it,
+//! which it can only have done once this one's flush returned: then the failure is damage, and
+//! the rules above apply. A commit block that fails its checksum with bytes other than zeros
+//! after its header was torn too (`torn`): its first sector is new, a later one old. The failed
+//! copies of a transaction that does not commit are not counted in `corrupt_blocks`.
 //!
 //! Invariants: the scan visits at most `s_maxlen - s_first` blocks, so a corrupt log can neither
 //! loop nor read outside the log; everything read is validated before use; it never writes.
@@ -91,6 +95,9 @@ pub(super) struct Scan {
     pub corrupt_blocks: u64,
     /// The transaction whose commit record failed its checksum, ending the log.
     pub failed_commit: Option<Tid>,
+    /// The transaction a crash tore (an unfenced body, or its commit block), ending the log: a
+    /// normal outcome of a crash, not damage.
+    pub torn: Option<Tid>,
     /// Where the scan stopped: block and byte offset.
     pub end: (u32, u32),
 }
@@ -274,7 +281,6 @@ impl JournalCore {
                             CsumVersion::V3 => data_block_csum(seed, tid, &data) == tag.checksum,
                         };
                         if !ok {
-                            out.corrupt_blocks += 1;
                             cur.corrupt.push(tag.home_block);
                             continue;
                         }
@@ -305,29 +311,38 @@ impl JournalCore {
                     };
                     let commit_ok = !format.csum.has_tail() || commit::verify_csum_v2v3(seed, &buf);
                     // A commit block holds nothing but zeros after its header. One that fails
-                    // its checksum with other bytes there was torn (its first sector, with the
-                    // header, is new; a later one still holds what the journal block held
-                    // before): the transaction never committed, whatever its body holds (an
-                    // unfenced body may be torn too). One that fails with only zeros there was
-                    // written whole, so its checksum, like a failed body block beside it,
-                    // points at a wrong seed or a corrupt log: the rule below.
-                    let torn_commit =
-                        !commit_ok && buf[commit::COMMIT_HEADER_SIZE..].iter().any(|&b| b != 0);
-                    if torn_commit || (!commit_ok && cur_bad.is_none()) {
-                        out.corrupt_blocks -= cur.corrupt.len() as u64;
+                    // its checksum with other bytes there, and after which no next transaction
+                    // has begun, was torn by the crash (its first sector, with the header, is
+                    // new; a later one still holds what the journal block held before): the
+                    // transaction never committed, whatever its body holds (an unfenced body
+                    // may be torn too). One that fails with only zeros there was written
+                    // whole, so its checksum, like a failed body block beside it, points at a
+                    // wrong seed or a corrupt log: the rules below.
+                    let torn_commit = !commit_ok
+                        && buf[commit::COMMIT_HEADER_SIZE..].iter().any(|&b| b != 0)
+                        && !self.starts_txn(block, tid.wrapping_add(1), bs)?;
+                    if torn_commit {
+                        out.torn = Some(tid);
+                        return Ok(BlockTxn::End);
+                    }
+                    if !commit_ok && cur_bad.is_none() {
                         out.failed_commit = Some(tid);
                         return Ok(BlockTxn::End);
                     }
-                    if commit_ok && c.unfenced() && (cur_bad.is_some() || !cur.corrupt.is_empty()) {
+                    let body_failed = cur_bad.is_some() || !cur.corrupt.is_empty();
+                    if commit_ok
+                        && c.unfenced()
+                        && body_failed
+                        && !self.starts_txn(block, tid.wrapping_add(1), bs)?
+                    {
                         log::info!(
-                            "journal scan ends at unfenced transaction {tid}, torn: {}",
+                            "journal scan ends at unfenced transaction {tid}, torn by the crash: {}",
                             cur_bad.unwrap_or_else(|| format!(
                                 "{} logged copies fail their checksums",
                                 cur.corrupt.len()
                             ))
                         );
-                        out.corrupt_blocks -= cur.corrupt.len() as u64;
-                        out.failed_commit = Some(tid);
+                        out.torn = Some(tid);
                         return Ok(BlockTxn::End);
                     }
                     if let Some(why) = cur_bad.take() {
@@ -341,6 +356,7 @@ impl JournalCore {
                         out.failed_commit = Some(tid);
                         return Ok(BlockTxn::End);
                     }
+                    out.corrupt_blocks += cur.corrupt.len() as u64;
                     cur.commit_time = (c.commit_sec, c.commit_nsec);
                     cur.unfenced = c.unfenced();
                     cur.len_bytes = blocks * bs as u64;
@@ -350,6 +366,20 @@ impl JournalCore {
             }
         }
         Ok(BlockTxn::End)
+    }
+}
+
+impl JournalCore {
+    /// Whether journal block `position` begins a record of transaction `tid`: a jbd2 block of
+    /// that sequence (even one that fails its checksum), a range block or a compact commit.
+    /// Transaction `tid` is written only after the one before it was flushed, so this shows
+    /// that one complete on disk.
+    fn starts_txn(&self, position: u32, tid: Tid, bs: usize) -> Result<bool> {
+        let mut b = vec![0u8; bs];
+        self.geom.read_block(position, &mut b)?;
+        Ok(matches!(BlockHeader::parse(&b), Ok(h) if h.sequence == tid)
+            || ext::has_header(&b, ext::BLOCKTYPE_RANGES, tid)
+            || ext::has_header(&b, ext::BLOCKTYPE_COMPACT, tid))
     }
 }
 

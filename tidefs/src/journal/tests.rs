@@ -1232,7 +1232,8 @@ fn unfenced_commits_cost_one_flush_and_guard_the_log() {
         j.commit(req(&[(81 + t, block(2, t))], &[])).unwrap();
     }
     assert_eq!(flushes() - f0, 10, "one flush per commit");
-    assert_eq!(j.stats().durable_writes - before.durable_writes, 10);
+    assert_eq!(j.stats().durable_writes - before.durable_writes, 0);
+    assert_eq!(j.stats().journal_flushes - before.journal_flushes, 10);
     let mut b = vec![0u8; BS as usize];
     let half = 96 / 2;
     let dev_block = if commit_pos < half {
@@ -1272,10 +1273,10 @@ fn unfenced_commits_cost_one_flush_and_guard_the_log() {
 
 /// Goal: an unfenced transaction whose commit block reached the disk but one of whose blocks
 /// did not (a copy, or its descriptor) is torn: recovery ends the log before it, replays the
-/// transactions before it whole and nothing of it, and reports no error. Likewise when its
-/// commit block is torn too (a later sector of it still holds older bytes). (The same damage under
-/// a fenced commit is a corrupt copy left out, or a corrupt log: the tests above.) Method:
-/// commit T1..T3, damage one block of T2 in the log, crash, recover.
+/// transactions before it whole and nothing of it, and reports a torn transaction, not damage.
+/// Likewise when its commit block is torn too (a later sector of it still holds older bytes).
+/// (The same damage under a fenced commit is a corrupt copy left out, or a corrupt log: the
+/// tests above.) Method: commit T1 and T2, damage one block of T2 in the log, crash, recover.
 #[test]
 fn a_torn_unfenced_transaction_ends_the_log() {
     for (damage_descriptor, tear_commit) in [(false, false), (true, false), (true, true)] {
@@ -1286,7 +1287,6 @@ fn a_torn_unfenced_transaction_ends_the_log() {
         let t2 = j
             .commit(req(&[(31, block(2, 0)), (33, block(4, 0))], &[]))
             .unwrap();
-        j.commit(req(&[(32, block(3, 0))], &[])).unwrap();
         drop(j);
         let pos = if damage_descriptor { head } else { head + 2 };
         assert!(pos < 32);
@@ -1300,15 +1300,56 @@ fn a_torn_unfenced_transaction_ends_the_log() {
         }
         let j = rig.open(V3_64).unwrap();
         let report = j.recover().unwrap();
-        assert_eq!(
-            report.transactions, 1,
-            "descriptor damaged: {damage_descriptor}"
-        );
-        assert_eq!(report.corrupt_blocks, 0);
-        assert_eq!(report.failed_commit, Some(t2));
+        let case = format!("descriptor damaged: {damage_descriptor}, commit torn: {tear_commit}");
+        assert_eq!(report.transactions, 1, "{case}");
+        assert_eq!(report.corrupt_blocks, 0, "{case}");
+        assert_eq!(report.torn, Some(t2), "{case}");
+        assert_eq!(report.failed_commit, None, "{case}");
         assert_eq!(&rig.home(30)[..], &block(1, 0)[..]);
-        for h in [31, 32, 33] {
+        for h in [31, 33] {
             assert_eq!(rig.home(h), vec![0; BS as usize], "block {h}");
         }
+    }
+}
+
+/// Goal: an unfenced transaction followed by the next one cannot have been torn (a commit
+/// starts only after the previous one's flush), so a failed block in it is damage and the
+/// kernel's rules apply: a corrupt copy is left out and counted while the rest and every later
+/// transaction replay; a corrupt descriptor under its commit block is a `Corrupt` error. Nothing
+/// acknowledged is dropped quietly. Method: commit T1..T3, damage a block of T2, recover.
+#[test]
+fn damage_in_an_unfenced_transaction_before_another_is_not_a_tear() {
+    for damage_descriptor in [false, true] {
+        let rig = Rig::new(64, 0, 0);
+        let j = rig.open(V3_64).unwrap();
+        j.commit(req(&[(30, block(1, 0))], &[])).unwrap();
+        let head = u64::from(j.log.lock().head);
+        j.commit(req(&[(31, block(2, 0)), (33, block(4, 0))], &[]))
+            .unwrap();
+        j.commit(req(&[(32, block(3, 0))], &[])).unwrap();
+        drop(j);
+        let pos = if damage_descriptor { head } else { head + 1 };
+        rig.dev
+            .write_at((100 + pos) * u64::from(BS) + 500, &[0xFF])
+            .unwrap();
+        let j = rig.open(V3_64).unwrap();
+        if damage_descriptor {
+            match j.recover() {
+                Err(FsError::Corrupt(c)) => assert!(c.what.contains("descriptor"), "{c}"),
+                other => panic!("expected Corrupt, got {other:?}"),
+            }
+            continue;
+        }
+        let report = j.recover().unwrap();
+        assert_eq!(report.transactions, 3, "{report:?}");
+        assert_eq!(report.corrupt_blocks, 1);
+        assert_eq!((report.torn, report.failed_commit), (None, None));
+        assert_eq!(
+            rig.home(31),
+            vec![0; BS as usize],
+            "the damaged copy is left out"
+        );
+        assert_eq!(&rig.home(33)[..], &block(4, 0)[..]);
+        assert_eq!(&rig.home(32)[..], &block(3, 0)[..]);
     }
 }

@@ -8,7 +8,7 @@
 //! 0x0D h_chksum_size    u8   4 under v1, 0 under v2/v3
 //! 0x0E h_padding[0]     u8   tidefs's commit flags (the kernel ignores this byte):
 //!                            bit 0 `FLAG_UNFENCED`: written without a flush between the
-//!                            body and this block (docs/FORMAT.md §4.3)
+//!                            body and this block (docs/FORMAT.md §5.7)
 //! 0x0F h_padding[1]     u8   0
 //! 0x10 h_chksum         [u32;8]  v1: [0] = crc32_be over the descriptor and data blocks;
 //!                                v2/v3: [0] = crc32c(seed, whole block with [0] zeroed)
