@@ -14,12 +14,15 @@ use std::sync::Arc;
 
 use common::{output, skip, stderr, stdout, tidefs, tool};
 use tidefs::dev::{BlockDevice, FileDev};
-use tidefs::journal::{image_journal, open_image, CommitRequest, JournalOptions, RangeUpdate};
+use tidefs::journal::{
+    image_journal, open_image, CommitRequest, Journal, JournalOptions, RangeUpdate,
+};
 
 const BS: usize = 4096;
 
-/// Writes three transactions into the journal of `image` and crashes; returns their tids.
-fn crash_with_extension_records(image: &Path) -> Vec<u32> {
+/// The journal of `image` opened through the library alone (checksum v3, 64-bit tags, the
+/// default unfenced commits), checkpoints held so what is committed stays in the log.
+fn open_journal(image: &Path) -> Journal {
     let opts = JournalOptions {
         csum_v3: true,
         tags_64bit: true,
@@ -27,6 +30,12 @@ fn crash_with_extension_records(image: &Path) -> Vec<u32> {
     };
     let j = open_image(image, None, opts).unwrap();
     j.hold_checkpoints(true);
+    j
+}
+
+/// Writes three transactions into the journal of `image` and crashes; returns their tids.
+fn crash_with_extension_records(image: &Path) -> Vec<u32> {
+    let j = open_journal(image);
     let mut data = vec![0u8; BS];
     data[100..109].copy_from_slice(b"RANGE-ONE");
     let first = j
@@ -207,13 +216,7 @@ fn a_torn_last_transaction_is_reported_as_torn_not_as_damage() {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("img");
     common::mkfs(&image, "64M", &[]);
-    let opts = JournalOptions {
-        csum_v3: true,
-        tags_64bit: true,
-        ..JournalOptions::default()
-    };
-    let j = open_image(&image, None, opts).unwrap();
-    j.hold_checkpoints(true);
+    let j = open_journal(&image);
     let first = j
         .commit(CommitRequest {
             blocks: vec![(9001, vec![0x11; BS].into())],
