@@ -102,12 +102,12 @@ pub fn render(d: &JournalDump) -> String {
     );
     for t in &d.transactions {
         let (layout, size) = match t.layout {
-            DumpLayout::Block if t.unfenced => (
-                "block layout (unfenced)",
-                format!("{} blocks", t.len_bytes / u64::from(d.block_size.max(1))),
-            ),
             DumpLayout::Block => (
-                "block layout",
+                if t.unfenced {
+                    "block layout (unfenced)"
+                } else {
+                    "block layout"
+                },
                 format!("{} blocks", t.len_bytes / u64::from(d.block_size.max(1))),
             ),
             DumpLayout::Compact => ("compact commit", format!("{} bytes", t.len_bytes)),

@@ -1150,9 +1150,9 @@ impl JournalCore {
         if unfenced && home_data.is_empty() {
             // Only the log was written: an external journal's home device has nothing to flush.
             self.flush_journal_dev().map_err(|e| io_abort(state, e))?;
-            return Ok(body_bytes);
+        } else {
+            self.flush_both(state)?;
         }
-        self.flush_both(state)?;
         if unfenced {
             return Ok(body_bytes);
         }

@@ -367,9 +367,7 @@ impl JournalCore {
         }
         Ok(BlockTxn::End)
     }
-}
 
-impl JournalCore {
     /// Whether journal block `position` begins a record of transaction `tid`: a jbd2 block of
     /// that sequence (even one that fails its checksum), a range block or a compact commit.
     /// Transaction `tid` is written only after the one before it was flushed, so this shows
