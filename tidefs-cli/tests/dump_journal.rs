@@ -238,6 +238,14 @@ fn a_torn_last_transaction_is_reported_as_torn_not_as_damage() {
     let txns = v["transactions"].as_array().unwrap();
     assert_eq!(txns.len(), 2);
     assert_eq!(txns[1]["unfenced"], true);
+    // Unfenced transactions have their own incompat bit, apart from extension records, so a
+    // tidefs build that predates them refuses the log instead of replaying a torn one.
+    assert_eq!(v["unfenced_bit"], true);
+    assert_eq!(v["extension_bit"], false);
+    assert!(v["incompat"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!("tidefs_unfenced_commits")));
     let logical = u32::try_from(txns[1]["tags"][0]["position"].as_u64().unwrap()).unwrap();
     let geom = {
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDev::open(&image, true).unwrap());

@@ -450,16 +450,17 @@ fn mount_opts(cfg: &Config) -> MountOptions {
     }
 }
 
-/// What e2fsck says of a journal that carries tidefs's extension bit.
+/// What e2fsck says of a journal that carries one of tidefs's incompat bits.
 const UNKNOWN_JOURNAL_FEATURE: &str = "Journal superblock has an unknown incompatible feature flag";
 
-/// Whether the journal of `image` carries tidefs's extension bit (byte-range records or
-/// compact commits may be in its log), which e2fsprogs and the kernel refuse to replay.
-fn journal_holds_extension_records(image: &[u8]) -> bool {
+/// Whether the journal of `image` carries one of tidefs's incompat bits (byte-range records,
+/// compact commits or unfenced transactions may be in its log), which e2fsprogs and the
+/// kernel refuse to replay.
+fn journal_needs_tidefs(image: &[u8]) -> bool {
     let dev: Arc<dyn BlockDevice> = Arc::new(MemDev::from_bytes(image.to_vec()));
     tidefs::journal::image_journal(dev, None)
         .and_then(tidefs::journal::dump)
-        .is_ok_and(|d| d.extension_bit)
+        .is_ok_and(|d| d.tidefs_only())
 }
 
 /// Mount options of recovery and of the oracle's checks.
@@ -900,7 +901,7 @@ impl Harness {
     /// the one tidefs's recovery gave. `Ok(false)`: e2fsprogs cannot open the image, so there
     /// is nothing to compare.
     fn compare_with_e2fsck(&self, image: &[u8], ours: &RTree) -> std::result::Result<bool, String> {
-        if journal_holds_extension_records(image) {
+        if journal_needs_tidefs(image) {
             // e2fsprogs refuses such a journal, by design (the incompat bit): nothing to
             // compare. tidefs's recovery was checked against e2fsck -fn already.
             return Ok(false);
@@ -921,7 +922,7 @@ impl Harness {
         }
         if code >= 4 && out.contains(UNKNOWN_JOURNAL_FEATURE) {
             // The extension bit, seen by e2fsck through a backup superblock when the primary
-            // was torn (`journal_holds_extension_records` reads only the primary): refused by
+            // was torn (`journal_needs_tidefs` reads only the primary): refused by
             // design, nothing to compare.
             return Ok(false);
         }

@@ -387,8 +387,12 @@ fn crash_round(dir: &Path, round: usize, kill_after: usize, extra: &[&str], fenc
         d["Filesystem features"].contains("needs_recovery"),
         "a killed mount leaves needs_recovery set"
     );
-    // tidefs's incompat bit (0x80000000), which dumpe2fs names FEATURE_I31.
-    let guarded = d["Journal features"].contains("FEATURE_I31");
+    // tidefs's incompat bits: unfenced commits (0x40000000, which dumpe2fs names
+    // FEATURE_I30) and extension records (0x80000000, FEATURE_I31), which an ordered-mode
+    // workload never writes.
+    let features = &d["Journal features"];
+    assert!(!features.contains("FEATURE_I31"), "{features}");
+    let guarded = features.contains("FEATURE_I30");
     if fenced {
         assert!(!guarded, "fenced commits never set tidefs's journal bit");
     }

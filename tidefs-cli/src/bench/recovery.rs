@@ -125,10 +125,11 @@ fn one_run(cfg: &RecoveryBench, mode: DataMode, run: usize) -> Result<Sample, Cl
     fs.unmount().map_err(|e| err("unmount", e))?;
 
     // e2fsprogs refuses a journal that holds tidefs's extension records (wasteless,
-    // selective): that is the compatibility rule, so there is no peer time to show.
+    // selective) or unfenced transactions: that is the compatibility rule, so there is no
+    // peer time to show.
     let refused = tidefs::journal::dump_image(&copy, None)
         .map_err(|e| err("journal of the crashed image", e))?
-        .extension_bit;
+        .tidefs_only();
     let e2fsck_replay_ms = match find_e2fsprogs_tool("e2fsck") {
         Some(_) if refused => None,
         Some(e2fsck) => {

@@ -17,7 +17,7 @@ use crate::dev::{BlockDevice, FileDev};
 use crate::error::{FsError, Result};
 use crate::format::ext4::extent::{parse_node, ExtentNode};
 use crate::format::ext4::superblock::{compat, incompat, Superblock, SUPERBLOCK_SIZE};
-use crate::format::jbd2::{incompat_name, INCOMPAT_TIDEFS_EXT};
+use crate::format::jbd2::{incompat_name, INCOMPAT_TIDEFS_EXT, INCOMPAT_TIDEFS_UNFENCED};
 
 /// The journal as `dump` found it.
 #[derive(Clone, Debug)]
@@ -39,6 +39,8 @@ pub struct JournalDump {
     pub incompat: Vec<String>,
     /// The tidefs extension bit is set: the log may hold byte-range records or compact commits.
     pub extension_bit: bool,
+    /// The tidefs unfenced bit is set: the log may hold unfenced transactions.
+    pub unfenced_bit: bool,
     /// The committed transactions recovery would replay, in log order.
     pub transactions: Vec<DumpTxn>,
     /// Where the scan stopped: journal block.
@@ -51,6 +53,14 @@ pub struct JournalDump {
     pub torn: Option<Tid>,
     /// Logged copies whose tag checksum failed.
     pub corrupt_blocks: u64,
+}
+
+impl JournalDump {
+    /// One of tidefs's own incompat bits is set, so the kernel and e2fsprogs refuse to replay
+    /// the log: only tidefs can recover it.
+    pub fn tidefs_only(&self) -> bool {
+        self.extension_bit || self.unfenced_bit
+    }
 }
 
 /// How a transaction is written.
@@ -195,6 +205,7 @@ impl JournalCore {
                 .map(incompat_name)
                 .collect(),
             extension_bit: sb.feature_incompat & INCOMPAT_TIDEFS_EXT != 0,
+            unfenced_bit: sb.feature_incompat & INCOMPAT_TIDEFS_UNFENCED != 0,
             transactions,
             end_block: scan.end.0,
             end_offset: scan.end.1,

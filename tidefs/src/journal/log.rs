@@ -30,14 +30,15 @@
 //!   at offset 0 of the tail block; when the log empties, the head moves to the next block
 //!   boundary, so no retired transaction is ever replayed again;
 //! - the incompat bit `INCOMPAT_TIDEFS_EXT` is on in the on-disk superblock (durably) before any
-//!   extension record or unfenced transaction is written, and is cleared with the tail write
-//!   that retires the last live transaction holding one;
+//!   extension record is written, and `INCOMPAT_TIDEFS_UNFENCED` before any unfenced
+//!   transaction; each is cleared with the tail write that retires the last live transaction
+//!   needing it;
 //! - the superblock on disk says `s_start = 0` exactly when no live transaction exists on disk
 //!   (it is written with `s_start != 0` before the first block of a transaction on an empty
 //!   log, and with 0 only after every live block is durable at home);
 //! - a commit block is written only after the transaction's body, the superblock (if
 //!   rewritten) and the home device have been flushed, except an unfenced one (no ordered
-//!   data; checksum v3; `INCOMPAT_TIDEFS_EXT` durable first), written in one batch with its
+//!   data; checksum v3; `INCOMPAT_TIDEFS_UNFENCED` durable first), written in one batch with its
 //!   body and flushed with it; a compact commit (its own body, under
 //!   its own checksum) only after the superblock, if rewritten, is durable and, when ordered
 //!   data went home for it, the home device has been flushed;
@@ -75,7 +76,8 @@ use crate::error::{FsError, Result};
 use crate::format::jbd2::{
     check_incompat, csum_seed, superblock::SUPERBLOCK_SIZE, CsumVersion, JournalSuperblock,
     TagFormat, CHKSUM_CRC32C, COMPAT_CHECKSUM, INCOMPAT_64BIT, INCOMPAT_CSUM_V2, INCOMPAT_CSUM_V3,
-    INCOMPAT_FAST_COMMIT, INCOMPAT_REVOKE, INCOMPAT_TIDEFS_EXT,
+    INCOMPAT_FAST_COMMIT, INCOMPAT_REVOKE, INCOMPAT_TIDEFS_EXT, INCOMPAT_TIDEFS_ONLY,
+    INCOMPAT_TIDEFS_UNFENCED,
 };
 use crate::format::{le16, le32};
 
@@ -445,10 +447,17 @@ pub(super) struct LiveTxn {
     pub start_off: u32,
     /// Blocks it opened (counted in `used`): 0 for a compact commit in a block already in use.
     pub len: u32,
-    /// It holds extension records (byte ranges, or it is a compact commit or unfenced).
-    pub ext: bool,
+    /// The tidefs-only incompat bits it needs while live: `INCOMPAT_TIDEFS_EXT` when it holds
+    /// extension records (byte ranges, or it is a compact commit), `INCOMPAT_TIDEFS_UNFENCED`
+    /// when it is unfenced.
+    pub guard: u32,
     /// The head after it: (block, byte offset).
     pub end: (u32, u32),
+}
+
+/// The tidefs-only incompat bits the live transactions need.
+fn live_guard(live: &VecDeque<LiveTxn>) -> u32 {
+    live.iter().fold(0, |bits, t| bits | t.guard)
 }
 
 /// The newest committed copy of a home block.
@@ -691,8 +700,8 @@ impl JournalCore {
         state.features_ready = true;
         let sb = &mut state.sb;
         let before = sb.clone();
-        // The extension bit of an empty log guards nothing.
-        let mut incompat = (sb.feature_incompat | INCOMPAT_REVOKE) & !INCOMPAT_TIDEFS_EXT;
+        // The tidefs bits of an empty log guard nothing.
+        let mut incompat = (sb.feature_incompat | INCOMPAT_REVOKE) & !INCOMPAT_TIDEFS_ONLY;
         if self.opts.csum_v3 {
             incompat = (incompat | INCOMPAT_CSUM_V3) & !INCOMPAT_CSUM_V2;
             sb.feature_compat &= !COMPAT_CHECKSUM;
@@ -758,8 +767,10 @@ impl JournalCore {
                 pair.0.tid
             );
         }
-        let ext = state.live.iter().any(|t| t.ext);
-        assert_eq!(state.sb.feature_incompat & INCOMPAT_TIDEFS_EXT != 0, ext);
+        assert_eq!(
+            state.sb.feature_incompat & INCOMPAT_TIDEFS_ONLY,
+            live_guard(&state.live)
+        );
         if let Some(last) = state.live.back() {
             let front = state.live.front().map_or(last.tid, |t| t.tid);
             assert_eq!(last.end, (state.head, state.head_off));
@@ -885,8 +896,9 @@ impl JournalCore {
     /// flush. Every block of the body carries its own checksum under v3, so a crash that keeps
     /// the commit block but not all of the body is seen by recovery as a torn transaction (the
     /// end of the log), not a committed one. Like an extension record, it sets
-    /// `INCOMPAT_TIDEFS_EXT` durably first, so the kernel and e2fsck refuse the log (rather than
-    /// replay a torn one) until it is checkpointed.
+    /// `INCOMPAT_TIDEFS_UNFENCED` durably first, so the kernel, e2fsck and tidefs builds that
+    /// predate unfenced commits refuse the log (rather than replay a torn one) until it is
+    /// checkpointed.
     ///
     /// Compact commit: the home device is flushed first only when `req.data_written_home`;
     /// then the record is written as one durable write (its checksum covers all of it, so no
@@ -981,8 +993,16 @@ impl JournalCore {
             && !ordered_data
             && !self.opts.fenced_commits
             && state.layout.format.csum == CsumVersion::V3;
-        let ext = ext || compact.is_some() || unfenced;
-        let set_bit = ext && state.sb.feature_incompat & INCOMPAT_TIDEFS_EXT == 0;
+        let guard = if ext || compact.is_some() {
+            INCOMPAT_TIDEFS_EXT
+        } else {
+            0
+        } | if unfenced {
+            INCOMPAT_TIDEFS_UNFENCED
+        } else {
+            0
+        };
+        let set_bit = guard & !state.sb.feature_incompat != 0;
         if state.live.is_empty() {
             state.sb.start_block = start;
             state.sb.sequence = tid;
@@ -990,7 +1010,7 @@ impl JournalCore {
         if set_bit {
             // Durable before the first extension record: a crash never leaves one in a log
             // the kernel or e2fsck would replay.
-            state.sb.feature_incompat |= INCOMPAT_TIDEFS_EXT;
+            state.sb.feature_incompat |= guard;
             self.write_sb_durable(&mut state)?;
         } else if state.live.is_empty() {
             self.write_sb(&mut state)?;
@@ -1033,7 +1053,7 @@ impl JournalCore {
             start,
             start_off,
             len: needed,
-            ext,
+            guard,
             end,
         });
         (state.head, state.head_off) = end;
@@ -1401,9 +1421,8 @@ impl JournalCore {
                 }
             }
         }
-        if !state.live.iter().any(|t| t.ext) {
-            state.sb.feature_incompat &= !INCOMPAT_TIDEFS_EXT;
-        }
+        state.sb.feature_incompat =
+            state.sb.feature_incompat & !INCOMPAT_TIDEFS_ONLY | live_guard(&state.live);
         freed
     }
 

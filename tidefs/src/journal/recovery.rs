@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use super::log::{tid_geq, JournalCore, PendingCopy, Tid, CHECKPOINT_BATCH_BLOCKS};
 use super::scan::Item;
 use crate::error::{FsError, Result};
-use crate::format::jbd2::{INCOMPAT_TIDEFS_EXT, JBD2_MAGIC};
+use crate::format::jbd2::{INCOMPAT_TIDEFS_ONLY, JBD2_MAGIC};
 
 /// What a recovery did.
 #[derive(Clone, Debug, Default)]
@@ -238,7 +238,7 @@ impl JournalCore {
         let end_tid = state.sb.sequence.wrapping_add(report.transactions);
         state.sb.start_block = 0;
         state.sb.sequence = end_tid;
-        state.sb.feature_incompat &= !INCOMPAT_TIDEFS_EXT;
+        state.sb.feature_incompat &= !INCOMPAT_TIDEFS_ONLY;
         self.write_sb(&mut state)?;
         self.flush_journal_dev()?;
         report.replay = t2.elapsed();

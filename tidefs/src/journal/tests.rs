@@ -16,7 +16,7 @@ use crate::error::FsError;
 use crate::format::jbd2::superblock::{JournalSuperblock, MAX_USERS, SUPERBLOCK_SIZE};
 use crate::format::jbd2::{
     COMPAT_CHECKSUM, INCOMPAT_64BIT, INCOMPAT_CSUM_V2, INCOMPAT_CSUM_V3, INCOMPAT_FAST_COMMIT,
-    INCOMPAT_TIDEFS_EXT,
+    INCOMPAT_TIDEFS_ONLY, INCOMPAT_TIDEFS_UNFENCED,
 };
 
 const BS: u32 = 1024;
@@ -1218,10 +1218,10 @@ fn unfenced_commits_cost_one_flush_and_guard_the_log() {
     let flushes =
         || counted.counters.flushes.load(Relaxed) + counted.counters.durable_writes.load(Relaxed);
     j.commit(req(&[(80, block(1, 0))], &[])).unwrap();
-    assert_ne!(
-        rig.read_sb().feature_incompat & INCOMPAT_TIDEFS_EXT,
-        0,
-        "the kernel must not replay an unfenced transaction"
+    assert_eq!(
+        rig.read_sb().feature_incompat & INCOMPAT_TIDEFS_ONLY,
+        INCOMPAT_TIDEFS_UNFENCED,
+        "neither the kernel nor a tidefs build without unfenced commits may replay one"
     );
     let f0 = flushes();
     let before = j.stats();
@@ -1268,7 +1268,7 @@ fn unfenced_commits_cost_one_flush_and_guard_the_log() {
     );
     assert_eq!(&rig.home(90)[..], &block(5, 0)[..]);
     j.close().unwrap();
-    assert_eq!(rig.read_sb().feature_incompat & INCOMPAT_TIDEFS_EXT, 0);
+    assert_eq!(rig.read_sb().feature_incompat & INCOMPAT_TIDEFS_ONLY, 0);
 }
 
 /// Goal: an unfenced transaction whose commit block reached the disk but one of whose blocks

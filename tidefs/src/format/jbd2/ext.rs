@@ -4,8 +4,9 @@
 //!
 //! While any live transaction of the log holds one of these records, the journal superblock
 //! carries the incompat bit [`INCOMPAT_TIDEFS_EXT`] (0x80000000), which the kernel and e2fsck do
-//! not know, so they refuse the journal instead of replaying it wrongly. With the bit clear the
-//! journal is plain jbd2.
+//! not know, so they refuse the journal instead of replaying it wrongly; while one is unfenced
+//! (its commit block written with its body), [`INCOMPAT_TIDEFS_UNFENCED`] (0x40000000). With
+//! both clear the journal is plain jbd2.
 //!
 //! ```text
 //! Entry area: entries back to back, each
@@ -59,6 +60,13 @@ use crate::format::crc32c_raw;
 /// Incompat feature bit of tidefs's extension records. The kernel defines bits 0x1 ..= 0x20
 /// and adds new ones from the bottom; the top bit keeps clear of them.
 pub const INCOMPAT_TIDEFS_EXT: u32 = 0x8000_0000;
+/// Incompat feature bit of unfenced transactions (commit blocks carrying `FLAG_UNFENCED`,
+/// written in one batch with their body): a failing block of such a transaction is a tear, the
+/// end of the log, not damage to skip. A bit of its own, so that a tidefs build that knows
+/// extension records but not unfenced commits refuses the log instead of replaying a torn one.
+pub const INCOMPAT_TIDEFS_UNFENCED: u32 = 0x4000_0000;
+/// The incompat bits only tidefs reads; the kernel and e2fsck refuse a journal with any of them.
+pub const INCOMPAT_TIDEFS_ONLY: u32 = INCOMPAT_TIDEFS_EXT | INCOMPAT_TIDEFS_UNFENCED;
 /// `h_blocktype` of a compact commit.
 pub const BLOCKTYPE_COMPACT: u32 = 0x7464_0001;
 /// `h_blocktype` of a range block.

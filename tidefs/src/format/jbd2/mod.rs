@@ -48,7 +48,7 @@ pub const INCOMPAT_CSUM_V3: u32 = 0x10;
 /// implement it and refuses such journals.
 pub const INCOMPAT_FAST_COMMIT: u32 = 0x20;
 
-pub use ext::INCOMPAT_TIDEFS_EXT;
+pub use ext::{INCOMPAT_TIDEFS_EXT, INCOMPAT_TIDEFS_ONLY, INCOMPAT_TIDEFS_UNFENCED};
 
 /// Incompat bits tidefs reads and writes.
 pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_REVOKE
@@ -56,7 +56,7 @@ pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_REVOKE
     | INCOMPAT_ASYNC_COMMIT
     | INCOMPAT_CSUM_V2
     | INCOMPAT_CSUM_V3
-    | INCOMPAT_TIDEFS_EXT;
+    | INCOMPAT_TIDEFS_ONLY;
 
 /// `s_checksum_type` / `h_chksum_type`: crc32 (v1 transaction checksums).
 pub const CHKSUM_CRC32: u8 = 1;
@@ -73,6 +73,7 @@ pub fn incompat_name(bit: u32) -> String {
         INCOMPAT_CSUM_V3 => "journal_checksum_v3".into(),
         INCOMPAT_FAST_COMMIT => "journal_fast_commit".into(),
         INCOMPAT_TIDEFS_EXT => "tidefs_extension_records".into(),
+        INCOMPAT_TIDEFS_UNFENCED => "tidefs_unfenced_commits".into(),
         other => format!("unknown journal incompat bit {other:#x}"),
     }
 }
