@@ -18,6 +18,12 @@
 //! - a block loaded during an operation counts the loaded bytes as its pre-image, so a small
 //!   change to it is a small range even on a cache miss.
 //!
+//! - every removal of a cached block (eviction, `forget`, a rollback dropping a block the
+//!   operation added) bumps the removal stamp of the block's bucket (`removal_stamp`): a
+//!   block read from its home location without the lock is still current when it is used if
+//!   the cache did not hold it then and its stamp has not moved since the read was planned,
+//!   since any newer version would have been in the cache and left it (docs/DESIGN.md §2.5).
+//!
 //! File data is cached separately (`fs/datacache.rs`); it joins this cache at commit in
 //! `journal` mode, where data blocks are logged like metadata (docs/DESIGN.md §2.3).
 
@@ -38,9 +44,16 @@ pub struct DirtyBlock {
     pub fresh: bool,
 }
 
+/// Buckets of removal stamps (a power of two): blocks share a stamp by their number modulo
+/// this, so a removal may make an unrelated block's planned read look stale (it is then read
+/// again), never the other way round.
+const REMOVAL_BUCKETS: usize = 4096;
+
 /// Cached metadata blocks and the set of blocks the running transaction has modified.
 pub struct BlockCache {
     blocks: HashMap<u64, Box<[u8]>>,
+    /// Removals per bucket of block numbers (see [`BlockCache::removal_stamp`]).
+    removals: Box<[u64]>,
     /// Blocks changed since the running transaction began; cleared when it is snapshotted.
     dirty: BTreeSet<u64>,
     max_blocks: usize,
@@ -71,6 +84,7 @@ impl BlockCache {
     pub fn new(max_blocks: usize) -> BlockCache {
         BlockCache {
             blocks: HashMap::new(),
+            removals: vec![0; REMOVAL_BUCKETS].into_boxed_slice(),
             dirty: BTreeSet::new(),
             max_blocks: max_blocks.max(64),
             undo: None,
@@ -149,7 +163,7 @@ impl BlockCache {
                     }
                 }
                 None => {
-                    self.blocks.remove(&nr);
+                    self.remove(nr);
                     self.dirty.remove(&nr);
                     self.changed.remove(&nr);
                     self.fresh.remove(&nr);
@@ -235,8 +249,23 @@ impl BlockCache {
             .copied()
             .collect();
         for nr in victims {
-            self.blocks.remove(&nr);
+            self.remove(nr);
         }
+    }
+
+    /// Drops block `nr`'s bytes, bumping its removal stamp if it was cached.
+    fn remove(&mut self, nr: u64) {
+        if self.blocks.remove(&nr).is_some() {
+            self.removals[nr as usize % REMOVAL_BUCKETS] += 1;
+        }
+    }
+
+    /// A number that changes whenever block `nr` leaves the cache (and sometimes when another
+    /// block does). While it stays the same and the block is not cached, no copy of the block
+    /// newer than its home location can have come and gone: a change to a block passes
+    /// through the cache, and leaves it only by a removal.
+    pub fn removal_stamp(&self, nr: u64) -> u64 {
+        self.removals[nr as usize % REMOVAL_BUCKETS]
     }
 
     /// A cached block, if present.
@@ -264,7 +293,7 @@ impl BlockCache {
     pub fn forget(&mut self, nr: u64) {
         self.note(nr);
         self.undo_changed |= self.undo.is_some() && self.blocks.contains_key(&nr);
-        self.blocks.remove(&nr);
+        self.remove(nr);
         self.dirty.remove(&nr);
         self.changed.remove(&nr);
         self.fresh.remove(&nr);
@@ -315,6 +344,41 @@ fn block_len(b: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal: a block's removal stamp moves whenever it leaves the cache (eviction, forget, a
+    /// rollback of the operation that added it) and not when it is loaded or changed, so a
+    /// read planned without the lock is never used after a newer copy came and went.
+    #[test]
+    fn removal_stamps_move_when_a_block_leaves() {
+        let mut c = BlockCache::new(64);
+        let s0 = c.removal_stamp(5);
+        c.insert(5, vec![0u8; 16].into_boxed_slice());
+        c.get_mut(5).unwrap()[0] = 1;
+        assert_eq!(c.removal_stamp(5), s0, "loads and changes keep the stamp");
+        c.take_dirty();
+        c.forget(5);
+        let s1 = c.removal_stamp(5);
+        assert_ne!(s1, s0, "forget");
+        c.forget(5);
+        assert_eq!(
+            c.removal_stamp(5),
+            s1,
+            "forgetting an absent block removes nothing"
+        );
+        c.begin_undo();
+        c.insert_new(5, vec![0u8; 16].into_boxed_slice());
+        c.rollback();
+        let s2 = c.removal_stamp(5);
+        assert_ne!(s2, s1, "rollback of an added block");
+        c.insert(5, vec![0u8; 16].into_boxed_slice());
+        let mut nr = 100;
+        while c.contains(5) && nr < 100_000 {
+            c.insert(nr, vec![0u8; 16].into_boxed_slice());
+            nr += 1;
+        }
+        assert!(!c.contains(5), "a clean block is evicted at some point");
+        assert_ne!(c.removal_stamp(5), s2, "eviction");
+    }
 
     #[test]
     fn dirty_blocks_survive_eviction() {

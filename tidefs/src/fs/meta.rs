@@ -153,6 +153,9 @@ pub(crate) struct Meta {
     /// attribute block. Taken by each commit and by each attribute change, and passed to the
     /// listener of [`super::Fs::on_blocks_changed`] (a server whose clients cache attributes).
     pub blocks_changed: Vec<u32>,
+    /// Device reads of the running operation, deferred out of the lock inside
+    /// `Fs::with_meta` (`fs/deferred_reads.rs`).
+    pub reads: super::deferred_reads::DeferredReads,
 }
 
 /// The transactions that hold an inode's last changes (see [`Meta::ino_tids`]).
@@ -183,15 +186,24 @@ impl Meta {
             .or_else(|| io.journal.pending(nr));
         let data: Box<[u8]> = match newest {
             Some(copy) => Box::from(&copy[..]),
-            None => {
-                let mut buf = vec![0u8; self.geo.bs()].into_boxed_slice();
-                io.dev
-                    .read_at(nr * u64::from(self.geo.block_size), &mut buf)?;
-                buf
-            }
+            None => self.read_home(io, nr)?,
         };
         self.cache.insert(nr, data);
         Ok(())
+    }
+
+    /// Reads block `nr` from its home location, for a caller that found no newer copy in
+    /// memory. Inside `Fs::with_meta` the read is not done here, under the lock: the bytes
+    /// come from an earlier read without the lock if still current, else the block is asked
+    /// for and the operation stops (`fs/deferred_reads.rs`).
+    pub fn read_home(&mut self, io: &Io, nr: u64) -> Result<Box<[u8]>> {
+        if let Some(r) = self.reads.home_copy(nr, self.cache.removal_stamp(nr)) {
+            return r;
+        }
+        let mut buf = vec![0u8; self.geo.bs()].into_boxed_slice();
+        io.dev
+            .read_at(nr * u64::from(self.geo.block_size), &mut buf)?;
+        Ok(buf)
     }
 
     /// Block `nr` of file data joins the running transaction with content `bytes`, of which
@@ -265,7 +277,9 @@ impl Meta {
     pub fn run_op<T>(&mut self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
         self.begin_op();
         let r = f(self);
-        if r.is_ok() {
+        // An operation that stopped for a deferred read is taken back even if it went on
+        // (someone swallowed the error): it runs again once the block is read.
+        if r.is_ok() && !self.reads.stopped() {
             self.end_op();
         } else {
             self.rollback_op();

@@ -17,6 +17,7 @@ mod alloc;
 mod api;
 mod audit;
 mod datacache;
+mod deferred_reads;
 mod dir;
 mod dir_index;
 mod extent_map;
@@ -543,6 +544,7 @@ impl Fs {
             ino_tids: HashMap::new(),
             names: Arc::default(),
             blocks_changed: Vec::new(),
+            reads: deferred_reads::DeferredReads::default(),
         };
         meta.load_groups(&io)?;
         meta.sum_free_counts();
@@ -707,6 +709,8 @@ impl Fs {
         let inner = &self.inner;
         let mut retries = 0;
         let mut orphan_deadline = None;
+        let mut fetched = deferred_reads::FetchedBlocks::default();
+        let mut read_rounds = 0;
         loop {
             if inner.closed.load(Ordering::SeqCst) {
                 return Err(FsError::ReadOnly);
@@ -717,7 +721,23 @@ impl Fs {
                 if write && m.read_only {
                     return Err(FsError::ReadOnly);
                 }
+                let defer = read_rounds < deferred_reads::MAX_DEFERRED_ROUNDS;
+                m.reads.begin(std::mem::take(&mut fetched), defer);
                 let r = m.run_op(|m| f(m, &inner.io));
+                let wanted;
+                (wanted, fetched) = m.reads.end();
+                if let Some(nr) = wanted {
+                    // The operation was taken back; read the block without the lock and
+                    // run it again (fs/deferred_reads.rs).
+                    let stamp = m.cache.removal_stamp(nr);
+                    let bs = m.geo.bs();
+                    drop(m);
+                    read_rounds += 1;
+                    let mut buf = vec![0u8; bs].into_boxed_slice();
+                    inner.io.dev.read_at(nr * bs as u64, &mut buf)?;
+                    fetched.insert(nr, stamp, buf);
+                    continue;
+                }
                 m.trim_derived_caches();
                 // Journal-mode pages join the transaction at write-back.
                 let journaled_pages =

@@ -902,14 +902,11 @@ impl Meta {
 
     /// Reads file block `home` (a block written on disk) as it is now: the newest copy not yet
     /// at home (journal-mode data in the buffer cache or the journal), else the home location.
-    fn read_data_block(&self, io: &Io, home: u64) -> Result<Box<[u8]>> {
+    fn read_data_block(&mut self, io: &Io, home: u64) -> Result<Box<[u8]>> {
         if let Some(copy) = self.unsettled_copy(io, home) {
             return Ok(Box::from(&copy[..]));
         }
-        let bs = self.geo.bs();
-        let mut buf = vec![0u8; bs].into_boxed_slice();
-        io.dev.read_at(home * bs as u64, &mut buf)?;
-        Ok(buf)
+        self.read_home(io, home)
     }
 
     /// Puts `bytes` at `offset` of file block `lblk` of `ino` through the page cache. A block

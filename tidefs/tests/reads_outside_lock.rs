@@ -1,0 +1,285 @@
+//! Goal: an operation that must read the device does not hold up the others while it waits
+//! for the read (docs/DESIGN.md §2.5, "Device reads outside the lock"): a write and a readdir
+//! of what is cached complete while a lookup waits for a cold inode-table block, and the
+//! lookup then answers correctly. And a block read without the lock is never used once a
+//! newer copy exists: under constant cache eviction, threads that change files sharing
+//! inode-table blocks and bitmaps read back exactly what they wrote, before and after a
+//! remount, and `e2fsck -fn` finds the image clean.
+//!
+//! Method: images from the real `mkfs.ext4`, served from memory through a device that, once
+//! armed, holds every read until released (or slows every read, to widen the window between
+//! a read's plan and its use). The cold lookup runs on one thread; the cached operations run
+//! on another and must finish within a generous bound while the read is held (a hang there is
+//! the failure this test exists for; the bound is not a speed test).
+
+mod common;
+
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use tidefs::dev::{BlockDevice, MemDev};
+use tidefs::fs::{Creds, Fs, MountOptions, RenameFlags, ROOT_INO};
+
+/// A memory device whose reads, once armed, wait until released.
+struct HeldReads {
+    inner: Arc<MemDev>,
+    /// Every read sleeps this long first.
+    delay: Duration,
+    /// (armed, released); `held` counts reads waiting.
+    state: Mutex<(bool, bool)>,
+    changed: Condvar,
+    held: Mutex<usize>,
+    held_changed: Condvar,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl HeldReads {
+    fn new(inner: Arc<MemDev>, delay: Duration) -> HeldReads {
+        HeldReads {
+            inner,
+            delay,
+            state: Mutex::new((false, false)),
+            changed: Condvar::new(),
+            held: Mutex::new(0),
+            held_changed: Condvar::new(),
+            reads: Default::default(),
+        }
+    }
+
+    fn arm(&self) {
+        self.state.lock().unwrap().0 = true;
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits until a read is being held (or `timeout` passes); returns whether one is.
+    fn wait_for_held_read(&self, timeout: Duration) -> bool {
+        let held = self.held.lock().unwrap();
+        let (held, _) = self
+            .held_changed
+            .wait_timeout_while(held, timeout, |n| *n == 0)
+            .unwrap();
+        *held > 0
+    }
+}
+
+impl BlockDevice for HeldReads {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        let mut s = self.state.lock().unwrap();
+        if s.0 && !s.1 {
+            *self.held.lock().unwrap() += 1;
+            self.held_changed.notify_all();
+            while !s.1 {
+                s = self.changed.wait(s).unwrap();
+            }
+        }
+        drop(s);
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn len_bytes(&self) -> u64 {
+        self.inner.len_bytes()
+    }
+}
+
+/// Number of entries readdir lists in the root.
+fn names(fs: &Fs) -> usize {
+    let mut n = 0;
+    fs.readdir(ROOT_INO, 0, &mut |_| {
+        n += 1;
+        true
+    })
+    .unwrap();
+    n
+}
+
+#[test]
+fn cached_operations_do_not_wait_for_another_operations_device_read() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "held.img", 16, &[]);
+    let mem = Arc::new(MemDev::from_bytes(std::fs::read(&img).unwrap()));
+    let creds = Creds { uid: 0, gid: 0 };
+    // 40 files: the first shares an inode-table block with the root, the last is 3 blocks on
+    // (256-byte inodes, 16 per 4 KiB block).
+    {
+        let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+        for k in 0..40 {
+            fs.create(ROOT_INO, format!("f{k}").as_bytes(), 0o100644, 0, creds)
+                .unwrap();
+        }
+        fs.unmount().unwrap();
+    }
+
+    // A cold cache: warm only what the cached operations will use.
+    let dev = Arc::new(HeldReads::new(mem, Duration::ZERO));
+    let fs = Arc::new(Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap());
+    let warm = fs.lookup(ROOT_INO, b"f0").unwrap();
+    assert!(names(&fs) >= 40);
+    fs.write(warm.ino, 0, &[1u8; 100]).unwrap();
+    let cold_ino = warm.ino + 39;
+
+    dev.arm();
+    let lookup = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.lookup(ROOT_INO, b"f39"))
+    };
+    assert!(
+        dev.wait_for_held_read(Duration::from_secs(30)),
+        "the cold lookup never read the device"
+    );
+    let (tx, rx) = mpsc::channel();
+    {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let w = fs.write(warm.ino, 100, &[2u8; 50]);
+            let r = names(&fs);
+            let _ = tx.send((w, r));
+        });
+    }
+    let cached = rx.recv_timeout(Duration::from_secs(20));
+    dev.release();
+    let (w, r) = cached.expect("cached operations waited for another operation's device read");
+    assert_eq!(w.unwrap(), 50);
+    assert!(r >= 40);
+    let attr = lookup.join().unwrap().unwrap();
+    assert_eq!(attr.ino, cold_ino);
+    assert_eq!(fs.read(warm.ino, 0, 200).unwrap().len(), 150);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn reads_outside_the_lock_never_use_a_stale_block() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    const THREADS: u64 = 4;
+    const OPS: u64 = 250;
+    const FILES: u64 = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "churn.img", 32, &["-J", "size=4"]);
+    let mem = Arc::new(MemDev::from_bytes(std::fs::read(&img).unwrap()));
+    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::from_micros(300)));
+    // The smallest caches: 64 metadata blocks, so blocks come and go all the time.
+    let opts = MountOptions {
+        cache_size_bytes: 0,
+        ..MountOptions::default()
+    };
+    let fs = Arc::new(Fs::open_devices(dev.clone(), None, &opts).unwrap());
+    let creds = Creds { uid: 0, gid: 0 };
+    let reads_at_mount = dev.reads.load(std::sync::atomic::Ordering::Relaxed);
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let d = fs
+                    .mkdir(ROOT_INO, format!("d{t}").as_bytes(), 0o755, creds)
+                    .unwrap()
+                    .ino;
+                let mut rng = common::Rng(0x9E37_79B9_7F4A_7C15 ^ (t + 1));
+                // Name -> expected content.
+                let mut model: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+                for op in 0..OPS {
+                    let name = format!("f{}", rng.below(FILES));
+                    match (model.contains_key(&name), rng.below(10)) {
+                        (false, _) => {
+                            fs.create(d, name.as_bytes(), 0o100644, 0, creds).unwrap();
+                            model.insert(name, Vec::new());
+                        }
+                        (true, 0) => {
+                            fs.unlink(d, name.as_bytes()).unwrap();
+                            model.remove(&name);
+                        }
+                        (true, 1) => {
+                            let to = format!("f{}", rng.below(FILES));
+                            fs.rename(d, name.as_bytes(), d, to.as_bytes(), RenameFlags::default())
+                                .unwrap();
+                            let content = model.remove(&name).unwrap();
+                            model.insert(to, content);
+                        }
+                        (true, k) => {
+                            let ino = fs.lookup(d, name.as_bytes()).unwrap().ino;
+                            let content = model.get_mut(&name).unwrap();
+                            // Partial blocks at any offset: the old bytes of blocks on disk
+                            // are read first.
+                            let at = rng.below(40_000) as usize;
+                            let len = 1 + rng.below(6000) as usize;
+                            let bytes = rng.bytes(len);
+                            assert_eq!(
+                                fs.write(ino, at as u64, &bytes).unwrap() as usize,
+                                bytes.len()
+                            );
+                            if content.len() < at + bytes.len() {
+                                content.resize(at + bytes.len(), 0);
+                            }
+                            content[at..at + bytes.len()].copy_from_slice(&bytes);
+                            if k <= 4 {
+                                fs.fsync(ino, op % 2 == 0).unwrap();
+                            }
+                            let back = fs.read(ino, 0, content.len() as u32 + 10).unwrap();
+                            assert!(
+                                back == *content,
+                                "thread {t} op {op}: {name} reads back wrong"
+                            );
+                        }
+                    }
+                }
+                (d, model)
+            })
+        })
+        .collect();
+    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let check = |fs: &Fs| {
+        for (t, (_, model)) in results.iter().enumerate() {
+            let d = fs.lookup(ROOT_INO, format!("d{t}").as_bytes()).unwrap().ino;
+            for (name, content) in model {
+                let ino = fs.lookup(d, name.as_bytes()).unwrap().ino;
+                assert!(
+                    fs.read(ino, 0, content.len() as u32 + 10).unwrap() == *content,
+                    "d{t}/{name}"
+                );
+            }
+        }
+    };
+    check(&fs);
+    let reads = dev.reads.load(std::sync::atomic::Ordering::Relaxed) - reads_at_mount;
+    eprintln!("device reads while the threads ran: {reads}");
+    assert!(
+        reads > 1000,
+        "the caches were meant to churn: {reads} reads"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+    check(&fs);
+    fs.unmount().unwrap();
+    drop(fs);
+    let path = dir.path().join("check.img");
+    std::fs::write(&path, mem.to_bytes()).unwrap();
+    let out = std::process::Command::new("e2fsck")
+        .arg("-fn")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
