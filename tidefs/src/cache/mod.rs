@@ -300,6 +300,20 @@ impl BlockCache {
         self.undo_given.remove(&nr);
     }
 
+    /// Drops every block the running transaction has not changed (outside operations only).
+    pub fn drop_clean(&mut self) {
+        debug_assert!(self.undo.is_none(), "drop_clean inside an operation");
+        let clean: Vec<u64> = self
+            .blocks
+            .keys()
+            .filter(|nr| !self.dirty.contains(nr))
+            .copied()
+            .collect();
+        for nr in clean {
+            self.remove(nr);
+        }
+    }
+
     /// Number of dirty blocks in the running transaction.
     pub fn dirty_count(&self) -> usize {
         self.dirty.len()

@@ -294,8 +294,13 @@ impl DataCache {
     }
 
     /// After write-back put the page's bytes of generation `gen` where they belong: the page
-    /// is clean unless it changed since, and its reservation (if any) is used up.
+    /// is clean unless it changed since, and its reservation (if any) is used up. Inside an
+    /// operation (a journal-mode page joining the transaction) a rollback makes it dirty again.
     pub fn written_back(&mut self, ino: u32, lblk: u32, gen: u64) {
+        if !self.get(ino, lblk).is_some_and(|p| p.gen == gen && p.dirty) {
+            return;
+        }
+        self.note(ino, lblk);
         let Some(f) = self.files.get_mut(&ino) else {
             return;
         };
@@ -427,6 +432,29 @@ mod tests {
 
     /// The dirty set that write-back walks agrees with the pages' own marks through writes,
     /// write-backs, drops and a rollback, among many clean pages of the same file.
+    /// Goal: a page that joined the transaction inside an operation (journal mode's
+    /// write-back marks it clean there) is dirty again, with its changed bytes, when the
+    /// operation is taken back; the write-back that runs again must find it.
+    #[test]
+    fn rollback_makes_a_page_written_back_inside_the_operation_dirty_again() {
+        let mut c = DataCache::new(64);
+        c.insert(3, 0, vec![0u8; 8].into(), false);
+        c.write(3, 0, 2, b"ab", 1, DataMode::Journal);
+        let gen = c.dirty_pages(3)[0].gen;
+        c.begin_undo();
+        c.written_back(3, 0, gen);
+        assert_eq!(c.dirty_count(), 0);
+        c.rollback();
+        assert_eq!(c.dirty_count(), 1);
+        let pages = c.dirty_pages(3);
+        assert_eq!((pages.len(), pages[0].gen), (1, gen));
+        assert_eq!(&pages[0].bytes[..4], &[0, 0, b'a', b'b']);
+        assert!(
+            !pages[0].changed.is_empty(),
+            "the changed bytes come back too"
+        );
+    }
+
     #[test]
     fn dirty_pages_are_found_among_many_clean_ones() {
         let mut c = DataCache::new(4096);

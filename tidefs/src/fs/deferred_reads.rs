@@ -1,6 +1,7 @@
 //! Device reads kept out of the metadata lock.
 //!
-//! An operation run by `Fs::with_meta` holds the metadata lock from start to end. When it
+//! An operation runs under the metadata lock from start to end (`Inner::lock_meta_reading`
+//! runs every operation of the API, the commit's write-back and fsync planning). When it
 //! needs a block that is in no memory copy (buffer cache, commit in flight, journal), it does
 //! not read the device under the lock: it asks for the block ([`DeferredReads::want`]) and
 //! fails; the operation is rolled back whole, the lock is released, the block is read, and the
@@ -43,8 +44,8 @@ impl FetchedBlocks {
 /// Whether and how the running operation reads the device (see the module comment).
 #[derive(Default)]
 pub(crate) struct DeferredReads {
-    /// Reads are deferred: the operation runs inside `Fs::with_meta`. Otherwise (commit,
-    /// mount, fsync planning) `Meta` reads the device itself.
+    /// Reads are deferred: the operation runs inside `Inner::lock_meta_reading`. Otherwise
+    /// (mount, unmount, lightweight frees after a commit) `Meta` reads the device itself.
     active: bool,
     fetched: FetchedBlocks,
     /// The block the operation asked for, if it stopped for one.
@@ -89,8 +90,8 @@ impl DeferredReads {
     }
 }
 
-/// The error an operation stops with when it asked for a block. `Fs::with_meta` never returns
-/// it: it reads the block and runs the operation again.
+/// The error an operation stops with when it asked for a block. `Inner::lock_meta_reading`
+/// never returns it: it reads the block and runs the operation again.
 fn deferred() -> FsError {
     FsError::Io(std::io::Error::new(
         std::io::ErrorKind::WouldBlock,

@@ -154,7 +154,7 @@ pub(crate) struct Meta {
     /// listener of [`super::Fs::on_blocks_changed`] (a server whose clients cache attributes).
     pub blocks_changed: Vec<u32>,
     /// Device reads of the running operation, deferred out of the lock inside
-    /// `Fs::with_meta` (`fs/deferred_reads.rs`).
+    /// `Inner::lock_meta_reading` (`fs/deferred_reads.rs`).
     pub reads: super::deferred_reads::DeferredReads,
 }
 
@@ -193,9 +193,9 @@ impl Meta {
     }
 
     /// Reads block `nr` from its home location, for a caller that found no newer copy in
-    /// memory. Inside `Fs::with_meta` the read is not done here, under the lock: the bytes
-    /// come from an earlier read without the lock if still current, else the block is asked
-    /// for and the operation stops (`fs/deferred_reads.rs`).
+    /// memory. Inside `Inner::lock_meta_reading` the read is not done here, under the lock:
+    /// the bytes come from an earlier read without the lock if still current, else the block
+    /// is asked for and the operation stops (`fs/deferred_reads.rs`).
     pub fn read_home(&mut self, io: &Io, nr: u64) -> Result<Box<[u8]>> {
         if let Some(r) = self.reads.home_copy(nr, self.cache.removal_stamp(nr)) {
             return r;

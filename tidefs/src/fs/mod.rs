@@ -709,34 +709,20 @@ impl Fs {
         let inner = &self.inner;
         let mut retries = 0;
         let mut orphan_deadline = None;
-        let mut fetched = deferred_reads::FetchedBlocks::default();
-        let mut read_rounds = 0;
         loop {
             if inner.closed.load(Ordering::SeqCst) {
                 return Err(FsError::ReadOnly);
             }
             let orphans_freed = inner.orphans_freed_so_far();
             let (r, big, waiting_frees) = {
-                let mut m = inner.meta.lock();
-                if write && m.read_only {
-                    return Err(FsError::ReadOnly);
-                }
-                let defer = read_rounds < deferred_reads::MAX_DEFERRED_ROUNDS;
-                m.reads.begin(std::mem::take(&mut fetched), defer);
-                let r = m.run_op(|m| f(m, &inner.io));
-                let wanted;
-                (wanted, fetched) = m.reads.end();
-                if let Some(nr) = wanted {
-                    // The operation was taken back; read the block without the lock and
-                    // run it again (fs/deferred_reads.rs).
-                    let stamp = m.cache.removal_stamp(nr);
-                    let bs = m.geo.bs();
-                    drop(m);
-                    read_rounds += 1;
-                    let mut buf = vec![0u8; bs].into_boxed_slice();
-                    inner.io.dev.read_at(nr * bs as u64, &mut buf)?;
-                    fetched.insert(nr, stamp, buf);
-                    continue;
+                let (mut m, r) = inner.lock_meta_reading(|m| {
+                    if write && m.read_only {
+                        return Err(FsError::ReadOnly);
+                    }
+                    m.run_op(|m| f(m, &inner.io))
+                })?;
+                if write && matches!(r, Err(FsError::ReadOnly)) {
+                    return r;
                 }
                 m.trim_derived_caches();
                 // Journal-mode pages join the transaction at write-back.
@@ -1102,6 +1088,21 @@ impl Fs {
         self.inner.sync_all()
     }
 
+    /// Makes everything durable, writes the journal's committed blocks home, and forgets every
+    /// cached metadata block, block map, directory index and cached name and attribute that
+    /// holds no change (as Linux's `drop_caches`), so that what follows reads the device:
+    /// for cold-cache benchmarks and tests. File pages stay.
+    pub fn drop_caches(&self) -> Result<()> {
+        self.sync()?;
+        self.inner.io.journal.checkpoint()?;
+        let mut m = self.inner.meta.lock();
+        m.cache.drop_clean();
+        m.maps.clear();
+        m.dirs.clear();
+        m.names.clear();
+        Ok(())
+    }
+
     /// [`Fs::sync`] without blocking the caller; `done` gets the result as for
     /// [`Fs::fsync_then`].
     pub fn sync_then(&self, done: SyncDone) {
@@ -1282,8 +1283,14 @@ impl Fs {
         {
             return Ok(());
         }
+        // Two operations: the release changes the open table, which no rollback takes back, so
+        // it must not be redone when freeing the inode stops for a device read.
+        if !self.with_meta(false, |m, _| Ok(m.open.release(n, count)))? {
+            return Ok(());
+        }
         let freed = self.with_meta(false, |m, io| {
-            if !m.open.release(n, count) {
+            if m.open.contains(n) {
+                // Opened again since: its last release frees it.
                 return Ok(false);
             }
             let i = m.read_inode(io, n)?;
@@ -1379,6 +1386,39 @@ impl Io {
 }
 
 impl Inner {
+    /// Locks the metadata and runs `f` with device reads deferred out of the lock
+    /// (`fs/deferred_reads.rs`): whenever `f` stops for a block, the lock is released, the
+    /// block is read and `f` runs again; returns the lock with `f`'s result. `f` may run
+    /// several times, so it must leave nothing behind when it stops: whatever it changes in
+    /// `Meta` it changes inside one operation (`Meta::run_op`, which takes it back), and it
+    /// changes nothing outside `Meta` before its last read. An error reading the block is
+    /// returned as is.
+    fn lock_meta_reading<T>(
+        &self,
+        mut f: impl FnMut(&mut Meta) -> T,
+    ) -> Result<(parking_lot::MutexGuard<'_, Meta>, T)> {
+        let mut fetched = deferred_reads::FetchedBlocks::default();
+        let mut rounds = 0;
+        loop {
+            let mut m = self.meta.lock();
+            m.reads
+                .begin(fetched, rounds < deferred_reads::MAX_DEFERRED_ROUNDS);
+            let r = f(&mut m);
+            let wanted;
+            (wanted, fetched) = m.reads.end();
+            let Some(nr) = wanted else {
+                return Ok((m, r));
+            };
+            let stamp = m.cache.removal_stamp(nr);
+            let bs = m.geo.bs();
+            drop(m);
+            rounds += 1;
+            let mut buf = vec![0u8; bs].into_boxed_slice();
+            self.io.dev.read_at(nr * bs as u64, &mut buf)?;
+            fetched.insert(nr, stamp, buf);
+        }
+    }
+
     /// Sets needs_recovery and clears the clean flag on disk before any transaction is logged.
     fn mark_mounted(&self) -> Result<()> {
         let mut m = self.meta.lock();
@@ -1525,9 +1565,11 @@ impl Inner {
             return Err(FsError::ReadOnly);
         }
         let (n, target, dirty) = {
-            let mut m = self.meta.lock();
-            let n = m.ino32(ino)?;
-            m.live_inode(&self.io, n)?;
+            let (m, live) = self.lock_meta_reading(|m| {
+                let n = m.ino32(ino)?;
+                m.live_inode(&self.io, n).map(|_| n)
+            })?;
+            let n = live?;
             if self.errored.load(Ordering::SeqCst) {
                 // After an error nothing more becomes durable: every fsync reports it.
                 return Err(self.error_result());
@@ -1577,8 +1619,9 @@ impl Inner {
             return Err(self.error_result());
         }
         let (writes, needs_commit) = {
-            let mut m = self.meta.lock();
-            let w = m.writeback(&self.io, Scope::Overwrites(ino))?;
+            let (m, w) =
+                self.lock_meta_reading(|m| m.writeback(&self.io, Scope::Overwrites(ino)))?;
+            let w = w?;
             let rest = m.data.dirty_count_of(ino) > w.len();
             (w, rest)
         };
@@ -1695,19 +1738,24 @@ impl Inner {
         }
         let started = Instant::now();
         let (req, freed, tid, in_place, late_frees, home, changed) = {
-            let mut m = self.meta.lock();
+            // Write-back: cached file data gets its blocks in this transaction (`None`:
+            // nothing to commit, the timer fired on an idle file system; every closed
+            // transaction is already durable, or the error state would have stopped us).
+            let written = self.lock_meta_reading(|m| {
+                m.has_uncommitted_changes()
+                    .then(|| m.writeback(&self.io, Scope::All))
+            });
+            let (mut m, home) = match written {
+                Ok(locked) => locked,
+                Err(e) => return Err(self.fail(&mut self.meta.lock(), "write-back", e)),
+            };
             // We hold the gate, so nobody else committed since the checks above: the running
             // transaction is `target` or, when `target` was already closed, the next one.
             debug_assert!(tid_geq(m.tid, target), "commit target is in the future");
-            if !m.has_uncommitted_changes() {
-                // Nothing to commit (the timer fired on an idle file system); every closed
-                // transaction is already durable, or the error state would have stopped us.
-                return Ok(());
-            }
-            // Write-back: cached file data gets its blocks in this transaction.
-            let home = match m.writeback(&self.io, Scope::All) {
-                Ok(h) => h,
-                Err(e) => return Err(self.fail(&mut m, "write-back", e)),
+            let home = match home {
+                None => return Ok(()),
+                Some(Ok(h)) => h,
+                Some(Err(e)) => return Err(self.fail(&mut m, "write-back", e)),
             };
             if m.sb_dirty {
                 if let Err(e) = m.flush_sb_to_cache(&self.io) {

@@ -120,6 +120,12 @@ impl NameCache {
         }
     }
 
+    /// Forgets every name and attribute (under the metadata lock, like every removal).
+    pub fn clear(&self) {
+        self.attrs.write().clear();
+        *self.names.write() = Names::default();
+    }
+
     /// Inode `ino` is changing.
     pub fn forget_attr(&self, ino: u32) {
         if self.attrs.read().contains_key(&ino) {
