@@ -271,17 +271,7 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
     drop(fs);
     let path = dir.path().join("check.img");
     std::fs::write(&path, mem.to_bytes()).unwrap();
-    let out = std::process::Command::new("e2fsck")
-        .arg("-fn")
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    common::assert_fsck_clean(&path);
 }
 
 /// Goal: the last release of an unlinked file frees it when its inode has left the cache and
@@ -332,15 +322,5 @@ fn last_release_of_an_evicted_orphan_frees_it() {
     drop(fs);
     let path = dir.path().join("check.img");
     std::fs::write(&path, mem.to_bytes()).unwrap();
-    let out = std::process::Command::new("e2fsck")
-        .arg("-fn")
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    common::assert_fsck_clean(&path);
 }
