@@ -384,14 +384,17 @@ mod tests {
         c.rollback();
         let s2 = c.removal_stamp(5);
         assert_ne!(s2, s1, "rollback of an added block");
-        c.insert(5, vec![0u8; 16].into_boxed_slice());
-        let mut nr = 100;
-        while c.contains(5) && nr < 100_000 {
+        // A full cache whose only clean block is 5: the next insertion evicts it.
+        let mut c = BlockCache::new(64);
+        for nr in 100..163 {
             c.insert(nr, vec![0u8; 16].into_boxed_slice());
-            nr += 1;
+            c.get_mut(nr).unwrap()[0] = 1;
         }
-        assert!(!c.contains(5), "a clean block is evicted at some point");
-        assert_ne!(c.removal_stamp(5), s2, "eviction");
+        c.insert(5, vec![0u8; 16].into_boxed_slice());
+        let s3 = c.removal_stamp(5);
+        c.insert(200, vec![0u8; 16].into_boxed_slice());
+        assert!(!c.contains(5), "the clean block was evicted");
+        assert_ne!(c.removal_stamp(5), s3, "eviction");
     }
 
     #[test]
