@@ -167,11 +167,6 @@ impl DataCache {
         self.undo = None;
     }
 
-    /// Whether the open operation touched any page.
-    pub fn undo_has_changes(&self) -> bool {
-        self.undo.as_ref().is_some_and(|u| !u.is_empty())
-    }
-
     /// Ends the operation and puts back every page it touched.
     pub fn rollback(&mut self) {
         let Some(undo) = self.undo.take() else {

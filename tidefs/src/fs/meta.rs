@@ -297,14 +297,14 @@ impl Meta {
 
     /// Ends an operation that failed: takes back every change it made, so the running
     /// transaction holds exactly what it held before the operation began. Block maps and
-    /// directory indexes are derived from blocks, so they are dropped and rebuilt on next use.
+    /// directory indexes are derived from blocks, so when metadata changed they are dropped
+    /// and rebuilt on next use; a rollback of pages only keeps them.
     fn rollback_op(&mut self) {
         self.op_light = None;
         let Some(u) = self.op_undo.take() else {
             return;
         };
-        let changed = self.cache.undo_has_changes()
-            || self.data.undo_has_changes()
+        let metadata_changed = self.cache.undo_has_changes()
             || self.sb != u.sb
             || self.sb_dirty != u.sb_dirty
             || !u.groups.is_empty()
@@ -312,11 +312,13 @@ impl Meta {
             || !u.quarantined.is_empty()
             || self.freed_running.len() != u.freed_running_len
             || self.late_frees.len() != u.late_frees_len;
-        if !changed {
-            // A failure before any change (a lookup that finds nothing, a refused argument):
-            // nothing to take back, and the derived caches stay valid.
+        if !metadata_changed {
+            // A failure before any change of metadata (a lookup that finds nothing, a refused
+            // argument, a write that stopped for the old bytes of its last block after filling
+            // pages): only pages to take back, and the maps and indexes derived from metadata
+            // blocks stay valid (a lent block map that was edited is not put back).
             self.cache.end_undo();
-            self.data.end_undo();
+            self.data.rollback();
             return;
         }
         self.cache.rollback();
