@@ -14,6 +14,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -95,6 +96,19 @@ impl BlockDevice for HeldReads {
     }
 }
 
+/// An image from the real mkfs.ext4, served from memory.
+fn image_in_memory(dir: &Path, name: &str, size_mb: u64, extra: &[&str]) -> Arc<MemDev> {
+    let img = common::mkimage(dir, name, size_mb, extra);
+    Arc::new(MemDev::from_bytes(std::fs::read(img).unwrap()))
+}
+
+/// Runs `e2fsck -fn` on the bytes of `mem` (written into `dir`).
+fn assert_fsck_clean(dir: &Path, mem: &MemDev) {
+    let path = dir.join("check.img");
+    std::fs::write(&path, mem.to_bytes()).unwrap();
+    common::assert_fsck_clean(&path);
+}
+
 /// Number of entries readdir lists in the root.
 fn names(fs: &Fs) -> usize {
     let mut n = 0;
@@ -112,9 +126,8 @@ fn cached_operations_do_not_wait_for_another_operations_device_read() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "held.img", 16, &[]);
-    let mem = Arc::new(MemDev::from_bytes(std::fs::read(&img).unwrap()));
-    let creds = Creds { uid: 0, gid: 0 };
+    let mem = image_in_memory(dir.path(), "held.img", 16, &[]);
+    let creds = Creds::ROOT;
     // 40 files: the first shares an inode-table block with the root, the last is 3 blocks on
     // (256-byte inodes, 16 per 4 KiB block).
     {
@@ -172,8 +185,7 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
     const OPS: u64 = 250;
     const FILES: u64 = 12;
     let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "churn.img", 32, &["-J", "size=4"]);
-    let mem = Arc::new(MemDev::from_bytes(std::fs::read(&img).unwrap()));
+    let mem = image_in_memory(dir.path(), "churn.img", 32, &["-J", "size=4"]);
     let dev = Arc::new(HeldReads::new(mem.clone(), Duration::from_micros(300)));
     // The smallest caches: 64 metadata blocks, so blocks come and go all the time.
     let opts = MountOptions {
@@ -181,7 +193,7 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
         ..MountOptions::default()
     };
     let fs = Arc::new(Fs::open_devices(dev.clone(), None, &opts).unwrap());
-    let creds = Creds { uid: 0, gid: 0 };
+    let creds = Creds::ROOT;
     let reads_at_mount = dev.reads.load(std::sync::atomic::Ordering::Relaxed);
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
@@ -269,9 +281,7 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
     check(&fs);
     fs.unmount().unwrap();
     drop(fs);
-    let path = dir.path().join("check.img");
-    std::fs::write(&path, mem.to_bytes()).unwrap();
-    common::assert_fsck_clean(&path);
+    assert_fsck_clean(dir.path(), &mem);
 }
 
 /// Goal: the last release of an unlinked file frees it when its inode has left the cache and
@@ -283,12 +293,11 @@ fn last_release_of_an_evicted_orphan_frees_it() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let img = common::mkimage(dir.path(), "orphan.img", 32, &[]);
-    let mem = Arc::new(MemDev::from_bytes(std::fs::read(&img).unwrap()));
+    let mem = image_in_memory(dir.path(), "orphan.img", 32, &[]);
     let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
     let opts = MountOptions::default();
     let fs = Fs::open_devices(dev.clone(), None, &opts).unwrap();
-    let creds = Creds { uid: 0, gid: 0 };
+    let creds = Creds::ROOT;
     let free_at_start = fs.statfs().unwrap().files_free;
     let victim = fs
         .create(ROOT_INO, b"victim", 0o100644, 0, creds)
@@ -320,7 +329,5 @@ fn last_release_of_an_evicted_orphan_frees_it() {
     );
     fs.unmount().unwrap();
     drop(fs);
-    let path = dir.path().join("check.img");
-    std::fs::write(&path, mem.to_bytes()).unwrap();
-    common::assert_fsck_clean(&path);
+    assert_fsck_clean(dir.path(), &mem);
 }

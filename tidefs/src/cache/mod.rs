@@ -240,12 +240,16 @@ impl BlockCache {
 
     fn evict(&mut self) {
         let target = self.max_blocks * 3 / 4;
-        let excess = self.blocks.len().saturating_sub(target);
+        self.drop_clean_blocks(self.blocks.len().saturating_sub(target));
+    }
+
+    /// Drops up to `limit` blocks the running transaction has not changed.
+    fn drop_clean_blocks(&mut self, limit: usize) {
         let victims: Vec<u64> = self
             .blocks
             .keys()
             .filter(|nr| !self.dirty.contains(nr))
-            .take(excess)
+            .take(limit)
             .copied()
             .collect();
         for nr in victims {
@@ -303,15 +307,7 @@ impl BlockCache {
     /// Drops every block the running transaction has not changed (outside operations only).
     pub fn drop_clean(&mut self) {
         debug_assert!(self.undo.is_none(), "drop_clean inside an operation");
-        let clean: Vec<u64> = self
-            .blocks
-            .keys()
-            .filter(|nr| !self.dirty.contains(nr))
-            .copied()
-            .collect();
-        for nr in clean {
-            self.remove(nr);
-        }
+        self.drop_clean_blocks(usize::MAX);
     }
 
     /// Number of dirty blocks in the running transaction.

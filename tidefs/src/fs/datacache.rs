@@ -299,10 +299,7 @@ impl DataCache {
         let Some(f) = self.files.get_mut(&ino) else {
             return;
         };
-        let Some(p) = f.pages.get_mut(&lblk) else {
-            return;
-        };
-        if p.gen == gen && p.dirty {
+        if let Some(p) = f.pages.get_mut(&lblk) {
             p.dirty = false;
             p.changed.clear();
             f.dirty.remove(&lblk);
@@ -425,8 +422,6 @@ mod tests {
         assert_eq!((c.dirty_count(), c.reserved(), c.pages), (0, 0, 1));
     }
 
-    /// The dirty set that write-back walks agrees with the pages' own marks through writes,
-    /// write-backs, drops and a rollback, among many clean pages of the same file.
     /// Goal: a page that joined the transaction inside an operation (journal mode's
     /// write-back marks it clean there) is dirty again, with its changed bytes, when the
     /// operation is taken back; the write-back that runs again must find it.
@@ -450,6 +445,8 @@ mod tests {
         );
     }
 
+    /// The dirty set that write-back walks agrees with the pages' own marks through writes,
+    /// write-backs, drops and a rollback, among many clean pages of the same file.
     #[test]
     fn dirty_pages_are_found_among_many_clean_ones() {
         let mut c = DataCache::new(4096);

@@ -3,9 +3,9 @@
 //! An operation runs under the metadata lock from start to end (`Inner::lock_meta_reading`
 //! runs every operation of the API, the commit's write-back and fsync planning). When it
 //! needs a block that is in no memory copy (buffer cache, commit in flight, journal), it does
-//! not read the device under the lock: it asks for the block ([`DeferredReads::want`]) and
-//! fails; the operation is rolled back whole, the lock is released, the block is read, and the
-//! operation runs again with the block at hand ([`DeferredReads::fetched`]). So no operation
+//! not read the device under the lock: it asks for the block ([`DeferredReads::home_copy`])
+//! and fails; the operation is rolled back whole, the lock is released, the block is read, and
+//! the operation runs again with the block at hand ([`FetchedBlocks`]). So no operation
 //! waits behind another one's device read (docs/DESIGN.md §2.5).
 //!
 //! A fetched block is used only while it is still the newest copy: the cache did not hold it

@@ -158,6 +158,13 @@ pub(crate) struct Meta {
     pub reads: super::deferred_reads::DeferredReads,
 }
 
+/// Reads block `nr` (of `bs` bytes) from the fs device.
+pub(crate) fn read_block(io: &Io, nr: u64, bs: usize) -> Result<Box<[u8]>> {
+    let mut buf = vec![0u8; bs].into_boxed_slice();
+    io.dev.read_at(nr * bs as u64, &mut buf)?;
+    Ok(buf)
+}
+
 /// The transactions that hold an inode's last changes (see [`Meta::ino_tids`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct InodeTids {
@@ -200,10 +207,7 @@ impl Meta {
         if let Some(r) = self.reads.home_copy(nr, self.cache.removal_stamp(nr)) {
             return r;
         }
-        let mut buf = vec![0u8; self.geo.bs()].into_boxed_slice();
-        io.dev
-            .read_at(nr * u64::from(self.geo.block_size), &mut buf)?;
-        Ok(buf)
+        read_block(io, nr, self.geo.bs())
     }
 
     /// Block `nr` of file data joins the running transaction with content `bytes`, of which

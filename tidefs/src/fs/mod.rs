@@ -1413,9 +1413,7 @@ impl Inner {
             let bs = m.geo.bs();
             drop(m);
             rounds += 1;
-            let mut buf = vec![0u8; bs].into_boxed_slice();
-            self.io.dev.read_at(nr * bs as u64, &mut buf)?;
-            fetched.insert(nr, stamp, buf);
+            fetched.insert(nr, stamp, meta::read_block(&self.io, nr, bs)?);
         }
     }
 
