@@ -284,6 +284,77 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
     assert_fsck_clean(dir.path(), &mem);
 }
 
+/// Goal: a block a read fetched from the device is not kept as a page once its file is
+/// deleted meanwhile and the inode number reused: the new file, written into a hole, must
+/// read zeros around its bytes, not the old file's. Fails if the page cache keeps what the
+/// read fetched without checking for drops since the read was planned.
+#[test]
+fn a_read_of_a_deleted_file_is_not_cached_for_the_file_that_reuses_its_number() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mem = image_in_memory(dir.path(), "reuse.img", 16, &[]);
+    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
+    let fs = Arc::new(Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap());
+    let creds = Creds::ROOT;
+    let old = fs.create(ROOT_INO, b"old", 0o100644, 0, creds).unwrap().ino;
+    fs.write(old, 0, &[b'x'; 4096]).unwrap();
+    fs.sync().unwrap();
+    fs.drop_caches().unwrap();
+    // Warm what the unlink and the create need (directory, inode table, bitmaps) without
+    // caching the old file's data.
+    let warm = fs
+        .create(ROOT_INO, b"warm", 0o100644, 0, creds)
+        .unwrap()
+        .ino;
+    fs.write(warm, 0, &[1u8; 4096]).unwrap();
+    fs.sync().unwrap();
+    fs.getattr(old).unwrap();
+
+    dev.arm();
+    let reader = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.read(old, 0, 4096))
+    };
+    assert!(
+        dev.wait_for_held_read(Duration::from_secs(30)),
+        "the read never went to the device"
+    );
+    let (tx, rx) = mpsc::channel();
+    {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let r = fs
+                .unlink(ROOT_INO, b"old")
+                .and_then(|()| fs.create(ROOT_INO, b"new", 0o100644, 0, creds));
+            let _ = tx.send(r);
+        });
+    }
+    let new = rx.recv_timeout(Duration::from_secs(20));
+    dev.release();
+    let new = new
+        .expect("the unlink and create waited for the held read")
+        .unwrap()
+        .ino;
+    assert_eq!(
+        new, old,
+        "the new file was meant to reuse the old one's number"
+    );
+    // Planned before the unlink: the old file's bytes.
+    assert_eq!(reader.join().unwrap().unwrap(), vec![b'x'; 4096]);
+    fs.write(new, 100, b"0123456789").unwrap();
+    let mut expected = vec![0u8; 100];
+    expected.extend_from_slice(b"0123456789");
+    assert_eq!(fs.read(new, 0, 4096).unwrap(), expected);
+    fs.sync().unwrap();
+    fs.drop_caches().unwrap();
+    assert_eq!(fs.read(new, 0, 4096).unwrap(), expected);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(dir.path(), &mem);
+}
+
 /// Goal: the last release of an unlinked file frees it when its inode has left the cache and
 /// freeing it stops for device reads (the release of the handle is not done twice). Fails if
 /// the release and the free share one operation: its second run finds no handle to release.

@@ -317,7 +317,7 @@ impl Meta {
     pub fn allocatable_blocks(&self) -> u64 {
         self.free_blocks()
             .saturating_sub(self.quarantine.len() as u64)
-            .saturating_sub(self.data.reserved())
+            .saturating_sub(self.data.lock().reserved())
     }
 
     /// Allocates one block, searching from `goal`. Fails with `NoSpace`.

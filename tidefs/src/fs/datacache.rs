@@ -18,6 +18,14 @@
 //!   wrote to it while its bytes were on their way to the device;
 //! - while an operation runs (`begin_undo`), the first change to each page saves its old state,
 //!   so a failed operation takes its data changes back with its metadata changes.
+//!
+//! The cache sits behind its own mutex, shared by `Meta` and `Fs::read`: operations change it
+//! under the metadata lock as before, and a read serves whole cached pages without that lock
+//! ([`DataCache::copy_out`]) and keeps the blocks it read from the device as clean pages
+//! ([`DataCache::insert_read`]). The reader holds the file's data lock, which every change to
+//! the file's bytes or size takes too; what can still change a file's pages under a reader is
+//! counted by [`DataCache::drops`], so a block read from the device is kept only if it is still
+//! the file's content (docs/DESIGN.md §2.5, "Reads without the lock").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -44,6 +52,21 @@ pub(crate) struct Page {
     /// became dirty. Write-back follows it, so a change of mode keeps the old mode's promise
     /// for what was written under it.
     pub mode: DataMode,
+}
+
+impl Page {
+    /// A page holding `bytes` as they are where they belong (or zeros over a hole, `reserved`).
+    fn clean(bytes: Box<[u8]>, reserved: bool) -> Page {
+        Page {
+            bytes,
+            dirty: false,
+            reserved,
+            gen: 0,
+            changed: ByteRanges::new(),
+            first_write: 0,
+            mode: DataMode::default(),
+        }
+    }
 }
 
 /// A dirty page as write-back sees it.
@@ -77,6 +100,9 @@ pub(crate) struct DataCache {
     reserved: u64,
     max_pages: usize,
     next_gen: u64,
+    /// Bumped by every drop of pages (truncate, punch, zero range, a deleted file): a
+    /// block a reader read from the device before a drop may no longer be its file's content.
+    drops: u64,
     /// While an operation runs: the pages it touched as they were before (or `None`).
     undo: Option<HashMap<(u32, u32), Option<Page>>>,
 }
@@ -92,6 +118,7 @@ impl DataCache {
             reserved: 0,
             max_pages: max_pages.max(64),
             next_gen: 1,
+            drops: 0,
             undo: None,
         }
     }
@@ -120,6 +147,49 @@ impl DataCache {
     /// The page of `(ino, lblk)`, if cached.
     pub fn get(&self, ino: u32, lblk: u32) -> Option<&Page> {
         self.files.get(&ino)?.pages.get(&lblk)
+    }
+
+    /// Copies bytes `[offset, offset + out.len())` of file `ino` from its cached pages of
+    /// `block_size` bytes; false (with `out` partly written) if a page in the range is missing.
+    pub fn copy_out(&self, ino: u32, offset: u64, out: &mut [u8], block_size: u32) -> bool {
+        let Some(f) = self.files.get(&ino) else {
+            return out.is_empty();
+        };
+        let bs = u64::from(block_size);
+        let mut at = 0usize;
+        while at < out.len() {
+            let pos = offset + at as u64;
+            let Some(page) = u32::try_from(pos / bs).ok().and_then(|l| f.pages.get(&l)) else {
+                return false;
+            };
+            let in_block = (pos % bs) as usize;
+            let len = (page.bytes.len() - in_block).min(out.len() - at);
+            out[at..at + len].copy_from_slice(&page.bytes[in_block..in_block + len]);
+            at += len;
+        }
+        true
+    }
+
+    /// How many drops of pages there have been ([`DataCache::insert_read`]).
+    pub fn drops(&self) -> u64 {
+        self.drops
+    }
+
+    /// Keeps `bytes`, read from the device without the metadata lock, as the clean page
+    /// `(ino, lblk)`, if the slot is still empty and no page was dropped since the read was
+    /// planned (`drops` is [`DataCache::drops`] then): no write of the file can have run
+    /// meanwhile (the reader holds its data lock), so only a drop can have made the bytes
+    /// stale (the file deleted and its number reused, or cut by a truncate). Not noted for an
+    /// operation's undo: the page is the file's content whatever that operation does.
+    pub fn insert_read(&mut self, ino: u32, lblk: u32, bytes: Box<[u8]>, drops: u64) -> bool {
+        if drops != self.drops || self.get(ino, lblk).is_some() {
+            return false;
+        }
+        if self.pages >= self.max_pages {
+            self.evict();
+        }
+        self.put_page(ino, lblk, Page::clean(bytes, false));
+        true
     }
 
     /// Dirty pages of `ino`.
@@ -230,19 +300,7 @@ impl DataCache {
         }
         self.note(ino, lblk);
         self.remove_page(ino, lblk);
-        self.put_page(
-            ino,
-            lblk,
-            Page {
-                bytes,
-                dirty: false,
-                reserved,
-                gen: 0,
-                changed: ByteRanges::new(),
-                first_write: 0,
-                mode: DataMode::default(),
-            },
-        );
+        self.put_page(ino, lblk, Page::clean(bytes, reserved));
     }
 
     /// Writes `data` at byte `offset` of cached page `(ino, lblk)`, which becomes dirty;
@@ -325,6 +383,8 @@ impl DataCache {
     /// Drops the pages of `ino` for blocks in `[from, to)` (truncate, punch, zero range,
     /// delete): their data never reaches the device and their reservations are returned.
     pub fn drop_range(&mut self, ino: u32, from: u64, to: u64) {
+        // Counted even when nothing is cached: a reader may be about to cache a block.
+        self.drops += 1;
         let Some(f) = self.files.get(&ino) else {
             return;
         };
@@ -352,7 +412,16 @@ impl DataCache {
     /// Drops clean pages until the cache is back to three quarters of its bound.
     fn evict(&mut self) {
         let target = self.max_pages * 3 / 4;
-        let mut excess = self.pages.saturating_sub(target);
+        self.drop_clean_pages(self.pages.saturating_sub(target));
+    }
+
+    /// Drops every clean page (`Fs::drop_caches`).
+    pub fn drop_clean(&mut self) {
+        self.drop_clean_pages(usize::MAX);
+    }
+
+    /// Drops up to `excess` clean pages that the running operation has not touched.
+    fn drop_clean_pages(&mut self, mut excess: usize) {
         if excess == 0 {
             return;
         }
@@ -488,5 +557,39 @@ mod tests {
         assert_eq!(c.dirty_count(), 64);
         assert!((0..64).all(|l| c.get(1, l).is_some()));
         assert!(c.pages <= 64 + 48);
+    }
+
+    #[test]
+    fn a_fetched_block_is_kept_only_into_an_empty_slot_and_before_any_drop() {
+        // Goal: what a reader fetched without the metadata lock never replaces a page and is
+        // dropped when pages were dropped since its plan; an operation's rollback does not
+        // resurrect or double-count it. Method: the cache alone.
+        let mut c = DataCache::new(64);
+        c.insert(3, 0, vec![1u8; 8].into(), false);
+        let planned = c.drops();
+        assert!(!c.insert_read(3, 0, vec![9u8; 8].into(), planned));
+        assert_eq!(&c.get(3, 0).unwrap().bytes[..], &[1u8; 8]);
+        assert!(c.insert_read(3, 1, vec![2u8; 8].into(), planned));
+        // A drop anywhere, even of a file with no pages, makes older fetches stale.
+        c.drop_file(44);
+        assert!(!c.insert_read(3, 2, vec![3u8; 8].into(), planned));
+        assert!(c.get(3, 2).is_none());
+        // Inside an operation: the fetched page is not noted, so a rollback keeps it.
+        c.begin_undo();
+        c.insert(3, 5, vec![5u8; 8].into(), false);
+        assert!(c.insert_read(3, 6, vec![6u8; 8].into(), c.drops()));
+        c.rollback();
+        assert!(c.get(3, 5).is_none());
+        assert_eq!(&c.get(3, 6).unwrap().bytes[..], &[6u8; 8]);
+        assert_eq!((c.pages, c.dirty_count()), (3, 0));
+        // Bytes across pages; a missing page in the range is a miss.
+        let mut out = vec![0u8; 10];
+        assert!(c.copy_out(3, 4, &mut out, 8));
+        assert_eq!(out, [1, 1, 1, 1, 2, 2, 2, 2, 2, 2]);
+        let mut out = vec![0u8; 10];
+        assert!(!c.copy_out(3, 10, &mut out, 8));
+        assert!(c.copy_out(3, 0, &mut [], 8));
+        c.drop_clean();
+        assert_eq!(c.pages, 0);
     }
 }

@@ -140,8 +140,10 @@ pub(crate) struct Meta {
     pub bitmap_blocks: HashSet<u64>,
     /// The blocks file data may use; set from the group descriptors by `load_groups`.
     pub layout: Arc<Layout>,
-    /// File data not yet written back (delayed allocation).
-    pub data: super::datacache::DataCache,
+    /// The page cache of file data (delayed allocation). Shared with `Fs::read`, which serves
+    /// cached pages without this lock (`Inner::pages`); a leaf lock: nothing else is locked
+    /// while it is held.
+    pub data: Arc<parking_lot::Mutex<super::datacache::DataCache>>,
     /// For each inode changed by a transaction not known durable yet, the tids of its last
     /// change and of its last change that fdatasync must wait for (anything but timestamps).
     pub ino_tids: HashMap<u32, InodeTids>,
@@ -263,7 +265,7 @@ impl Meta {
         debug_assert!(self.op_undo.is_none(), "operations do not nest");
         self.op_light = None;
         self.cache.begin_undo();
-        self.data.begin_undo();
+        self.data.lock().begin_undo();
         self.op_undo = Some(OpUndo {
             sb: self.sb.clone(),
             sb_dirty: self.sb_dirty,
@@ -295,7 +297,7 @@ impl Meta {
     fn end_op(&mut self) {
         self.op_light = None;
         self.cache.end_undo();
-        self.data.end_undo();
+        self.data.lock().end_undo();
         self.op_undo = None;
     }
 
@@ -322,11 +324,11 @@ impl Meta {
             // pages): only pages to take back, and the maps and indexes derived from metadata
             // blocks stay valid (a lent block map that was edited is not put back).
             self.cache.end_undo();
-            self.data.rollback();
+            self.data.lock().rollback();
             return;
         }
         self.cache.rollback();
-        self.data.rollback();
+        self.data.lock().rollback();
         self.sb = u.sb;
         self.sb_dirty = u.sb_dirty;
         self.block_cursor = u.block_cursor;
@@ -387,7 +389,9 @@ impl Meta {
     /// allocated again, or cached data holds reservations (with their margin for extent-tree
     /// growth) that write-back turns into exact allocations.
     pub fn frees_pending(&self) -> bool {
-        !self.quarantine.is_empty() || !self.late_frees.is_empty() || self.data.reserved() > 0
+        !self.quarantine.is_empty()
+            || !self.late_frees.is_empty()
+            || self.data.lock().reserved() > 0
     }
 
     /// Whether the running transaction holds anything a commit must write.
@@ -396,7 +400,7 @@ impl Meta {
             || !self.revoked.is_empty()
             || !self.freed_running.is_empty()
             || self.sb_dirty
-            || self.data.dirty_count() > 0
+            || self.data.lock().dirty_count() > 0
             || !self.late_frees.is_empty()
     }
 

@@ -163,6 +163,8 @@ struct Inner {
     names: Arc<namecache::NameCache>,
     /// `Meta::open`: open handles, counted without the metadata lock for linked files.
     open: Arc<open_files::OpenFiles>,
+    /// `Meta::data`: the page cache, read without the metadata lock by `Fs::read`.
+    pages: Arc<Mutex<datacache::DataCache>>,
     meta: Mutex<Meta>,
     /// Serialises commits: at most one transaction is being committed at a time.
     gate: CommitGate,
@@ -540,7 +542,7 @@ impl Fs {
             op_undo: None,
             late_frees: Vec::new(),
             layout: Arc::default(),
-            data: datacache::DataCache::new(cache_blocks),
+            data: Arc::new(Mutex::new(datacache::DataCache::new(cache_blocks))),
             ino_tids: HashMap::new(),
             names: Arc::default(),
             blocks_changed: Vec::new(),
@@ -558,6 +560,7 @@ impl Fs {
             geo: meta.geo.clone(),
             names: meta.names.clone(),
             open: meta.open.clone(),
+            pages: meta.data.clone(),
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
             syncs: SyncQueue::default(),
@@ -726,15 +729,19 @@ impl Fs {
                 }
                 m.trim_derived_caches();
                 // Journal-mode pages join the transaction at write-back.
+                let (dirty_pages, dirty_limit) = {
+                    let pages = m.data.lock();
+                    (pages.dirty_count(), pages.dirty_limit())
+                };
                 let journaled_pages =
                     if m.default_mode.may_journal_data() || m.modes.data_journaling_seen {
-                        m.data.dirty_count()
+                        dirty_pages
                     } else {
                         0
                     };
                 let big = m.cache.dirty_count() + m.revoked.len() + journaled_pages
                     >= inner.io.journal.max_transaction_blocks() / 2
-                    || m.data.dirty_count() >= m.data.dirty_limit();
+                    || dirty_pages >= dirty_limit;
                 (r, big, m.frees_pending())
             };
             if write && (big || matches!(r, Err(FsError::NoSpace)) && waiting_frees) {
@@ -933,19 +940,44 @@ impl Fs {
     }
 
     /// Reads up to `size` bytes at `offset` (short at end of file).
+    ///
+    /// A read that the page cache can answer whole takes no metadata lock, so it waits
+    /// neither for a commit nor for other files' operations; the others plan under the lock
+    /// and read the device outside it, keeping what they read as clean pages
+    /// (docs/DESIGN.md §2.5, "Reads without the lock").
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
         let n = self.inner.geo.ino32(ino)?;
         let lock = self.data_lock(n);
         let _g = lock.read();
-        let plan = self.with_meta(false, |m, io| m.read_plan(io, n, offset, size))?;
+        if let Some(cached) = self.inner.read_cached(n, offset, size) {
+            return cached;
+        }
+        let (plan, drops) = self.with_meta(false, |m, io| {
+            let plan = m.read_plan(io, n, offset, size)?;
+            let drops = m.data.lock().drops();
+            Ok((plan, drops))
+        })?;
+        let bs = self.inner.geo.bs();
         let total: usize = plan.iter().map(|s| s.len).sum();
         let mut out = vec![0u8; total];
         let mut at = 0;
         for s in plan {
             match s.source {
                 ops::ReadSource::Zeros => {}
-                ops::ReadSource::Device(d) => {
-                    self.inner.io.dev.read_at(d, &mut out[at..at + s.len])?;
+                ops::ReadSource::Device {
+                    block,
+                    in_block,
+                    lblk,
+                } => {
+                    // Whole blocks, which the page cache keeps.
+                    let mut buf = vec![0u8; (in_block + s.len).div_ceil(bs) * bs];
+                    self.inner.io.dev.read_at(block * bs as u64, &mut buf)?;
+                    out[at..at + s.len].copy_from_slice(&buf[in_block..in_block + s.len]);
+                    let pages: Vec<Box<[u8]>> = buf.chunks(bs).map(Box::from).collect();
+                    let mut cache = self.inner.pages.lock();
+                    for (k, page) in (lblk..).zip(pages) {
+                        cache.insert_read(n, k, page, drops);
+                    }
                 }
                 ops::ReadSource::Bytes(b) => out[at..at + s.len].copy_from_slice(&b),
             }
@@ -1097,6 +1129,7 @@ impl Fs {
         self.inner.io.journal.checkpoint()?;
         let mut m = self.inner.meta.lock();
         m.cache.drop_clean();
+        m.data.lock().drop_clean();
         m.maps.clear();
         m.dirs.clear();
         m.names.clear();
@@ -1161,7 +1194,9 @@ impl Fs {
     pub fn statfs(&self) -> Result<StatFs> {
         self.with_meta(false, |m, _| {
             let sb = &m.sb;
-            let free = sb.free_blocks_count().saturating_sub(m.data.reserved());
+            let free = sb
+                .free_blocks_count()
+                .saturating_sub(m.data.lock().reserved());
             Ok(StatFs {
                 blocks: sb.blocks_count(),
                 blocks_free: free,
@@ -1393,6 +1428,33 @@ impl Inner {
     /// `Meta` it changes inside one operation (`Meta::run_op`, which takes it back), and it
     /// changes nothing outside `Meta` before its last read. An error reading the block is
     /// returned as is.
+    /// [`Fs::read`] from the page cache alone, without the metadata lock: `None` when a page
+    /// of the range or the file's attributes are not cached. The caller holds the file's data
+    /// lock, which writes, truncates and hole punches of the file take too, so its size and
+    /// bytes cannot change meanwhile. The attributes are read while the page cache's lock is
+    /// held: a deleted file loses its cached attributes before its pages, and a file that
+    /// reuses its number gets pages only after that, so the size and the pages seen are always
+    /// of one file.
+    fn read_cached(&self, n: u32, offset: u64, size: u32) -> Option<Result<Vec<u8>>> {
+        if self.closed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let pages = self.pages.lock();
+        let attr = self.names.attr_unseen(n)?;
+        if attr.kind != FileKind::File {
+            return None;
+        }
+        if offset >= attr.size || size == 0 {
+            return Some(Ok(Vec::new()));
+        }
+        let end = attr.size.min(offset + u64::from(size));
+        // At most `size` bytes.
+        let mut out = vec![0u8; (end - offset) as usize];
+        pages
+            .copy_out(n, offset, &mut out, self.geo.block_size)
+            .then_some(Ok(out))
+    }
+
     fn lock_meta_reading<T>(
         &self,
         mut f: impl FnMut(&mut Meta) -> T,
@@ -1581,7 +1643,8 @@ impl Inner {
                 .get(&n)
                 .and_then(|t| if datasync { t.data } else { Some(t.any) })
                 .filter(|&t| !tid_geq(durable, t));
-            (n, target, m.data.dirty_count_of(n) > 0)
+            let dirty = m.data.lock().dirty_count_of(n) > 0;
+            (n, target, dirty)
         };
         Ok(match target {
             // The commit writes every dirty page back as well.
@@ -1620,7 +1683,7 @@ impl Inner {
             let (m, w) =
                 self.lock_meta_reading(|m| m.writeback(&self.io, Scope::Overwrites(ino)))?;
             let w = w?;
-            let rest = m.data.dirty_count_of(ino) > w.len();
+            let rest = m.data.lock().dirty_count_of(ino) > w.len();
             (w, rest)
         };
         if needs_commit {
@@ -1962,4 +2025,88 @@ pub fn recover_image(image: &Path, journal_device: Option<&Path>) -> Result<Reco
     let report = fs.recovery_report().unwrap_or_default();
     fs.unmount()?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::MemDev;
+    use std::sync::mpsc;
+
+    /// An image from the real mkfs.ext4 in memory, or `None` (skipped) without e2fsprogs.
+    fn image() -> Option<Arc<MemDev>> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.img");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        let made = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "4096", "-O", "metadata_csum,64bit"])
+            .arg(&path)
+            .status();
+        if !made.is_ok_and(|s| s.success()) {
+            crate::test_support::skip(
+                &crate::test_support::current_test(),
+                "mkfs.ext4 not installed",
+            );
+            return None;
+        }
+        Some(Arc::new(MemDev::from_bytes(std::fs::read(&path).unwrap())))
+    }
+
+    /// Goal: a read the page cache answers whole never waits for the metadata lock (a commit's
+    /// write-back, another file's operation), and a read that needs the block map does, so the
+    /// test can see the difference. Method: the lock held by the test while reads run on
+    /// another thread.
+    #[test]
+    fn a_cached_read_does_not_take_the_metadata_lock() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
+        let creds = Creds::ROOT;
+        let file = fs
+            .create(ROOT_INO, b"cached", 0o100644, 0, creds)
+            .unwrap()
+            .ino;
+        fs.write(file, 0, &[5u8; 6000]).unwrap();
+        fs.sync().unwrap();
+        // The first read after a write plans under the lock and caches the attributes.
+        assert_eq!(fs.read(file, 0, 8192).unwrap(), vec![5u8; 6000]);
+        let sparse = fs
+            .create(ROOT_INO, b"sparse", 0o100644, 0, creds)
+            .unwrap()
+            .ino;
+        fs.setattr(
+            sparse,
+            &SetAttr {
+                size: Some(100_000),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+        fs.getattr(sparse).unwrap();
+
+        let held = fs.inner.meta.lock();
+        let (tx, rx) = mpsc::channel();
+        for (ino, offset, size) in [(file, 10, 5000), (sparse, 0, 10)] {
+            let (fs, tx) = (fs.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let _ = tx.send((ino, fs.read(ino, offset, size)));
+            });
+        }
+        let (ino, first) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a cached read waited for the metadata lock");
+        assert_eq!(ino, file);
+        assert_eq!(first.unwrap(), vec![5u8; 5000]);
+        // The read of a hole needs the block map: it waits until the lock is free.
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+        drop(held);
+        let (ino, second) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert_eq!(ino, sparse);
+        assert_eq!(second.unwrap(), vec![0u8; 10]);
+        fs.unmount().unwrap();
+    }
 }

@@ -107,8 +107,13 @@ fn check_name(name: &[u8]) -> Result<()> {
 pub(crate) enum ReadSource {
     /// A hole or an unwritten extent: zeros.
     Zeros,
-    /// The home location on the device, at this byte offset.
-    Device(u64),
+    /// The home location on the device: `in_block` bytes into physical block `block`, which
+    /// holds logical block `lblk` of the file (the blocks after it follow in both).
+    Device {
+        block: u64,
+        in_block: usize,
+        lblk: u32,
+    },
     /// A copy not yet at home (journal-mode data in the cache or the journal).
     Bytes(Vec<u8>),
 }
@@ -185,7 +190,7 @@ impl Meta {
             size: i.size(),
             // Blocks reserved for cached data count already, as with ext4's delayed allocation.
             blocks: i.blocks_512(self.geo.block_size)
-                + self.data.reserved_of(ino) * u64::from(self.geo.block_size / 512),
+                + self.data.lock().reserved_of(ino) * u64::from(self.geo.block_size / 512),
             atime: to_ts(i.atime()),
             mtime: to_ts(i.mtime()),
             ctime: to_ts(i.ctime()),
@@ -509,7 +514,7 @@ impl Meta {
     pub(crate) fn free_inode_fully(&mut self, io: &Io, ino: u32) -> Result<()> {
         let mut i = self.read_inode(io, ino)?;
         // Data still in the page cache never reaches the device.
-        self.data.drop_file(ino);
+        self.data.lock().drop_file(ino);
         let is_dir = i.is_dir();
         // Directory and slow-symlink blocks are logged like metadata: they need revokes.
         let logged = is_dir || i.is_symlink();
@@ -920,16 +925,18 @@ impl Meta {
             bytes,
             request_len,
         } = piece;
-        if self.data.get(ino, lblk).is_none() {
+        if self.data.lock().get(ino, lblk).is_none() {
             let bs = self.geo.bs();
             let page = match home {
                 Some((p, false)) if bytes.len() < bs => self.read_data_block(io, p)?,
                 _ => vec![0u8; bs].into_boxed_slice(),
             };
-            self.data.insert(ino, lblk, page, home.is_none());
+            self.data.lock().insert(ino, lblk, page, home.is_none());
         }
         let mode = self.data_mode(io, ino)?;
-        self.data.write(ino, lblk, offset, bytes, request_len, mode);
+        self.data
+            .lock()
+            .write(ino, lblk, offset, bytes, request_len, mode);
         Ok(())
     }
 
@@ -967,22 +974,36 @@ impl Meta {
         }
         let mut segs: Vec<ReadSegment> = Vec::new();
         for (lblk, home, in_block, len) in pieces {
-            let source = if let Some(page) = self.data.get(ino, lblk) {
-                ReadSource::Bytes(page.bytes[in_block..in_block + len].to_vec())
-            } else {
-                match home {
-                    None => ReadSource::Zeros,
-                    Some(p) => match self.unsettled_copy(io, p) {
-                        Some(copy) => ReadSource::Bytes(copy[in_block..in_block + len].to_vec()),
-                        None => ReadSource::Device(p * bs + in_block as u64),
+            let cached = self
+                .data
+                .lock()
+                .get(ino, lblk)
+                .map(|page| page.bytes[in_block..in_block + len].to_vec());
+            let source = match (cached, home) {
+                (Some(bytes), _) => ReadSource::Bytes(bytes),
+                (None, None) => ReadSource::Zeros,
+                (None, Some(p)) => match self.unsettled_copy(io, p) {
+                    Some(copy) => ReadSource::Bytes(copy[in_block..in_block + len].to_vec()),
+                    None => ReadSource::Device {
+                        block: p,
+                        in_block,
+                        lblk,
                     },
-                }
+                },
             };
-            // Merge with the previous segment when contiguous.
+            // Merge with the previous segment when contiguous (a device piece after the
+            // first starts at its block's beginning).
             if let Some(last) = segs.last_mut() {
-                let merged = match (&mut last.source, &source) {
+                let merged = match (&last.source, &source) {
                     (ReadSource::Zeros, ReadSource::Zeros) => true,
-                    (ReadSource::Device(a), ReadSource::Device(b)) => *a + last.len as u64 == *b,
+                    (
+                        ReadSource::Device {
+                            block: a,
+                            in_block: at,
+                            ..
+                        },
+                        ReadSource::Device { block: b, .. },
+                    ) => *a * bs + (*at + last.len) as u64 == *b * bs,
                     _ => false,
                 };
                 if merged {
@@ -992,6 +1013,8 @@ impl Meta {
             }
             segs.push(ReadSegment { len, source });
         }
+        // Later reads of this file may be served without the metadata lock (`Fs::read`).
+        self.names.put_attr(&self.attr_unseen(ino, &i));
         Ok(segs)
     }
 
@@ -1023,13 +1046,13 @@ impl Meta {
         let homes: Vec<Option<(u64, bool)>> = (first..=last).map(|l| map.map(l)).collect();
         // Blocks that may still be promised, keeping a margin for extent-tree growth at
         // write-back.
-        let margin = 8 + self.data.reserved() / 64;
+        let margin = 8 + self.data.lock().reserved() / 64;
         let mut room = self.allocatable_blocks().saturating_sub(margin);
         let mut pos = offset;
         let mut written = 0usize;
         for (k, home) in homes.into_iter().enumerate() {
             let lblk = first + k as u32;
-            if home.is_none() && self.data.get(ino, lblk).is_none() {
+            if home.is_none() && self.data.lock().get(ino, lblk).is_none() {
                 if room == 0 {
                     break;
                 }
@@ -1093,7 +1116,9 @@ impl Meta {
         }
         let old = i.size();
         // Cached pages past the new end never reach the device.
-        self.data.drop_range(ino, size.div_ceil(bs), u64::MAX);
+        self.data
+            .lock()
+            .drop_range(ino, size.div_ceil(bs), u64::MAX);
         let mut map = self.take_extent_map(io, ino, i)?;
         // The bound above keeps it within u32.
         let tail_lblk = (size / bs) as u32;
@@ -1117,7 +1142,7 @@ impl Meta {
         self.maps.insert(ino, map);
         i.set_size(size);
         // Zero the tail of the new last block, so a later extension reads zeros.
-        let cached = self.data.get(ino, tail_lblk).is_some();
+        let cached = self.data.lock().get(ino, tail_lblk).is_some();
         if size < old && size % bs != 0 && (cached || matches!(tail_home, Some((_, false)))) {
             let zeros = vec![0u8; (bs - size % bs) as usize];
             let piece = Piece::zeros(tail_lblk, tail_home, (size % bs) as usize, &zeros);
@@ -1229,7 +1254,7 @@ impl Meta {
                 continue;
             };
             let home = map.map(lblk);
-            if self.data.get(ino, lblk).is_some() || matches!(home, Some((_, false))) {
+            if self.data.lock().get(ino, lblk).is_some() || matches!(home, Some((_, false))) {
                 let zeros = vec![0u8; (to - from) as usize];
                 self.put_data(io, ino, Piece::zeros(lblk, home, from as usize, &zeros))?;
             }
@@ -1260,7 +1285,9 @@ impl Meta {
         self.ensure_space(4)?;
         let mut map = self.take_extent_map(io, ino, &i)?;
         let edges = map.excerpt([offset / bs, end / bs]);
-        self.data.drop_range(ino, offset.div_ceil(bs), end / bs);
+        self.data
+            .lock()
+            .drop_range(ino, offset.div_ceil(bs), end / bs);
         let freed = map.remove_range(offset.div_ceil(bs), end / bs);
         let mut n = 0u64;
         for (start, run) in freed {
@@ -1301,7 +1328,9 @@ impl Meta {
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
         let edges = map.excerpt([offset / bs, end / bs]);
         // Whole blocks become unwritten: what their pages hold is zeroed, not written back.
-        self.data.drop_range(ino, offset.div_ceil(bs), end / bs);
+        self.data
+            .lock()
+            .drop_range(ino, offset.div_ceil(bs), end / bs);
         map.mark_unwritten_range(offset.div_ceil(bs), end / bs);
         let missing = self.allocate_unwritten(io, ino, &mut map, first, last, 4)?;
         self.store_grown_map(io, ino, &mut i, map, missing, (!keep_size).then_some(end))?;
@@ -1335,7 +1364,7 @@ impl Meta {
             goal = p + 1;
             map.insert(l, p, true);
             // A cached page over this hole held a reservation: the block exists now.
-            self.data.allocated(ino, l);
+            self.data.lock().allocated(ino, l);
         }
         Ok(missing)
     }

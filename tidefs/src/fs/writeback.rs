@@ -54,7 +54,7 @@ impl Meta {
 
     fn writeback_pages(&mut self, io: &Io, scope: Scope) -> Result<Vec<HomeWrite>> {
         let files = match scope {
-            Scope::All => self.data.dirty_files(),
+            Scope::All => self.data.lock().dirty_files(),
             Scope::Overwrites(ino) => vec![ino],
         };
         let bs = u64::from(self.geo.block_size);
@@ -65,7 +65,7 @@ impl Meta {
                 // journal and wasteless: every page goes through the journal, none home.
                 continue;
             }
-            let pages = self.data.dirty_pages(ino);
+            let pages = self.data.lock().dirty_pages(ino);
             if pages.is_empty() {
                 continue;
             }
@@ -116,7 +116,7 @@ impl Meta {
                 if journaled && scope != Scope::All {
                     continue;
                 }
-                self.data.allocated(ino, page.lblk);
+                self.data.lock().allocated(ino, page.lblk);
                 if journaled {
                     // The page joins the transaction; the buffer cache owns it from here, so
                     // the page is clean at once. Only the written bytes are logged when the
@@ -126,7 +126,7 @@ impl Meta {
                     } else {
                         self.log_data_ranges(pblk, &page.bytes, &page.changed);
                     }
-                    self.data.written_back(ino, page.lblk, page.gen);
+                    self.data.lock().written_back(ino, page.lblk, page.gen);
                 } else {
                     if !fresh {
                         // An older journaled sequence of this block may still be in the log
@@ -169,7 +169,7 @@ impl Meta {
     /// since stay dirty for the next write-back).
     pub(crate) fn finish_home_writes(&mut self, writes: &[HomeWrite]) {
         for w in writes {
-            self.data.written_back(w.ino, w.lblk, w.gen);
+            self.data.lock().written_back(w.ino, w.lblk, w.gen);
         }
     }
 }

@@ -1,0 +1,128 @@
+//! Latency of reading a cached file while other threads write and fdatasync their own files:
+//! the measurement behind docs/DESIGN.md §2.5 "Reads without the lock".
+//!
+//! Usage (an image made by mkfs.ext4, e.g. `truncate -s 1G img && mke2fs -t ext4 -b 4096 -O
+//! metadata_csum,64bit img`):
+//!
+//! ```text
+//! cargo run --release -p tidefs --example cached_reads -- IMAGE [THREADS]
+//! ```
+//!
+//! THREADS (16) threads each append 125 bytes to their own file and fdatasync it, in a loop;
+//! meanwhile the main thread reads a cached 4 KiB file and stats it every millisecond, 3 000
+//! times, and prints the latency of each. Then, with the storm stopped and the caches
+//! dropped, it reads a 32 MiB file twice and prints how long each pass took (the first from
+//! the device, the second from the page cache).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidefs::fs::{Creds, Fs, MountOptions, ROOT_INO};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(image) = args.get(1).map(std::path::Path::new) else {
+        eprintln!("usage: cached_reads IMAGE [THREADS]");
+        std::process::exit(2);
+    };
+    let threads: u64 = match args.get(2).map(|s| s.parse()) {
+        None => 16,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            eprintln!("THREADS must be a number");
+            std::process::exit(2);
+        }
+    };
+    let creds = Creds::ROOT;
+    let opts = MountOptions {
+        cache_size_bytes: 128 << 20,
+        ..MountOptions::default()
+    };
+    let fs = Arc::new(Fs::open(image, &opts).expect("open the image"));
+    let root = |name: &str| {
+        let name = name.as_bytes();
+        match fs.lookup(ROOT_INO, name) {
+            Ok(a) => a.ino,
+            Err(_) => {
+                fs.create(ROOT_INO, name, 0o100644, 0, creds)
+                    .expect("create")
+                    .ino
+            }
+        }
+    };
+    let small = root("cached-4k");
+    fs.write(small, 0, &[1u8; 4096]).expect("write");
+    fs.sync().expect("sync");
+    fs.read(small, 0, 4096).expect("read");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let appends = Arc::new(AtomicU64::new(0));
+    let storm: Vec<_> = (0..threads)
+        .map(|t| {
+            let file = root(&format!("stream{t}"));
+            let (fs, stop, appends) = (fs.clone(), stop.clone(), appends.clone());
+            std::thread::spawn(move || {
+                let mut at = fs.getattr(file).expect("getattr").size;
+                while !stop.load(Ordering::Relaxed) {
+                    fs.write(file, at, &[7u8; 125]).expect("append");
+                    fs.fsync(file, true).expect("fdatasync");
+                    at += 125;
+                    appends.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (mut reads, mut stats) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    for _ in 0..3000 {
+        let t = Instant::now();
+        fs.read(small, 0, 4096).expect("read");
+        reads.push(t.elapsed().as_micros());
+        let t = Instant::now();
+        fs.getattr(small).expect("getattr");
+        stats.push(t.elapsed().as_micros());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for s in storm {
+        s.join().expect("storm thread");
+    }
+    for (name, v) in [("read 4 KiB", &mut reads), ("getattr", &mut stats)] {
+        v.sort_unstable();
+        let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
+        println!(
+            "{name} under the storm (us): p50 {} p90 {} p99 {} max {}",
+            at(0.5),
+            at(0.9),
+            at(0.99),
+            v[v.len() - 1]
+        );
+    }
+    println!(
+        "storm: {threads} threads, {:.0} appends+fdatasync/s",
+        appends.load(Ordering::Relaxed) as f64 / secs
+    );
+
+    let big = root("big-32m");
+    if fs.getattr(big).expect("getattr").size == 0 {
+        let chunk = vec![3u8; 1 << 20];
+        for k in 0..32u64 {
+            fs.write(big, k << 20, &chunk).expect("write");
+        }
+    }
+    fs.drop_caches().expect("drop caches");
+    for pass in ["from the device", "cached"] {
+        let t = Instant::now();
+        for k in 0..256u64 {
+            fs.read(big, k << 17, 1 << 17).expect("read");
+        }
+        println!(
+            "32 MiB in 128 KiB reads, {pass}: {:.1} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    fs.unmount().expect("unmount");
+}
