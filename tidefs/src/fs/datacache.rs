@@ -10,7 +10,8 @@
 //! Invariants:
 //! - a page holds the whole current content of its file block (a partial write into a block
 //!   that exists on disk reads the block first), so write-back writes whole blocks;
-//! - a dirty page is never evicted; a clean page may be dropped at any time;
+//! - a dirty page is never evicted; a clean page may be dropped at any time (eviction gives a
+//!   page read or written since the last eviction passed it a second chance);
 //! - every dirty page over a hole carries one reserved block (`reserved`), and the allocator
 //!   never hands out reserved blocks to anything else (`Meta::allocatable_blocks` subtracts
 //!   them), so write-back cannot run out of space;
@@ -52,6 +53,8 @@ pub(crate) struct Page {
     /// became dirty. Write-back follows it, so a change of mode keeps the old mode's promise
     /// for what was written under it.
     pub mode: DataMode,
+    /// Read or written since eviction last passed it over (its second chance).
+    pub referenced: bool,
 }
 
 impl Page {
@@ -65,6 +68,8 @@ impl Page {
             changed: ByteRanges::new(),
             first_write: 0,
             mode: DataMode::default(),
+            // Used once so far: only a second use protects it from the next eviction.
+            referenced: false,
         }
     }
 }
@@ -151,23 +156,36 @@ impl DataCache {
 
     /// Copies bytes `[offset, offset + out.len())` of file `ino` from its cached pages of
     /// `block_size` bytes; false (with `out` partly written) if a page in the range is missing.
-    pub fn copy_out(&self, ino: u32, offset: u64, out: &mut [u8], block_size: u32) -> bool {
-        let Some(f) = self.files.get(&ino) else {
+    /// The pages count as used (see [`DataCache::read_page`]).
+    pub fn copy_out(&mut self, ino: u32, offset: u64, out: &mut [u8], block_size: u32) -> bool {
+        let Some(f) = self.files.get_mut(&ino) else {
             return out.is_empty();
         };
         let bs = u64::from(block_size);
         let mut at = 0usize;
         while at < out.len() {
             let pos = offset + at as u64;
-            let Some(page) = u32::try_from(pos / bs).ok().and_then(|l| f.pages.get(&l)) else {
+            let Some(page) = u32::try_from(pos / bs)
+                .ok()
+                .and_then(|l| f.pages.get_mut(&l))
+            else {
                 return false;
             };
+            page.referenced = true;
             let in_block = (pos % bs) as usize;
             let len = (page.bytes.len() - in_block).min(out.len() - at);
             out[at..at + len].copy_from_slice(&page.bytes[in_block..in_block + len]);
             at += len;
         }
         true
+    }
+
+    /// Bytes `[from, to)` of page `(ino, lblk)`, if cached; a page read counts as used, so
+    /// eviction passes it over once.
+    pub fn read_page(&mut self, ino: u32, lblk: u32, from: usize, to: usize) -> Option<Vec<u8>> {
+        let page = self.files.get_mut(&ino)?.pages.get_mut(&lblk)?;
+        page.referenced = true;
+        Some(page.bytes[from..to].to_vec())
     }
 
     /// How many drops of pages there have been ([`DataCache::insert_read`]).
@@ -328,6 +346,7 @@ impl DataCache {
             return false;
         };
         p.bytes[offset..offset + data.len()].copy_from_slice(data);
+        p.referenced = true;
         let newly_dirty = !p.dirty;
         if newly_dirty {
             p.first_write = request_len;
@@ -420,30 +439,47 @@ impl DataCache {
         self.drop_clean_pages(usize::MAX);
     }
 
-    /// Drops up to `excess` clean pages that the running operation has not touched.
-    fn drop_clean_pages(&mut self, mut excess: usize) {
-        if excess == 0 {
-            return;
+    /// Drops up to `excess` clean pages that the running operation has not touched. A page
+    /// used since eviction last passed it is passed over once more (its mark cleared), as
+    /// the CLOCK algorithm does, so pages read again and again stay while pages read once go.
+    fn drop_clean_pages(&mut self, excess: usize) {
+        let mut dropped = self.pick_clean_pages(excess, true);
+        for &(ino, l) in &dropped {
+            self.remove_page(ino, l);
         }
-        let mut victims = Vec::new();
-        'files: for (ino, f) in &self.files {
-            for (l, p) in &f.pages {
-                if excess == 0 {
-                    break 'files;
+        if dropped.len() < excess {
+            dropped = self.pick_clean_pages(excess - dropped.len(), false);
+            for (ino, l) in dropped {
+                self.remove_page(ino, l);
+            }
+        }
+    }
+
+    /// Up to `want` clean pages the running operation has not touched; with `second_chance`,
+    /// used pages are not taken but lose their mark.
+    fn pick_clean_pages(&mut self, want: usize, second_chance: bool) -> Vec<(u32, u32)> {
+        let mut picked = Vec::new();
+        if want == 0 {
+            return picked;
+        }
+        let undo = &self.undo;
+        for (ino, f) in &mut self.files {
+            for (l, p) in &mut f.pages {
+                let touched = undo.as_ref().is_some_and(|u| u.contains_key(&(*ino, *l)));
+                if p.dirty || touched {
+                    continue;
                 }
-                let touched = self
-                    .undo
-                    .as_ref()
-                    .is_some_and(|u| u.contains_key(&(*ino, *l)));
-                if !p.dirty && !touched {
-                    victims.push((*ino, *l));
-                    excess -= 1;
+                if p.referenced && second_chance {
+                    p.referenced = false;
+                    continue;
+                }
+                picked.push((*ino, *l));
+                if picked.len() == want {
+                    return picked;
                 }
             }
         }
-        for (ino, l) in victims {
-            self.remove_page(ino, l);
-        }
+        picked
     }
 }
 
@@ -557,6 +593,25 @@ mod tests {
         assert_eq!(c.dirty_count(), 64);
         assert!((0..64).all(|l| c.get(1, l).is_some()));
         assert!(c.pages <= 64 + 48);
+    }
+
+    #[test]
+    fn eviction_keeps_a_page_that_is_read_again_and_again() {
+        // Goal: a page in use survives a stream of pages read once (second chance). Fails
+        // with eviction in map order, which drops the lowest block of the file first.
+        let mut c = DataCache::new(64);
+        c.insert(2, 0, vec![7u8; 8].into(), false);
+        for l in 1..1000 {
+            assert_eq!(
+                c.read_page(2, 0, 0, 8),
+                Some(vec![7u8; 8]),
+                "evicted at block {l}"
+            );
+            assert!(c.insert_read(2, l, vec![0u8; 8].into(), c.drops()));
+        }
+        assert!(c.pages <= 64);
+        c.drop_clean();
+        assert_eq!(c.pages, 0);
     }
 
     #[test]

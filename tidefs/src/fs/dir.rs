@@ -18,7 +18,7 @@ use crate::{FsError, Result};
 
 pub(crate) use super::dir_index::{DirIndex, DirSlot};
 use super::extents::{inode_goal, ExtentMap};
-use super::meta::{Io, Meta};
+use super::meta::{Derived, Io, Meta};
 
 fn block_space(recs: &[DirRecord]) -> usize {
     recs.iter().map(record_spare).max().unwrap_or(0)
@@ -59,7 +59,7 @@ impl Meta {
     ) -> Result<&mut ExtentMap> {
         if !self.maps.contains_key(&ino) {
             let map = ExtentMap::load(self, io, ino, inode)?;
-            self.maps.insert(ino, map);
+            self.put_extent_map(ino, map);
         }
         // OK to unwrap: inserted above if it was missing.
         Ok(self.maps.get_mut(&ino).expect("map present"))
@@ -196,6 +196,7 @@ impl Meta {
                     }
                 }
             }
+            self.note_derived(Derived::DirIndex(dir));
             self.dirs.insert(dir, idx);
         }
         // OK to unwrap: inserted above if it was missing.
@@ -209,6 +210,9 @@ impl Meta {
 
     /// Rewrites an htree directory as a plain linear one (before its first change).
     fn dir_unindex(&mut self, io: &Io, dir: u32) -> Result<()> {
+        // Every change to a directory's entries starts here, so its index is noted as
+        // changed for a rollback.
+        self.note_derived(Derived::DirIndex(dir));
         if !self.dir_index(io, dir)?.indexed {
             return Ok(());
         }
@@ -291,7 +295,7 @@ impl Meta {
                 let mut map = map;
                 map.insert(lblk, pblk, false);
                 map.store(self, io, dir, &mut inode)?;
-                self.maps.insert(dir, map);
+                self.put_extent_map(dir, map);
                 inode.set_size(u64::from(lblk + 1) * bs as u64);
                 inode.set_blocks_512(
                     inode.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512),

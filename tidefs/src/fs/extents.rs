@@ -27,7 +27,7 @@ use crate::format::ext4::inode_csum_seed;
 use crate::{FsError, Result};
 
 use super::layout::Layout;
-use super::meta::{Io, Meta};
+use super::meta::{Derived, Io, Meta};
 
 pub(crate) use super::extent_map::ExtentMap;
 use super::extent_map::Node;
@@ -286,6 +286,7 @@ impl Meta {
         ino: u32,
         inode: &Inode,
     ) -> Result<ExtentMap> {
+        self.note_derived(Derived::ExtentMap(ino));
         match self.maps.remove(&ino) {
             Some(map) => Ok(map),
             None => ExtentMap::load(self, io, ino, inode),

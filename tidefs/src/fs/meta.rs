@@ -80,6 +80,17 @@ pub(crate) struct OpUndo {
     pub(super) quarantined: Vec<u64>,
     freed_running_len: usize,
     late_frees_len: usize,
+    /// Directories whose name index this operation built or changed, and inodes whose block
+    /// map it loaded, lent or put back: what a rollback of metadata must forget (the other
+    /// indexes and maps were derived from blocks the operation did not change).
+    derived: Vec<Derived>,
+}
+
+/// A derived cache entry an operation built or changed ([`OpUndo::derived`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Derived {
+    DirIndex(u32),
+    ExtentMap(u32),
 }
 
 /// The state behind the file-system lock.
@@ -276,6 +287,7 @@ impl Meta {
             quarantined: Vec::new(),
             freed_running_len: self.freed_running.len(),
             late_frees_len: self.late_frees.len(),
+            derived: Vec::new(),
         });
     }
 
@@ -303,8 +315,11 @@ impl Meta {
 
     /// Ends an operation that failed: takes back every change it made, so the running
     /// transaction holds exactly what it held before the operation began. Block maps and
-    /// directory indexes are derived from blocks, so when metadata changed they are dropped
-    /// and rebuilt on next use; a rollback of pages only keeps them.
+    /// directory indexes are derived from blocks, so those the operation built, lent or
+    /// changed are dropped and rebuilt on next use (the others were derived from blocks it
+    /// did not change, and stay: a create that stops for a cold inode-table block must not
+    /// cost the rebuild of its large directory's index); mode records are all dropped. A
+    /// rollback of pages only keeps them all.
     fn rollback_op(&mut self) {
         self.op_light = None;
         let Some(u) = self.op_undo.take() else {
@@ -351,9 +366,31 @@ impl Meta {
         }
         self.freed_running.truncate(u.freed_running_len);
         self.late_frees.truncate(u.late_frees_len);
-        self.maps.clear();
-        self.dirs.clear();
+        for d in u.derived {
+            match d {
+                Derived::DirIndex(dir) => {
+                    self.dirs.remove(&dir);
+                }
+                Derived::ExtentMap(ino) => {
+                    self.maps.remove(&ino);
+                }
+            }
+        }
         self.modes.clear();
+    }
+
+    /// The running operation built or changed a derived cache entry: a rollback of its
+    /// metadata forgets it.
+    pub(crate) fn note_derived(&mut self, d: Derived) {
+        if let Some(u) = &mut self.op_undo {
+            u.derived.push(d);
+        }
+    }
+
+    /// Puts the block map of `ino` (edited by the running operation) back in the cache.
+    pub(crate) fn put_extent_map(&mut self, ino: u32, map: super::extent_map::ExtentMap) {
+        self.note_derived(Derived::ExtentMap(ino));
+        self.maps.insert(ino, map);
     }
 
     /// Group `g`'s summary for modification (its old value is saved for a rollback).

@@ -1439,7 +1439,7 @@ impl Inner {
         if self.closed.load(Ordering::SeqCst) {
             return None;
         }
-        let pages = self.pages.lock();
+        let mut pages = self.pages.lock();
         let attr = self.names.attr_unseen(n)?;
         if attr.kind != FileKind::File {
             return None;
@@ -2107,6 +2107,68 @@ mod tests {
         let (ino, second) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
         assert_eq!(ino, sparse);
         assert_eq!(second.unwrap(), vec![0u8; 10]);
+        fs.unmount().unwrap();
+    }
+
+    /// Goal: a rolled-back operation forgets the directory indexes and block maps it built
+    /// or changed, and keeps the others (an operation that stops for a device read is rolled
+    /// back; if that dropped every index, each create in a large directory would rebuild it).
+    /// Method: operations run on the locked metadata, made to fail after their changes.
+    #[test]
+    fn a_rollback_forgets_only_the_indexes_and_maps_its_operation_touched() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        let creds = Creds::ROOT;
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, creds).unwrap().ino;
+        for k in 0..50 {
+            fs.create(d, format!("e{k}").as_bytes(), 0o100644, 0, creds)
+                .unwrap();
+        }
+        let file = fs.create(ROOT_INO, b"f", 0o100644, 0, creds).unwrap().ino;
+        fs.write(file, 0, &[1u8; 10_000]).unwrap();
+        fs.sync().unwrap();
+        let (d, file) = (d as u32, file as u32);
+        let io = &fs.inner.io;
+        let mut m = fs.inner.meta.lock();
+        assert!(m.dir_lookup(io, d, b"e7").unwrap().is_some());
+        let inode = m.read_inode(io, file).unwrap();
+        m.extent_map(io, file, &inode).unwrap();
+
+        let changes = SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        let r = m.run_op(|m| {
+            m.setattr(io, ROOT_INO as u32, &changes)?;
+            Err::<(), _>(FsError::NoSpace)
+        });
+        assert!(matches!(r, Err(FsError::NoSpace)));
+        assert!(m.dirs.contains_key(&d), "an untouched index was dropped");
+        assert!(m.maps.contains_key(&file), "an untouched map was dropped");
+
+        let r = m.run_op(|m| {
+            m.create(io, d, b"new", 0o100644, 0, creds)?;
+            m.setattr(
+                io,
+                file,
+                &SetAttr {
+                    size: Some(1),
+                    ..SetAttr::default()
+                },
+            )?;
+            Err::<(), _>(FsError::NoSpace)
+        });
+        assert!(matches!(r, Err(FsError::NoSpace)));
+        assert!(!m.dirs.contains_key(&d), "a changed index was kept");
+        assert!(!m.maps.contains_key(&file), "a changed map was kept");
+        assert!(m.dir_lookup(io, d, b"new").unwrap().is_none());
+        assert!(m.dir_lookup(io, d, b"e7").unwrap().is_some());
+        let inode = m.read_inode(io, file).unwrap();
+        assert_eq!(inode.size(), 10_000);
+        drop(m);
+        assert_eq!(fs.read(file as u64, 0, 20_000).unwrap(), vec![1u8; 10_000]);
         fs.unmount().unwrap();
     }
 }

@@ -251,7 +251,7 @@ impl Meta {
             let map = ExtentMap::default();
             let mut tmp = map.clone();
             tmp.store(self, io, ino, &mut i)?;
-            self.maps.insert(ino, map);
+            self.put_extent_map(ino, map);
         }
         self.dirs.remove(&ino);
         Ok((ino, i))
@@ -371,7 +371,7 @@ impl Meta {
         }
         map.insert(0, pblk, false);
         map.store(self, io, ino, &mut i)?;
-        self.maps.insert(ino, map);
+        self.put_extent_map(ino, map);
         i.set_size(bs as u64);
         i.set_blocks_512(i.blocks_512(self.geo.block_size) + u64::from(self.geo.block_size / 512));
         i.set_links_count(2);
@@ -418,7 +418,7 @@ impl Meta {
             self.new_block_mut(pblk)[..target.len()].copy_from_slice(target);
             map.insert(0, pblk, false);
             map.store(self, io, ino, &mut i)?;
-            self.maps.insert(ino, map);
+            self.put_extent_map(ino, map);
             i.set_blocks_512(u64::from(self.geo.block_size / 512));
         }
         i.set_size(target.len() as u64);
@@ -977,8 +977,7 @@ impl Meta {
             let cached = self
                 .data
                 .lock()
-                .get(ino, lblk)
-                .map(|page| page.bytes[in_block..in_block + len].to_vec());
+                .read_page(ino, lblk, in_block, in_block + len);
             let source = match (cached, home) {
                 (Some(bytes), _) => ReadSource::Bytes(bytes),
                 (None, None) => ReadSource::Zeros,
@@ -1139,7 +1138,7 @@ impl Meta {
                     .saturating_sub(n * (bs / 512)),
             );
         }
-        self.maps.insert(ino, map);
+        self.put_extent_map(ino, map);
         i.set_size(size);
         // Zero the tail of the new last block, so a later extension reads zeros.
         let cached = self.data.lock().get(ino, tail_lblk).is_some();
@@ -1202,7 +1201,7 @@ impl Meta {
         grow_to: Option<u64>,
     ) -> Result<()> {
         map.store(self, io, ino, i)?;
-        self.maps.insert(ino, map);
+        self.put_extent_map(ino, map);
         let bs = self.geo.block_size;
         i.set_blocks_512(i.blocks_512(bs) + missing * u64::from(bs / 512));
         if let Some(end) = grow_to.filter(|&e| e > i.size()) {
@@ -1297,7 +1296,7 @@ impl Meta {
             }
         }
         map.store(self, io, ino, &mut i)?;
-        self.maps.insert(ino, map);
+        self.put_extent_map(ino, map);
         i.set_blocks_512(
             i.blocks_512(self.geo.block_size)
                 .saturating_sub(n * (bs / 512)),

@@ -159,7 +159,7 @@ impl Meta {
                 inode.set_blocks_512(blocks);
                 self.write_inode(io, ino, &mut inode)?;
             }
-            self.maps.insert(ino, map);
+            self.put_extent_map(ino, map);
         }
         out.sort_unstable_by_key(|w| w.at);
         Ok(out)
