@@ -51,18 +51,14 @@ fn space_after_edit(recs: &[DirRecord], changed: &[usize], now: &[usize]) -> usi
 
 impl Meta {
     /// The cached block map of `ino` (loaded from `inode` on first use).
-    pub(crate) fn extent_map(
-        &mut self,
-        io: &Io,
-        ino: u32,
-        inode: &Inode,
-    ) -> Result<&mut ExtentMap> {
+    pub(crate) fn extent_map(&mut self, io: &Io, ino: u32, inode: &Inode) -> Result<&ExtentMap> {
         if !self.maps.contains_key(&ino) {
             let map = ExtentMap::load(self, io, ino, inode)?;
             self.put_extent_map(ino, map);
         }
-        // OK to unwrap: inserted above if it was missing.
-        Ok(self.maps.get_mut(&ino).expect("map present"))
+        // OK to unwrap: inserted above if it was missing. Read-only: a change takes the map
+        // out (`Meta::take_extent_map`), so a rollback knows it.
+        Ok(self.maps.get(&ino).expect("map present"))
     }
 
     fn dir_csum_seed(&self, ino: u32, generation: u32) -> Option<u32> {
