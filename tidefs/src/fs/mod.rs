@@ -24,6 +24,7 @@ mod extent_map;
 mod extents;
 mod fsync_queue;
 mod geometry;
+mod inode_locks;
 mod inode_table;
 mod layout;
 mod meta;
@@ -49,7 +50,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex};
 
 use crate::cache::{BlockCache, DirtyBlock};
 use crate::dev::{BlockDevice, FileDev};
@@ -182,7 +183,8 @@ struct Inner {
     errored: AtomicBool,
     /// What failed first, for the EIO of every later fsync.
     first_error: Mutex<Option<String>>,
-    data_locks: Mutex<HashMap<u32, Arc<RwLock<()>>>>,
+    /// Per-inode data locks (`fs/inode_locks.rs`).
+    data_locks: inode_locks::InodeLocks,
     /// Told which inodes' block counts changed behind the operations (`Fs::on_blocks_changed`).
     blocks_listener: Mutex<Option<Arc<BlocksListener>>>,
     counters: Counters,
@@ -569,7 +571,7 @@ impl Fs {
             committed_tid: AtomicU32::new(tid.wrapping_sub(1)),
             errored: AtomicBool::new(false),
             first_error: Mutex::new(None),
-            data_locks: Mutex::new(HashMap::new()),
+            data_locks: inode_locks::InodeLocks::default(),
             blocks_listener: Mutex::new(None),
             counters: Counters::default(),
             read_only: ro,
@@ -763,10 +765,6 @@ impl Fs {
         }
     }
 
-    fn data_lock(&self, ino: u32) -> Arc<RwLock<()>> {
-        self.inner.data_locks.lock().entry(ino).or_default().clone()
-    }
-
     /// Finds `name` in directory `parent`.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         let inner = &self.inner;
@@ -841,8 +839,7 @@ impl Fs {
     /// A truncate or change of owner removes the file's capabilities (`security.capability`).
     pub fn setattr(&self, ino: Ino, changes: &SetAttr) -> Result<Attr> {
         let n = self.inner.geo.ino32(ino)?;
-        let lock = self.data_lock(n);
-        let _g = changes.size.map(|_| lock.write());
+        let _g = changes.size.map(|_| self.inner.data_locks.write(n));
         self.with_meta(true, |m, io| m.setattr(io, n, changes))
     }
 
@@ -947,8 +944,7 @@ impl Fs {
     /// (docs/DESIGN.md §2.5, "Reads without the lock").
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
         let n = self.inner.geo.ino32(ino)?;
-        let lock = self.data_lock(n);
-        let _g = lock.read();
+        let _g = self.inner.data_locks.read(n);
         if let Some(cached) = self.inner.read_cached(n, offset, size) {
             return cached;
         }
@@ -991,8 +987,7 @@ impl Fs {
     /// [`Fs::kill_suidgid`]'s, for callers that lack the privilege to keep them.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
         let n = self.inner.geo.ino32(ino)?;
-        let lock = self.data_lock(n);
-        let _g = lock.write();
+        let _g = self.inner.data_locks.write(n);
         let mut done = 0usize;
         let mut orphan_deadline = None;
         loop {
@@ -1054,8 +1049,7 @@ impl Fs {
         mut f: impl FnMut(&mut Meta, &Io, u32) -> Result<()>,
     ) -> Result<()> {
         let n = self.inner.geo.ino32(ino)?;
-        let lock = self.data_lock(n);
-        let _g = lock.write();
+        let _g = self.inner.data_locks.write(n);
         self.with_meta(true, |m, io| {
             m.acts_for(io, n)?;
             f(m, io, n)
@@ -2107,6 +2101,8 @@ mod tests {
         let (ino, second) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
         assert_eq!(ino, sparse);
         assert_eq!(second.unwrap(), vec![0u8; 10]);
+        // No data lock outlives its use.
+        assert_eq!(fs.inner.data_locks.len(), 0);
         fs.unmount().unwrap();
     }
 
