@@ -243,6 +243,8 @@ pub struct Model {
     pub fid_governor: BTreeMap<Fid, Option<String>>,
     /// Every inode each directory path had during the run.
     pub dir_inos: BTreeMap<String, BTreeSet<Ino>>,
+    /// Every symbolic link made during the run, by the directory path it was made in.
+    pub symlink_inos: BTreeMap<String, BTreeSet<Ino>>,
 }
 
 /// A [`DataMode`] as an ordered key (its name).
@@ -341,6 +343,9 @@ impl Model {
         }
         for (d, inos) in &other.dir_inos {
             self.dir_inos.entry(d.clone()).or_default().extend(inos);
+        }
+        for (d, inos) in &other.symlink_inos {
+            self.symlink_inos.entry(d.clone()).or_default().extend(inos);
         }
     }
 
@@ -1070,10 +1075,15 @@ fn run_op(
         Op::Symlink(p, t) => {
             let (d, n) = split(p);
             touched.extend([Key::Entry((*p).into()), Key::Listing(d.into())]);
-            fs.symlink(resolve(fs, d)?, n, t.as_bytes(), c)?;
+            let link = fs.symlink(resolve(fs, d)?, n, t.as_bytes(), c)?;
             model
                 .tree
                 .insert((*p).into(), MEntry::Symlink(t.as_bytes().to_vec()));
+            model
+                .symlink_inos
+                .entry(d.into())
+                .or_default()
+                .insert(link.ino);
         }
         Op::SetXattr(p, name, len) => {
             let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
