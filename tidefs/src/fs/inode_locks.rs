@@ -57,20 +57,17 @@ impl InodeLocks {
 
     /// Holds `ino`'s lock shared (readers).
     pub fn read(&self, ino: u32) -> InodeGuard<'_> {
-        let lock = self.lock_of(ino);
-        let held = Held::Shared(lock.read_arc());
-        InodeGuard {
-            locks: self,
-            ino,
-            lock,
-            held: Some(held),
-        }
+        self.hold(ino, |l| Held::Shared(l.read_arc()))
     }
 
     /// Holds `ino`'s lock exclusively (changes to the file's bytes or size).
     pub fn write(&self, ino: u32) -> InodeGuard<'_> {
+        self.hold(ino, |l| Held::Exclusive(l.write_arc()))
+    }
+
+    fn hold(&self, ino: u32, take: impl FnOnce(&Lock) -> Held) -> InodeGuard<'_> {
         let lock = self.lock_of(ino);
-        let held = Held::Exclusive(lock.write_arc());
+        let held = take(&lock);
         InodeGuard {
             locks: self,
             ino,
