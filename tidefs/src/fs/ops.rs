@@ -925,18 +925,26 @@ impl Meta {
             bytes,
             request_len,
         } = piece;
-        if self.data.lock().get(ino, lblk).is_none() {
-            let bs = self.geo.bs();
-            let page = match home {
-                Some((p, false)) if bytes.len() < bs => self.read_data_block(io, p)?,
-                _ => vec![0u8; bs].into_boxed_slice(),
-            };
-            self.data.lock().insert(ino, lblk, page, home.is_none());
-        }
         let mode = self.data_mode(io, ino)?;
-        self.data
+        // Each attempt finds the page and writes into it under one hold of the page cache's
+        // mutex: a read of another file fetching blocks without the metadata lock may evict
+        // a clean page this operation has not touched yet (never one it has touched).
+        if self
+            .data
             .lock()
-            .write(ino, lblk, offset, bytes, request_len, mode);
+            .write(ino, lblk, offset, bytes, request_len, mode)
+        {
+            return Ok(());
+        }
+        let bs = self.geo.bs();
+        let page = match home {
+            Some((p, false)) if bytes.len() < bs => self.read_data_block(io, p)?,
+            _ => vec![0u8; bs].into_boxed_slice(),
+        };
+        let mut pages = self.data.lock();
+        pages.insert(ino, lblk, page, home.is_none());
+        let written = pages.write(ino, lblk, offset, bytes, request_len, mode);
+        debug_assert!(written, "a page just inserted is cached");
         Ok(())
     }
 
