@@ -35,7 +35,8 @@ impl Default for InodeLocks {
 pub(crate) struct InodeGuard<'a> {
     locks: &'a InodeLocks,
     ino: u32,
-    lock: Lock,
+    /// Taken (and dropped) under the shard's mutex when the guard goes.
+    lock: Option<Lock>,
     held: Option<Held>,
 }
 
@@ -71,7 +72,7 @@ impl InodeLocks {
         InodeGuard {
             locks: self,
             ino,
-            lock,
+            lock: Some(lock),
             held: Some(held),
         }
     }
@@ -87,10 +88,12 @@ impl Drop for InodeGuard<'_> {
     fn drop(&mut self) {
         drop(self.held.take());
         let mut shard = self.locks.shard(self.ino).lock();
-        // Clones are made only under the shard's mutex: two references left (the map's and
-        // this guard's) means nobody else holds or waits for the lock.
-        if Arc::strong_count(&self.lock) == 2 {
-            shard.remove(&self.ino);
+        // Clones are made and dropped only under the shard's mutex: two references left (the
+        // map's and this guard's) means nobody else holds or waits for the lock.
+        if let Some(lock) = self.lock.take() {
+            if Arc::strong_count(&lock) == 2 {
+                shard.remove(&self.ino);
+            }
         }
     }
 }
