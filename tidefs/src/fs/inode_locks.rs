@@ -35,15 +35,23 @@ impl Default for InodeLocks {
 pub(crate) struct InodeGuard<'a> {
     locks: &'a InodeLocks,
     ino: u32,
-    /// Taken (and dropped) under the shard's mutex when the guard goes.
-    lock: Option<Lock>,
+    /// The held lock, with its reference to it; taken when the guard goes.
     held: Option<Held>,
 }
 
 enum Held {
-    // Only kept to be dropped.
-    Shared(#[allow(dead_code)] ArcRwLockReadGuard<RawRwLock, ()>),
-    Exclusive(#[allow(dead_code)] ArcRwLockWriteGuard<RawRwLock, ()>),
+    Shared(ArcRwLockReadGuard<RawRwLock, ()>),
+    Exclusive(ArcRwLockWriteGuard<RawRwLock, ()>),
+}
+
+impl Held {
+    /// Releases the lock, keeping the reference to it.
+    fn release(self) -> Lock {
+        match self {
+            Held::Shared(g) => ArcRwLockReadGuard::into_arc(g),
+            Held::Exclusive(g) => ArcRwLockWriteGuard::into_arc(g),
+        }
+    }
 }
 
 impl InodeLocks {
@@ -67,13 +75,10 @@ impl InodeLocks {
     }
 
     fn hold(&self, ino: u32, take: impl FnOnce(&Lock) -> Held) -> InodeGuard<'_> {
-        let lock = self.lock_of(ino);
-        let held = take(&lock);
         InodeGuard {
             locks: self,
             ino,
-            lock: Some(lock),
-            held: Some(held),
+            held: Some(take(&self.lock_of(ino))),
         }
     }
 
@@ -86,15 +91,17 @@ impl InodeLocks {
 
 impl Drop for InodeGuard<'_> {
     fn drop(&mut self) {
-        drop(self.held.take());
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let lock = held.release();
         let mut shard = self.locks.shard(self.ino).lock();
-        // Clones are made and dropped only under the shard's mutex: two references left (the
-        // map's and this guard's) means nobody else holds or waits for the lock.
-        if let Some(lock) = self.lock.take() {
-            if Arc::strong_count(&lock) == 2 {
-                shard.remove(&self.ino);
-            }
+        // References are taken and, by guards, dropped only under the shard's mutex: two
+        // left (the map's and this guard's) means nobody else holds or waits for the lock.
+        if Arc::strong_count(&lock) == 2 {
+            shard.remove(&self.ino);
         }
+        drop(lock);
     }
 }
 

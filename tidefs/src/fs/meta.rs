@@ -152,8 +152,8 @@ pub(crate) struct Meta {
     /// The blocks file data may use; set from the group descriptors by `load_groups`.
     pub layout: Arc<Layout>,
     /// The page cache of file data (delayed allocation). Shared with `Fs::read`, which serves
-    /// cached pages without this lock (`Inner::pages`); a leaf lock: nothing else is locked
-    /// while it is held.
+    /// cached pages without this lock (`Inner::pages`). Taken after this lock; while it is
+    /// held only the name cache's locks are taken (docs/DESIGN.md §2.5, lock order).
     pub data: Arc<parking_lot::Mutex<super::datacache::DataCache>>,
     /// For each inode changed by a transaction not known durable yet, the tids of its last
     /// change and of its last change that fdatasync must wait for (anything but timestamps).

@@ -982,10 +982,13 @@ impl Meta {
         }
         let mut segs: Vec<ReadSegment> = Vec::new();
         for (lblk, home, in_block, len) in pieces {
+            let mut bytes = vec![0u8; len];
+            let at = u64::from(lblk) * bs + in_block as u64;
             let cached = self
                 .data
                 .lock()
-                .read_page(ino, lblk, in_block, in_block + len);
+                .copy_out(ino, at, &mut bytes, self.geo.block_size)
+                .then_some(bytes);
             let source = match (cached, home) {
                 (Some(bytes), _) => ReadSource::Bytes(bytes),
                 (None, None) => ReadSource::Zeros,

@@ -168,8 +168,9 @@ impl Meta {
     /// Marks the pages of `writes` clean now that their bytes are at home (those changed
     /// since stay dirty for the next write-back).
     pub(crate) fn finish_home_writes(&mut self, writes: &[HomeWrite]) {
+        let mut pages = self.data.lock();
         for w in writes {
-            self.data.lock().written_back(w.ino, w.lblk, w.gen);
+            pages.written_back(w.ino, w.lblk, w.gen);
         }
     }
 }
