@@ -109,6 +109,32 @@ fn assert_fsck_clean(dir: &Path, mem: &MemDev) {
     common::assert_fsck_clean(&path);
 }
 
+/// The smallest caches (64 metadata blocks, 64 pages of data), so blocks and pages come and
+/// go all the time.
+fn smallest_caches() -> MountOptions {
+    MountOptions {
+        cache_size_bytes: 0,
+        ..MountOptions::default()
+    }
+}
+
+/// Unmounts `fs` (its other holders are gone), mounts `mem` again with default options, runs
+/// `check` there, unmounts, and runs `e2fsck -fn` on the bytes.
+fn after_remount(
+    fs: impl std::ops::Deref<Target = Fs>,
+    mem: &Arc<MemDev>,
+    dir: &Path,
+    check: impl FnOnce(&Fs),
+) {
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+    check(&fs);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_fsck_clean(dir, mem);
+}
+
 /// Number of entries readdir lists in the root.
 fn names(fs: &Fs) -> usize {
     let mut n = 0;
@@ -187,12 +213,7 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
     let dir = tempfile::tempdir().unwrap();
     let mem = image_in_memory(dir.path(), "churn.img", 32, &["-J", "size=4"]);
     let dev = Arc::new(HeldReads::new(mem.clone(), Duration::from_micros(300)));
-    // The smallest caches: 64 metadata blocks, so blocks come and go all the time.
-    let opts = MountOptions {
-        cache_size_bytes: 0,
-        ..MountOptions::default()
-    };
-    let fs = Arc::new(Fs::open_devices(dev.clone(), None, &opts).unwrap());
+    let fs = Arc::new(Fs::open_devices(dev.clone(), None, &smallest_caches()).unwrap());
     let creds = Creds::ROOT;
     let reads_at_mount = dev.reads.load(std::sync::atomic::Ordering::Relaxed);
     let workers: Vec<_> = (0..THREADS)
@@ -275,13 +296,7 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
         reads > 1000,
         "the caches were meant to churn: {reads} reads"
     );
-    fs.unmount().unwrap();
-    drop(fs);
-    let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
-    check(&fs);
-    fs.unmount().unwrap();
-    drop(fs);
-    assert_fsck_clean(dir.path(), &mem);
+    after_remount(fs, &mem, dir.path(), check);
 }
 
 /// Goal: a block a read fetched from the device is not kept as a page once its file is
@@ -371,12 +386,7 @@ fn concurrent_reads_see_whole_writes_through_eviction_and_write_back() {
     const WRITES: u64 = 300;
     let dir = tempfile::tempdir().unwrap();
     let mem = image_in_memory(dir.path(), "shared.img", 32, &["-J", "size=4"]);
-    // The smallest caches (64 pages of data), so pages come and go all the time.
-    let opts = MountOptions {
-        cache_size_bytes: 0,
-        ..MountOptions::default()
-    };
-    let fs = Arc::new(Fs::open_devices(mem.clone(), None, &opts).unwrap());
+    let fs = Arc::new(Fs::open_devices(mem.clone(), None, &smallest_caches()).unwrap());
     let inos: Vec<u64> = (0..FILES)
         .map(|k| {
             fs.create(
@@ -464,17 +474,13 @@ fn concurrent_reads_see_whole_writes_through_eviction_and_write_back() {
         .iter()
         .map(|&ino| fs.read(ino, 0, 32_768).unwrap())
         .collect();
-    fs.unmount().unwrap();
-    drop(fs);
-    let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
-    for (k, (&ino, before)) in inos.iter().zip(&finals).enumerate() {
-        let after = fs.read(ino, 0, 32_768).unwrap();
-        assert!(uniform(&after), "s{k} after the remount");
-        assert!(after == *before, "s{k} changed across the remount");
-    }
-    fs.unmount().unwrap();
-    drop(fs);
-    assert_fsck_clean(dir.path(), &mem);
+    after_remount(fs, &mem, dir.path(), |fs| {
+        for (k, (&ino, before)) in inos.iter().zip(&finals).enumerate() {
+            let after = fs.read(ino, 0, 32_768).unwrap();
+            assert!(uniform(&after), "s{k} after the remount");
+            assert!(after == *before, "s{k} changed across the remount");
+        }
+    });
 }
 
 /// Goal: partial writes into cached pages (clean again after each write-back) stay exact while
@@ -489,11 +495,7 @@ fn writes_into_clean_pages_survive_reads_that_evict() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mem = image_in_memory(dir.path(), "evict.img", 32, &["-J", "size=4"]);
-    let opts = MountOptions {
-        cache_size_bytes: 0,
-        ..MountOptions::default()
-    };
-    let fs = Arc::new(Fs::open_devices(mem.clone(), None, &opts).unwrap());
+    let fs = Arc::new(Fs::open_devices(mem.clone(), None, &smallest_caches()).unwrap());
     let creds = Creds::ROOT;
     let target = fs.create(ROOT_INO, b"w", 0o100644, 0, creds).unwrap().ino;
     let mut model = vec![1u8; 16 * 4096];
@@ -539,13 +541,9 @@ fn writes_into_clean_pages_survive_reads_that_evict() {
         r.join().unwrap();
     }
     assert!(fs.read(target, 0, model.len() as u32).unwrap() == model);
-    fs.unmount().unwrap();
-    drop(fs);
-    let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
-    assert!(fs.read(target, 0, model.len() as u32).unwrap() == model);
-    fs.unmount().unwrap();
-    drop(fs);
-    assert_fsck_clean(dir.path(), &mem);
+    after_remount(fs, &mem, dir.path(), |fs| {
+        assert!(fs.read(target, 0, model.len() as u32).unwrap() == model);
+    });
 }
 
 /// Goal: the last release of an unlinked file frees it when its inode has left the cache and
