@@ -1,5 +1,6 @@
-//! Latency of reading a cached file while other threads write and fdatasync their own files:
-//! the measurement behind docs/DESIGN.md §2.5 "Reads without the lock".
+//! Latency of reading a cached file, and blocks of a file that only the device holds, while
+//! other threads write and fdatasync their own files: the measurement behind docs/DESIGN.md
+//! §2.5 "Reads without the lock".
 //!
 //! Usage (an image made by mkfs.ext4, e.g. `truncate -s 1G img && mke2fs -t ext4 -b 4096 -O
 //! metadata_csum,64bit img`):
@@ -10,9 +11,12 @@
 //!
 //! THREADS (16) threads each append 125 bytes to their own file and fdatasync it, in a loop;
 //! meanwhile the main thread reads a cached 4 KiB file and stats it every millisecond, 3 000
-//! times, and prints the latency of each. Then, with the storm stopped and the caches
-//! dropped, it reads a 32 MiB file twice and prints how long each pass took (the first from
-//! the device, the second from the page cache).
+//! times, then reads 3 000 blocks of a 64 MiB file, each block once, in random order, one
+//! every millisecond (each from the device; the file was read once before the storm, so its
+//! block map is loaded), then looks up 3 000 names that do not exist, one every
+//! millisecond, and prints the latency of each kind. Then, with the storm stopped
+//! and the caches dropped, it reads a 32 MiB file twice and prints how long each pass took
+//! (the first from the device, the second from the page cache).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -53,8 +57,18 @@ fn main() {
     };
     let small = root("cached-4k");
     fs.write(small, 0, &[1u8; 4096]).expect("write");
+    let cold = root("cold-64m");
+    const COLD_BLOCKS: u64 = 16_384;
+    if fs.getattr(cold).expect("getattr").size == 0 {
+        let chunk = vec![5u8; 1 << 20];
+        for k in 0..COLD_BLOCKS / 256 {
+            fs.write(cold, k << 20, &chunk).expect("write");
+        }
+    }
     fs.sync().expect("sync");
+    fs.drop_caches().expect("drop caches");
     fs.read(small, 0, 4096).expect("read");
+    fs.read(cold, 0, 4096).expect("read");
 
     let stop = Arc::new(AtomicBool::new(false));
     let appends = Arc::new(AtomicU64::new(0));
@@ -85,12 +99,35 @@ fn main() {
         stats.push(t.elapsed().as_micros());
         std::thread::sleep(Duration::from_millis(1));
     }
+    // Blocks 1.. of the cold file in an order of their own (a multiplicative step that is odd,
+    // so prime to the power of two: every block at most once).
+    let mut cold_reads = Vec::new();
+    for k in 1..=3000u64 {
+        let block = (k * 40_503) % COLD_BLOCKS;
+        let t = Instant::now();
+        fs.read(cold, block * 4096, 4096).expect("read");
+        cold_reads.push(t.elapsed().as_micros());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut missing = Vec::new();
+    for k in 0..3000u64 {
+        let name = format!("missing-{k}");
+        let t = Instant::now();
+        assert!(fs.lookup(ROOT_INO, name.as_bytes()).is_err());
+        missing.push(t.elapsed().as_micros());
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let secs = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     for s in storm {
         s.join().expect("storm thread");
     }
-    for (name, v) in [("read 4 KiB", &mut reads), ("getattr", &mut stats)] {
+    for (name, v) in [
+        ("read 4 KiB cached", &mut reads),
+        ("getattr", &mut stats),
+        ("read 4 KiB from the device", &mut cold_reads),
+        ("lookup of a missing name", &mut missing),
+    ] {
         v.sort_unstable();
         let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
         println!(

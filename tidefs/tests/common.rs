@@ -65,6 +65,14 @@ pub fn assert_fsck_clean_but_leaks(image: &Path) {
     assert_fsck_clean(image);
 }
 
+/// Writes the bytes of an in-memory image to a temporary file and runs [`assert_fsck_clean`].
+pub fn assert_mem_fsck_clean(mem: &tidefs::dev::MemDev) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("check.img");
+    std::fs::write(&path, mem.to_bytes()).unwrap();
+    assert_fsck_clean(&path);
+}
+
 /// Runs `e2fsck -fn` and panics with its output unless the image is clean.
 pub fn assert_fsck_clean(image: &Path) {
     let out = Command::new("e2fsck")

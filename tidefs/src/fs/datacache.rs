@@ -27,11 +27,19 @@
 //! the file's bytes or size takes too; what can still change a file's pages under a reader is
 //! counted by [`DataCache::drops`], so a block read from the device is kept only if it is still
 //! the file's content (docs/DESIGN.md §2.5, "Reads without the lock").
+//!
+//! Behind the same mutex sit the block maps published for such reads
+//! ([`DataCache::publish_map`]): a read planned under the metadata lock leaves its file's map
+//! here, and later reads of blocks no page holds find them on the device through it without
+//! that lock. Every change to a file's map withdraws it first (`Meta::take_extent_map`), and
+//! so does every drop of the file's pages ([`DataCache::drop_range`]), so a published map is
+//! always the file's current one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::api::DataMode;
+use super::extent_map::ExtentMap;
 use crate::cache::ByteRanges;
 
 /// One cached file block.
@@ -110,7 +118,12 @@ pub(crate) struct DataCache {
     drops: u64,
     /// While an operation runs: the pages it touched as they were before (or `None`).
     undo: Option<HashMap<(u32, u32), Option<Page>>>,
+    /// Block maps published for reads without the metadata lock (shared with `Meta::maps`).
+    maps: HashMap<u32, Arc<ExtentMap>>,
 }
+
+/// Published block maps kept at most; the table is emptied when it passes this.
+const MAX_PUBLISHED_MAPS: usize = 16_384;
 
 impl DataCache {
     /// A cache of at most about `max_pages` pages (dirty pages are never evicted; the fs
@@ -125,7 +138,34 @@ impl DataCache {
             next_gen: 1,
             drops: 0,
             undo: None,
+            maps: HashMap::new(),
         }
+    }
+
+    /// Publishes `map`, the current block map of `ino`, for reads without the metadata lock.
+    /// Called under the metadata lock, only while no mode of the mount journals file data
+    /// (a block's newest copy could then be in the buffer cache, which such a read cannot see).
+    pub fn publish_map(&mut self, ino: u32, map: Arc<ExtentMap>) {
+        if self.maps.len() >= MAX_PUBLISHED_MAPS {
+            self.maps.clear();
+        }
+        self.maps.insert(ino, map);
+    }
+
+    /// The published block map of `ino`, if any.
+    pub fn published_map(&self, ino: u32) -> Option<Arc<ExtentMap>> {
+        self.maps.get(&ino).cloned()
+    }
+
+    /// Withdraws the published block map of `ino`: its map is about to change (or the file
+    /// to go). Called under the metadata lock before the change.
+    pub fn withdraw_map(&mut self, ino: u32) {
+        self.maps.remove(&ino);
+    }
+
+    /// Withdraws every published block map.
+    pub fn withdraw_maps(&mut self) {
+        self.maps.clear();
     }
 
     /// Dirty pages past which the file system writes data back without waiting for a commit.
@@ -396,6 +436,10 @@ impl DataCache {
     pub fn drop_range(&mut self, ino: u32, from: u64, to: u64) {
         // Counted even when nothing is cached: a reader may be about to cache a block.
         self.drops += 1;
+        // And the published map goes with the pages: a reader that found no page must not
+        // find the map of a file being deleted (its blocks about to be freed, its number
+        // reused) and plan device reads from it.
+        self.withdraw_map(ino);
         let Some(f) = self.files.get(&ino) else {
             return;
         };

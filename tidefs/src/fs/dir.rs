@@ -8,6 +8,8 @@
 //!   no stale index is ever left behind;
 //! - `DirIndex::names` holds exactly the live records of the directory, with their positions.
 
+use std::sync::Arc;
+
 use crate::format::ext4::dirent::{
     self, init_empty_block, is_index_block, parse_block, rec_size, records_end, set_tail_checksum,
     verify_dx_checksum, verify_tail_checksum, write_record, DirRecord,
@@ -159,7 +161,39 @@ impl Meta {
     }
 
     /// The name index of directory `dir`, built on first use.
-    pub(crate) fn dir_index(&mut self, io: &Io, dir: u32) -> Result<&mut DirIndex> {
+    pub(crate) fn dir_index(&mut self, io: &Io, dir: u32) -> Result<&DirIndex> {
+        self.load_dir_index(io, dir)?;
+        // OK to unwrap: loaded above.
+        Ok(self.dirs.get(&dir).expect("index present"))
+    }
+
+    /// The name index of directory `dir`, to change: withdrawn from the lookups that run
+    /// without the metadata lock first (they read it only under the name cache's lock, so it
+    /// is then shared with nobody and changes in place).
+    fn dir_index_mut(&mut self, io: &Io, dir: u32) -> Result<&mut DirIndex> {
+        self.load_dir_index(io, dir)?;
+        self.names.withdraw_dir(dir);
+        // OK to unwrap: loaded above.
+        Ok(Arc::make_mut(
+            self.dirs.get_mut(&dir).expect("index present"),
+        ))
+    }
+
+    /// Forgets the name index of `dir` (rebuilt on next use), here and where lookups find it.
+    pub(crate) fn forget_dir_index(&mut self, dir: u32) {
+        self.names.withdraw_dir(dir);
+        self.dirs.remove(&dir);
+    }
+
+    /// Publishes the name index of `dir`, if built, for lookups without the metadata lock.
+    pub(crate) fn publish_dir_index(&self, dir: u32) {
+        if let Some(idx) = self.dirs.get(&dir) {
+            self.names.publish_dir(dir, idx.clone());
+        }
+    }
+
+    /// Builds the name index of `dir` unless it is cached.
+    fn load_dir_index(&mut self, io: &Io, dir: u32) -> Result<()> {
         if !self.dirs.contains_key(&dir) {
             let inode = self.read_inode(io, dir)?;
             if !inode.is_dir() {
@@ -193,10 +227,9 @@ impl Meta {
                 }
             }
             self.note_derived(Derived::DirIndex(dir));
-            self.dirs.insert(dir, idx);
+            self.dirs.insert(dir, Arc::new(idx));
         }
-        // OK to unwrap: inserted above if it was missing.
-        Ok(self.dirs.get_mut(&dir).expect("index present"))
+        Ok(())
     }
 
     /// Looks `name` up in `dir`.
@@ -207,8 +240,9 @@ impl Meta {
     /// Rewrites an htree directory as a plain linear one (before its first change).
     fn dir_unindex(&mut self, io: &Io, dir: u32) -> Result<()> {
         // Every change to a directory's entries starts here, so its index is noted as
-        // changed for a rollback.
+        // changed for a rollback, and lookups without the metadata lock stop using it.
         self.note_derived(Derived::DirIndex(dir));
+        self.names.withdraw_dir(dir);
         if !self.dir_index(io, dir)?.indexed {
             return Ok(());
         }
@@ -236,8 +270,8 @@ impl Meta {
         }
         inode.set_flags(inode.flags() & !flags::INDEX);
         self.write_inode(io, dir, &mut inode)?;
-        self.dirs.remove(&dir);
-        let idx = self.dir_index(io, dir)?;
+        self.forget_dir_index(dir);
+        let idx = self.dir_index_mut(io, dir)?;
         debug_assert!(!idx.indexed);
         // Keep the flag off even if the scan above saw the old inode.
         idx.indexed = false;
@@ -298,7 +332,7 @@ impl Meta {
                 );
                 self.write_inode(io, dir, &mut inode)?;
                 let space = records_end(bs, csum);
-                let spaces = &mut self.dir_index(io, dir)?.space;
+                let spaces = &mut self.dir_index_mut(io, dir)?.space;
                 spaces.resize(lblk as usize + 1, 0);
                 spaces[lblk as usize] = space;
                 lblk
@@ -329,7 +363,7 @@ impl Meta {
         // The record that took the name keeps what the name left of its spare room.
         let space = space_after_edit(&recs, &[r.offset], &[record_spare(r) - need]);
         self.debug_check_space(io, dir, lblk, pblk, generation, space);
-        let idx = self.dir_index(io, dir)?;
+        let idx = self.dir_index_mut(io, dir)?;
         idx.space[lblk as usize] = space;
         idx.names.insert(
             name.to_vec(),
@@ -381,7 +415,7 @@ impl Meta {
             set_tail_checksum(b, s);
         }
         self.debug_check_space(io, dir, slot.lblk, pblk, generation, space);
-        let idx = self.dir_index(io, dir)?;
+        let idx = self.dir_index_mut(io, dir)?;
         idx.space[slot.lblk as usize] = space;
         idx.names.remove(name);
         Ok(slot)
@@ -411,7 +445,7 @@ impl Meta {
         }
         // OK to unwrap: looked up above.
         let e = self
-            .dir_index(io, dir)?
+            .dir_index_mut(io, dir)?
             .names
             .get_mut(name)
             .expect("entry present");

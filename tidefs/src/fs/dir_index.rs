@@ -16,7 +16,7 @@ pub(crate) struct DirSlot {
 }
 
 /// The in-memory index of one directory.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct DirIndex {
     pub names: HashMap<Vec<u8>, DirSlot>,
     /// Largest record that fits in each block.

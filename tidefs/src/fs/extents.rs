@@ -33,6 +33,7 @@ pub(crate) use super::extent_map::ExtentMap;
 use super::extent_map::Node;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// How [`walk_tree`] reads and checks the blocks an extent tree points to.
 pub(crate) struct TreeSource<'a> {
@@ -287,8 +288,11 @@ impl Meta {
         inode: &Inode,
     ) -> Result<ExtentMap> {
         self.note_derived(Derived::ExtentMap(ino));
+        // Reads without the metadata lock must not use the map once it starts to change.
+        self.data.lock().withdraw_map(ino);
         match self.maps.remove(&ino) {
-            Some(map) => Ok(map),
+            // A read that got the published map may still hold it: then it is copied.
+            Some(map) => Ok(Arc::unwrap_or_clone(map)),
             None => ExtentMap::load(self, io, ino, inode),
         }
     }

@@ -113,9 +113,11 @@ pub(crate) struct Meta {
     /// The superblock's free counts changed and must be copied into its block.
     pub sb_dirty: bool,
     /// Block maps of inodes in use, loaded on first access.
-    pub maps: HashMap<u32, super::extent_map::ExtentMap>,
+    pub maps: HashMap<u32, Arc<super::extent_map::ExtentMap>>,
     /// Name indexes of directories, built on first access.
-    pub dirs: HashMap<u32, super::dir_index::DirIndex>,
+    /// Shared (`Arc`) with the lookups the name cache serves (`NameCache::publish_dir`); changed
+    /// only through `Meta::dir_index_mut`, which withdraws it there first.
+    pub dirs: HashMap<u32, Arc<super::dir_index::DirIndex>>,
     /// Open handles per inode (shared with the lock-free open and release paths).
     pub open: Arc<super::open_files::OpenFiles>,
     /// Next inode generation number.
@@ -368,9 +370,7 @@ impl Meta {
         self.late_frees.truncate(u.late_frees_len);
         for d in u.derived {
             match d {
-                Derived::DirIndex(dir) => {
-                    self.dirs.remove(&dir);
-                }
+                Derived::DirIndex(dir) => self.forget_dir_index(dir),
                 Derived::ExtentMap(ino) => {
                     self.maps.remove(&ino);
                 }
@@ -390,7 +390,8 @@ impl Meta {
     /// Puts the block map of `ino` (edited by the running operation) back in the cache.
     pub(crate) fn put_extent_map(&mut self, ino: u32, map: super::extent_map::ExtentMap) {
         self.note_derived(Derived::ExtentMap(ino));
-        self.maps.insert(ino, map);
+        self.data.lock().withdraw_map(ino);
+        self.maps.insert(ino, Arc::new(map));
     }
 
     /// Group `g`'s summary for modification (its old value is saved for a rollback).

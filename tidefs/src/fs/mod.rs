@@ -4,9 +4,10 @@
 //! Concurrency: one lock (`meta`) guards all metadata; every operation runs inside it, so each
 //! lands whole in the running transaction. Commits are serialised by the commit gate and do their
 //! journal I/O without holding `meta`, so operations go on while a transaction commits, and all
-//! the fsyncs that arrive during one commit share the next one (group commit). File reads plan
-//! under `meta` and read the device outside it, under a per-inode data lock that keeps a
-//! truncate from freeing the blocks being read.
+//! the fsyncs that arrive during one commit share the next one (group commit). File reads hold
+//! a per-inode data lock that keeps a truncate from freeing the blocks being read; they plan
+//! from the page cache and the file's published block map without `meta` when they can, else
+//! under it, and read the device outside it.
 //!
 //! Failures: an operation that fails half-way is rolled back whole (`Meta::begin_op`), so a
 //! commit never sees half of one; a commit, checkpoint or lightweight in-place write that fails
@@ -32,6 +33,7 @@ mod modes;
 mod namecache;
 mod open_files;
 mod ops;
+mod read_plan;
 mod writeback;
 
 pub use api::*;
@@ -54,6 +56,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::cache::{BlockCache, DirtyBlock};
 use crate::dev::{BlockDevice, FileDev};
+use crate::format::ext4::dirent;
 use crate::format::ext4::group_desc::GroupDescRef;
 use crate::format::ext4::inode::Inode;
 use crate::format::ext4::superblock::{
@@ -69,6 +72,7 @@ use crate::{FsError, Result};
 use fsync_queue::{SyncJob, SyncQueue, SyncWork};
 use layout::Layout;
 use meta::{Geometry, Io, Meta};
+use read_plan::{ReadSegment, ReadSource};
 use writeback::{write_home, Scope};
 
 /// Live counters kept by the fs layer (the journal keeps its own).
@@ -166,6 +170,9 @@ struct Inner {
     open: Arc<open_files::OpenFiles>,
     /// `Meta::data`: the page cache, read without the metadata lock by `Fs::read`.
     pages: Arc<Mutex<datacache::DataCache>>,
+    /// `Meta::modes`' flag: file data may be journaled on this mount, so reads without the
+    /// metadata lock do not go to the device (`Inner::plan_read_unlocked`).
+    data_journaling: Arc<AtomicBool>,
     meta: Mutex<Meta>,
     /// Serialises commits: at most one transaction is being committed at a time.
     gate: CommitGate,
@@ -534,7 +541,7 @@ impl Fs {
             next_generation: ops::now().nsec,
             committing: HashMap::new(),
             default_mode: opts.data_mode,
-            modes: modes::ModeTable::default(),
+            modes: modes::ModeTable::new(opts.data_mode),
             op_light: None,
             strict_blocks: HashSet::new(),
             strict_inodes: HashSet::new(),
@@ -563,6 +570,7 @@ impl Fs {
             names: meta.names.clone(),
             open: meta.open.clone(),
             pages: meta.data.clone(),
+            data_journaling: meta.modes.data_journaling_flag(),
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
             syncs: SyncQueue::default(),
@@ -735,12 +743,11 @@ impl Fs {
                     let pages = m.data.lock();
                     (pages.dirty_count(), pages.dirty_limit())
                 };
-                let journaled_pages =
-                    if m.default_mode.may_journal_data() || m.modes.data_journaling_seen {
-                        dirty_pages
-                    } else {
-                        0
-                    };
+                let journaled_pages = if m.modes.data_journaling_seen() {
+                    dirty_pages
+                } else {
+                    0
+                };
                 let big = m.cache.dirty_count() + m.revoked.len() + journaled_pages
                     >= inner.io.journal.max_transaction_blocks() / 2
                     || dirty_pages >= dirty_limit;
@@ -768,10 +775,23 @@ impl Fs {
     /// Finds `name` in directory `parent`.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         let inner = &self.inner;
-        if !inner.closed.load(Ordering::SeqCst) {
+        if !inner.closed.load(Ordering::SeqCst) && name.len() <= dirent::NAME_MAX {
             let p = inner.geo.ino32(parent)?;
-            if let Some(attr) = inner.names.name(p, name).and_then(|c| inner.names.attr(c)) {
-                return Ok(attr);
+            // A cached name, else the directory's published index (which knows the names
+            // that do not exist too), with the inode's cached attributes.
+            let ino = inner
+                .names
+                .name(p, name)
+                .map(Some)
+                .or_else(|| inner.names.indexed_name(p, name));
+            match ino {
+                Some(None) => return Err(FsError::NotFound),
+                Some(Some(ino)) => {
+                    if let Some(attr) = inner.names.attr(ino) {
+                        return Ok(attr);
+                    }
+                }
+                None => {}
             }
         }
         self.with_meta(false, |m, io| {
@@ -780,10 +800,13 @@ impl Fs {
             if !pi.is_dir() {
                 return Err(FsError::NotDir);
             }
-            if name.len() > crate::format::ext4::dirent::NAME_MAX {
+            if name.len() > dirent::NAME_MAX {
                 return Err(FsError::NameTooLong);
             }
-            let slot = m.dir_lookup(io, p, name)?.ok_or(FsError::NotFound)?;
+            let slot = m.dir_lookup(io, p, name)?;
+            // Later lookups in this directory need not take the lock.
+            m.publish_dir_index(p);
+            let slot = slot.ok_or(FsError::NotFound)?;
             let i = m.live_inode(io, slot.ino)?;
             let attr = m.attr(slot.ino, &i);
             m.names.put_name(p, name, slot.ino);
@@ -945,22 +968,22 @@ impl Fs {
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
         let n = self.inner.geo.ino32(ino)?;
         let _g = self.inner.data_locks.read(n);
-        if let Some(cached) = self.inner.read_cached(n, offset, size) {
-            return cached;
-        }
-        let (plan, drops) = self.with_meta(false, |m, io| {
-            let plan = m.read_plan(io, n, offset, size)?;
-            let drops = m.data.lock().drops();
-            Ok((plan, drops))
-        })?;
+        let (plan, drops) = match self.inner.plan_read_unlocked(n, offset, size) {
+            Some(planned) => planned,
+            None => self.with_meta(false, |m, io| {
+                let plan = m.read_plan(io, n, offset, size)?;
+                let drops = m.data.lock().drops();
+                Ok((plan, drops))
+            })?,
+        };
         let bs = self.inner.geo.bs();
         let total: usize = plan.iter().map(|s| s.len).sum();
         let mut out = vec![0u8; total];
         let mut at = 0;
         for s in plan {
             match s.source {
-                ops::ReadSource::Zeros => {}
-                ops::ReadSource::Device {
+                ReadSource::Zeros => {}
+                ReadSource::Device {
                     block,
                     in_block,
                     lblk,
@@ -975,7 +998,7 @@ impl Fs {
                         cache.insert_read(n, k, page, drops);
                     }
                 }
-                ops::ReadSource::Bytes(b) => out[at..at + s.len].copy_from_slice(&b),
+                ReadSource::Bytes(b) => out[at..at + s.len].copy_from_slice(&b),
             }
             at += s.len;
         }
@@ -1123,7 +1146,11 @@ impl Fs {
         self.inner.io.journal.checkpoint()?;
         let mut m = self.inner.meta.lock();
         m.cache.drop_clean();
-        m.data.lock().drop_clean();
+        {
+            let mut pages = m.data.lock();
+            pages.drop_clean();
+            pages.withdraw_maps();
+        }
         m.maps.clear();
         m.dirs.clear();
         m.names.clear();
@@ -1415,21 +1442,25 @@ impl Io {
 }
 
 impl Inner {
-    /// Locks the metadata and runs `f` with device reads deferred out of the lock
-    /// (`fs/deferred_reads.rs`): whenever `f` stops for a block, the lock is released, the
-    /// block is read and `f` runs again; returns the lock with `f`'s result. `f` may run
-    /// several times, so it must leave nothing behind when it stops: whatever it changes in
-    /// `Meta` it changes inside one operation (`Meta::run_op`, which takes it back), and it
-    /// changes nothing outside `Meta` before its last read. An error reading the block is
-    /// returned as is.
-    /// [`Fs::read`] from the page cache alone, without the metadata lock: `None` when a page
-    /// of the range or the file's attributes are not cached. The caller holds the file's data
-    /// lock, which writes, truncates and hole punches of the file take too, so its size and
-    /// bytes cannot change meanwhile. The attributes are read while the page cache's lock is
-    /// held: a deleted file loses its cached attributes before its pages, and a file that
-    /// reuses its number gets pages only after that, so the size and the pages seen are always
-    /// of one file.
-    fn read_cached(&self, n: u32, offset: u64, size: u32) -> Option<Result<Vec<u8>>> {
+    /// Plans [`Fs::read`] without the metadata lock (docs/DESIGN.md §2.5, "Reads without
+    /// the lock"), with the page cache's drop count to keep what it reads from the device:
+    /// from the file's cached attributes, its pages, and its published block map for the
+    /// blocks no page holds; without a published map (or on a mount that journals file data)
+    /// only when the pages answer the whole read. `None` sends the read to the metadata lock.
+    ///
+    /// The caller holds the file's data lock, which writes, truncates, hole punches and zero
+    /// ranges of the file take too, so its size and bytes cannot change meanwhile; what still
+    /// changes its map (write-back allocating the blocks of its dirty pages, its deletion)
+    /// withdraws the published map first, under the page cache's lock, which this holds
+    /// while it plans. The attributes are read under that lock too: a deleted file loses its
+    /// published map, then its cached attributes, then its pages, and a file that reuses its
+    /// number gets any of them only after that, so size, map and pages are always of one file.
+    fn plan_read_unlocked(
+        &self,
+        n: u32,
+        offset: u64,
+        size: u32,
+    ) -> Option<(Vec<ReadSegment>, u64)> {
         if self.closed.load(Ordering::SeqCst) {
             return None;
         }
@@ -1439,16 +1470,41 @@ impl Inner {
             return None;
         }
         if offset >= attr.size || size == 0 {
-            return Some(Ok(Vec::new()));
+            return Some((Vec::new(), pages.drops()));
         }
         let end = attr.size.min(offset + u64::from(size));
-        // At most `size` bytes.
-        let mut out = vec![0u8; (end - offset) as usize];
-        pages
-            .copy_out(n, offset, &mut out, self.geo.block_size)
-            .then_some(Ok(out))
+        let bs = self.geo.block_size;
+        let map = if self.data_journaling.load(Ordering::SeqCst) {
+            None
+        } else {
+            pages.published_map(n)
+        };
+        let plan = match map {
+            Some(map) => read_plan::plan(&map, &mut pages, n, offset, end, bs, |p| {
+                self.io.journal.pending(p)
+            }),
+            None => {
+                // Without a map, only a read the pages answer whole.
+                let mut out = vec![0u8; (end - offset) as usize];
+                if !pages.copy_out(n, offset, &mut out, bs) {
+                    return None;
+                }
+                vec![ReadSegment {
+                    len: out.len(),
+                    source: ReadSource::Bytes(out),
+                }]
+            }
+        };
+        Some((plan, pages.drops()))
     }
 
+    /// Locks the metadata and runs `f` with device reads deferred out of the lock
+    /// (`fs/deferred_reads.rs`): whenever `f` stops for a block, the lock is released, the
+    /// block is read and `f` runs again; returns the lock with `f`'s result. `f` may run
+    /// several times, so it must leave nothing behind when it stops: whatever it changes in
+    /// `Meta` it changes inside one operation (`Meta::run_op`, which takes it back), and it
+    /// changes nothing outside `Meta` before its last read. An error reading the block is
+    /// returned as is.
     fn lock_meta_reading<T>(
         &self,
         mut f: impl FnMut(&mut Meta) -> T,
@@ -2103,6 +2159,133 @@ mod tests {
         assert_eq!(second.unwrap(), vec![0u8; 10]);
         // No data lock outlives its use.
         assert_eq!(fs.inner.data_locks.len(), 0);
+        fs.unmount().unwrap();
+    }
+
+    /// Goal: once a read under the metadata lock published a file's block map, reads of its
+    /// blocks that no page holds (from the device, and of its holes) no longer wait for that
+    /// lock; a file whose map was withdrawn, and every file of a mount that journals file data,
+    /// still plan under it. Method: the lock held by the test while reads run on other
+    /// threads, after the clean pages were dropped (the maps kept).
+    #[test]
+    fn a_read_from_the_device_does_not_take_the_metadata_lock_once_the_map_is_published() {
+        for mode in [DataMode::Ordered, DataMode::Journal] {
+            let Some(mem) = image() else {
+                return;
+            };
+            let opts = MountOptions {
+                data_mode: mode,
+                ..MountOptions::default()
+            };
+            let fs = Arc::new(Fs::open_devices(mem, None, &opts).unwrap());
+            let creds = Creds::ROOT;
+            let mut files = Vec::new();
+            for (name, byte) in [(&b"read"[..], 5u8), (b"changed", 6)] {
+                let ino = fs.create(ROOT_INO, name, 0o100644, 0, creds).unwrap().ino;
+                fs.write(ino, 0, &[byte; 6000]).unwrap();
+                // A hole, then one more block.
+                fs.write(ino, 20_000, &[byte; 10]).unwrap();
+                files.push(ino);
+            }
+            fs.sync().unwrap();
+            fs.inner.io.journal.checkpoint().unwrap();
+            let mut want = vec![5u8; 6000];
+            want.resize(20_000, 0);
+            want.extend([5u8; 10]);
+            for &ino in &files {
+                // Plans under the lock: caches the attributes and publishes the map.
+                assert_eq!(fs.read(ino, 0, 30_000).unwrap().len(), want.len());
+            }
+            // The second file's map changes (a block allocated at write-back): withdrawn.
+            fs.write(files[1], 8192, &[6u8; 10]).unwrap();
+            fs.sync().unwrap();
+            fs.inner.pages.lock().drop_clean();
+
+            let held = fs.inner.meta.lock();
+            let (tx, rx) = mpsc::channel();
+            for &ino in &files {
+                let (fs, tx) = (fs.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    let _ = tx.send((ino, fs.read(ino, 100, 25_000)));
+                });
+            }
+            if mode == DataMode::Ordered {
+                let (ino, first) = rx
+                    .recv_timeout(Duration::from_secs(20))
+                    .expect("a read through a published map waited for the metadata lock");
+                assert_eq!(ino, files[0]);
+                assert_eq!(first.unwrap(), want[100..].to_vec());
+            }
+            // The others need the lock.
+            assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+            drop(held);
+            let waited = if mode == DataMode::Ordered { 1 } else { 2 };
+            for _ in 0..waited {
+                let (ino, r) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+                let mut want = want.clone();
+                if ino == files[1] {
+                    want.iter_mut().filter(|b| **b == 5).for_each(|b| *b = 6);
+                    want[8192..8202].copy_from_slice(&[6u8; 10]);
+                }
+                assert_eq!(r.unwrap(), want[100..].to_vec());
+            }
+            // What the reads fetched is cached: the next read of the first file needs no
+            // device read and gives the same bytes.
+            assert_eq!(
+                fs.read(files[0], 100, 25_000).unwrap(),
+                want[100..].to_vec()
+            );
+            fs.unmount().unwrap();
+        }
+    }
+
+    /// Goal: once a lookup under the metadata lock published its directory's name index,
+    /// lookups there no longer wait for that lock, for names that do not exist and for names
+    /// not cached whose inode's attributes are; after a change to the directory they wait
+    /// again until a lookup publishes it anew. Method: the lock held by the test while
+    /// lookups run on other threads.
+    #[test]
+    fn lookups_in_a_published_directory_do_not_take_the_metadata_lock() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
+        let creds = Creds::ROOT;
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, creds).unwrap().ino;
+        let a = fs.create(d, b"a", 0o100644, 0, creds).unwrap().ino;
+        fs.create(d, b"b", 0o100644, 0, creds).unwrap();
+        fs.drop_caches().unwrap();
+        // Publishes the index; caches the name "b" only. The attributes of "a" come from
+        // a getattr, its name from nowhere.
+        fs.lookup(d, b"b").unwrap();
+        fs.getattr(a).unwrap();
+        let lookup_while_held = |name: &'static [u8]| {
+            let held = fs.inner.meta.lock();
+            let (tx, rx) = mpsc::channel();
+            let fs2 = fs.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(fs2.lookup(d, name).map(|attr| attr.ino));
+            });
+            let quick = rx.recv_timeout(Duration::from_millis(300));
+            drop(held);
+            (quick, rx)
+        };
+        for (name, want) in [(&b"a"[..], Some(a)), (b"nothing", None)] {
+            let (quick, _) = lookup_while_held(name);
+            let got = quick.expect("a lookup in a published directory waited for the lock");
+            assert_eq!(got.ok(), want, "{}", String::from_utf8_lossy(name));
+        }
+        // A change withdraws the index: the next lookup of a missing name plans under the
+        // lock (and publishes the index again).
+        fs.create(d, b"c", 0o100644, 0, creds).unwrap();
+        let (quick, rx) = lookup_while_held(b"nothing");
+        assert!(quick.is_err(), "a lookup used a withdrawn index");
+        assert!(matches!(
+            rx.recv_timeout(Duration::from_secs(20)).unwrap(),
+            Err(FsError::NotFound)
+        ));
+        let (quick, _) = lookup_while_held(b"nothing");
+        assert!(matches!(quick, Ok(Err(FsError::NotFound))));
         fs.unmount().unwrap();
     }
 

@@ -27,6 +27,7 @@
 //! (`fs/datacache.rs`), so what the old mode promised for it holds.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::cache::{ByteRanges, DirtyBlock};
@@ -211,15 +212,39 @@ pub fn is_linked_attr(index: u8, suffix: &[u8]) -> bool {
 #[derive(Default)]
 pub(crate) struct ModeTable {
     records: HashMap<u32, ModeRecord>,
-    /// Some directory or file of this mount obeys a mode that journals file data, so write-back
-    /// may put pages in the journal (counted in the running transaction's size).
-    pub data_journaling_seen: bool,
+    /// The mount's mode, or some directory or file of this mount, journals file data, so
+    /// write-back may put pages in the journal (counted in the running transaction's size),
+    /// and a block's newest copy may be in the buffer cache or the journal rather than at
+    /// home (reads without the metadata lock then stay off the device). Set before any page
+    /// is written under such a mode (the write asks for its file's mode); never cleared.
+    data_journaling: Arc<AtomicBool>,
 }
 
 impl ModeTable {
+    /// A table for a mount whose own mode is `default_mode`.
+    pub fn new(default_mode: DataMode) -> ModeTable {
+        let t = ModeTable::default();
+        t.data_journaling
+            .store(default_mode.may_journal_data(), Ordering::SeqCst);
+        t
+    }
+
+    /// Whether file data may be journaled on this mount (see the field).
+    pub fn data_journaling_seen(&self) -> bool {
+        self.data_journaling.load(Ordering::SeqCst)
+    }
+
+    /// The flag behind [`ModeTable::data_journaling_seen`], for readers without the
+    /// metadata lock.
+    pub fn data_journaling_flag(&self) -> Arc<AtomicBool> {
+        self.data_journaling.clone()
+    }
+
     fn note(&mut self, ino: u32, rec: ModeRecord) {
-        if rec.recorded().is_some_and(DataMode::may_journal_data) {
-            self.data_journaling_seen = true;
+        // Under a mount mode that journals no data, the record's own effect (a recorded mode,
+        // or ext4's data-journaling flag alone).
+        if rec.effective(DataMode::Writeback).may_journal_data() {
+            self.data_journaling.store(true, Ordering::SeqCst);
         }
         self.records.insert(ino, rec);
     }

@@ -15,6 +15,15 @@
 //!
 //! Only positive names are cached. The caches are bounded and simply emptied when full.
 //!
+//! Beside them sit the name indexes of directories published for lookups
+//! ([`NameCache::publish_dir`]): a lookup under the metadata lock leaves its directory's index
+//! here (shared with `Meta::dirs`), and later lookups in that directory answer from it, names
+//! that do not exist included. Every change to a directory's entries withdraws its index
+//! first (`Meta::dir_index_mut`, `Meta::dir_unindex`), as does every removal of the index from
+//! `Meta::dirs`, so a published index is always the directory's current one; lookups only
+//! read it under this table's read lock, so a withdrawn index is never shared and the change
+//! edits it in place.
+//!
 //! It also keeps which inodes changed their times since anyone was last shown them
 //! ([`NameCache::changed_unseen`]), for multigrain timestamps (`Meta::change_time`). Every
 //! `Attr` handed out is built by `Meta::attr` or served by [`NameCache::attr`], and both
@@ -22,10 +31,12 @@
 //! of each inode take the fine clock.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
 use super::api::Attr;
+use super::dir_index::DirIndex;
 
 /// Entries each map holds at most before it is emptied.
 const MAX_ENTRIES: usize = 64 * 1024;
@@ -37,7 +48,12 @@ pub(crate) struct NameCache {
     names: RwLock<Names>,
     /// Inodes whose times changed after their attributes were last handed out.
     unseen: Mutex<HashSet<u32>>,
+    /// Directory indexes published for lookups (see the module documentation).
+    dirs: RwLock<HashMap<u32, Arc<DirIndex>>>,
 }
+
+/// Published directory indexes kept at most; the table is emptied when it passes this.
+const MAX_PUBLISHED_DIRS: usize = 4096;
 
 /// Directory → name → inode, nested so that a lookup borrows the name instead of allocating
 /// a key; with the number of names held.
@@ -120,10 +136,38 @@ impl NameCache {
         }
     }
 
-    /// Forgets every name and attribute (under the metadata lock, like every removal).
+    /// Forgets every name, attribute and published directory index (under the metadata
+    /// lock, like every removal).
     pub fn clear(&self) {
         self.attrs.write().clear();
         *self.names.write() = Names::default();
+        self.dirs.write().clear();
+    }
+
+    /// Publishes `idx`, the current name index of directory `dir`, for lookups without the
+    /// metadata lock (under that lock).
+    pub fn publish_dir(&self, dir: u32, idx: Arc<DirIndex>) {
+        let mut dirs = self.dirs.write();
+        if dirs.len() >= MAX_PUBLISHED_DIRS {
+            dirs.clear();
+        }
+        dirs.insert(dir, idx);
+    }
+
+    /// Withdraws the published index of `dir`: its entries are about to change, or the index
+    /// leaves `Meta::dirs` (under the metadata lock).
+    pub fn withdraw_dir(&self, dir: u32) {
+        if self.dirs.read().contains_key(&dir) {
+            self.dirs.write().remove(&dir);
+        }
+    }
+
+    /// What the published index of `dir` says of `name`: `None` if no index of `dir` is
+    /// published, else the inode the name points to, or `None` inside if it does not exist.
+    pub fn indexed_name(&self, dir: u32, name: &[u8]) -> Option<Option<u32>> {
+        let dirs = self.dirs.read();
+        let idx = dirs.get(&dir)?;
+        Some(idx.names.get(name).map(|s| s.ino))
     }
 
     /// Inode `ino` is changing.
@@ -177,6 +221,34 @@ pub(crate) mod tests {
             blksize: 4096,
             generation: 0,
         }
+    }
+
+    #[test]
+    fn a_published_index_answers_until_withdrawn_and_the_bound_empties_the_table() {
+        let c = NameCache::default();
+        let mut idx = DirIndex::default();
+        idx.names.insert(
+            b"a".to_vec(),
+            super::super::dir_index::DirSlot {
+                ino: 12,
+                file_type: 1,
+                lblk: 0,
+                offset: 24,
+            },
+        );
+        assert_eq!(c.indexed_name(2, b"a"), None);
+        c.publish_dir(2, Arc::new(idx));
+        assert_eq!(c.indexed_name(2, b"a"), Some(Some(12)));
+        assert_eq!(c.indexed_name(2, b"b"), Some(None));
+        assert_eq!(c.indexed_name(3, b"a"), None);
+        c.withdraw_dir(2);
+        assert_eq!(c.indexed_name(2, b"a"), None);
+        for d in 0..MAX_PUBLISHED_DIRS as u32 + 1 {
+            c.publish_dir(d, Arc::default());
+        }
+        assert!(c.dirs.read().len() <= MAX_PUBLISHED_DIRS);
+        c.clear();
+        assert!(c.dirs.read().is_empty());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
 use super::modes;
+use super::read_plan::{self, ReadSegment};
 
 /// Most hard links an inode may have (and subdirectories before `dir_nlink` takes over).
 pub(crate) const LINK_MAX: u16 = 65000;
@@ -100,29 +101,6 @@ fn check_name(name: &[u8]) -> Result<()> {
         return Err(FsError::NameTooLong);
     }
     Ok(())
-}
-
-/// Where the bytes of a piece of a read come from.
-#[derive(Clone, Debug)]
-pub(crate) enum ReadSource {
-    /// A hole or an unwritten extent: zeros.
-    Zeros,
-    /// The home location on the device: `in_block` bytes into physical block `block`, which
-    /// holds logical block `lblk` of the file (the blocks after it follow in both).
-    Device {
-        block: u64,
-        in_block: usize,
-        lblk: u32,
-    },
-    /// A copy not yet at home (journal-mode data in the cache or the journal).
-    Bytes(Vec<u8>),
-}
-
-/// A piece of a read: `len` bytes, consecutive in the file.
-#[derive(Clone, Debug)]
-pub(crate) struct ReadSegment {
-    pub len: usize,
-    pub source: ReadSource,
 }
 
 /// A change to one file block through the page cache ([`Meta::put_data`]).
@@ -253,7 +231,7 @@ impl Meta {
             tmp.store(self, io, ino, &mut i)?;
             self.put_extent_map(ino, map);
         }
-        self.dirs.remove(&ino);
+        self.forget_dir_index(ino);
         Ok((ino, i))
     }
 
@@ -533,7 +511,7 @@ impl Meta {
             self.release_xattr_block(io, acl)?;
         }
         self.maps.remove(&ino);
-        self.dirs.remove(&ino);
+        self.forget_dir_index(ino);
         self.modes.forget(ino);
         self.remove_orphan(io, ino)?;
         let mut dead = Inode::new_zeroed(self.geo.inode_size as usize, self.geo.extra_isize);
@@ -948,7 +926,9 @@ impl Meta {
         Ok(())
     }
 
-    /// Plans a read: segments of device bytes, cached bytes or zeros, clipped to the file size.
+    /// Plans a read (`fs/read_plan.rs`), clipped to the file size. On a mount where no file
+    /// data is journaled, the file's block map is published for reads without the metadata
+    /// lock, with its attributes (`Fs::read`).
     pub(crate) fn read_plan(
         &mut self,
         io: &Io,
@@ -965,64 +945,24 @@ impl Meta {
             return Ok(Vec::new());
         }
         let end = fsize.min(offset + u64::from(size));
-        let bs = u64::from(self.geo.block_size);
-        let map = self.extent_map(io, ino, &i)?;
-        let mut pieces = Vec::new();
-        let mut pos = offset;
-        while pos < end {
-            let lblk = (pos / bs) as u32;
-            let in_block = pos % bs;
-            let len = (bs - in_block).min(end - pos);
-            let home = match map.map(lblk) {
-                Some((p, false)) => Some(p),
-                _ => None,
-            };
-            pieces.push((lblk, home, in_block as usize, len as usize));
-            pos += len;
-        }
-        let mut segs: Vec<ReadSegment> = Vec::new();
-        for (lblk, home, in_block, len) in pieces {
-            let mut bytes = vec![0u8; len];
-            let at = u64::from(lblk) * bs + in_block as u64;
-            let cached = self
-                .data
-                .lock()
-                .copy_out(ino, at, &mut bytes, self.geo.block_size)
-                .then_some(bytes);
-            let source = match (cached, home) {
-                (Some(bytes), _) => ReadSource::Bytes(bytes),
-                (None, None) => ReadSource::Zeros,
-                (None, Some(p)) => match self.unsettled_copy(io, p) {
-                    Some(copy) => ReadSource::Bytes(copy[in_block..in_block + len].to_vec()),
-                    None => ReadSource::Device {
-                        block: p,
-                        in_block,
-                        lblk,
-                    },
-                },
-            };
-            // Merge with the previous segment when contiguous (a device piece after the
-            // first starts at its block's beginning).
-            if let Some(last) = segs.last_mut() {
-                let merged = match (&last.source, &source) {
-                    (ReadSource::Zeros, ReadSource::Zeros) => true,
-                    (
-                        ReadSource::Device {
-                            block: a,
-                            in_block: at,
-                            ..
-                        },
-                        ReadSource::Device { block: b, .. },
-                    ) => *a * bs + (*at + last.len) as u64 == *b * bs,
-                    _ => false,
-                };
-                if merged {
-                    last.len += len;
-                    continue;
-                }
+        self.extent_map(io, ino, &i)?;
+        let map = self.maps.get(&ino).cloned().expect("loaded just above");
+        let segs = {
+            let mut pages = self.data.lock();
+            let segs = read_plan::plan(
+                &map,
+                &mut pages,
+                ino,
+                offset,
+                end,
+                self.geo.block_size,
+                |p| self.unsettled_copy(io, p),
+            );
+            if !self.modes.data_journaling_seen() {
+                pages.publish_map(ino, map);
             }
-            segs.push(ReadSegment { len, source });
-        }
+            segs
+        };
         // Later reads of this file may be served without the metadata lock (`Fs::read`).
         self.names.put_attr(&self.attr_unseen(ino, &i));
         Ok(segs)
