@@ -80,9 +80,10 @@ pub(crate) struct OpUndo {
     pub(super) quarantined: Vec<u64>,
     freed_running_len: usize,
     late_frees_len: usize,
-    /// Directories whose name index this operation built or changed, and inodes whose block
-    /// map it loaded, lent or put back: what a rollback of metadata must forget (the other
-    /// indexes and maps were derived from blocks the operation did not change).
+    /// Directories whose name index this operation built or changed, inodes whose block map
+    /// it loaded, lent or put back, and inodes whose mode record it loaded or stored: what a
+    /// rollback of metadata must forget (the others were derived from blocks the operation
+    /// did not change).
     derived: Vec<Derived>,
 }
 
@@ -91,6 +92,7 @@ pub(crate) struct OpUndo {
 pub(crate) enum Derived {
     DirIndex(u32),
     ExtentMap(u32),
+    ModeRecord(u32),
 }
 
 /// The state behind the file-system lock.
@@ -316,12 +318,12 @@ impl Meta {
     }
 
     /// Ends an operation that failed: takes back every change it made, so the running
-    /// transaction holds exactly what it held before the operation began. Block maps and
-    /// directory indexes are derived from blocks, so those the operation built, lent or
-    /// changed are dropped and rebuilt on next use (the others were derived from blocks it
-    /// did not change, and stay: a create that stops for a cold inode-table block must not
-    /// cost the rebuild of its large directory's index); mode records are all dropped. A
-    /// rollback of pages only keeps them all.
+    /// transaction holds exactly what it held before the operation began. Block maps,
+    /// directory indexes and mode records are derived from blocks, so those the operation
+    /// built, loaded, lent or changed are dropped and rebuilt on next use (the others were
+    /// derived from blocks it did not change, and stay: a create that stops for a cold
+    /// inode-table block must not cost the rebuild of its large directory's index, nor the
+    /// reload of every mode record). A rollback of pages only keeps them all.
     fn rollback_op(&mut self) {
         self.op_light = None;
         let Some(u) = self.op_undo.take() else {
@@ -374,9 +376,9 @@ impl Meta {
                 Derived::ExtentMap(ino) => {
                     self.maps.remove(&ino);
                 }
+                Derived::ModeRecord(ino) => self.modes.forget(ino),
             }
         }
-        self.modes.clear();
     }
 
     /// The running operation built or changed a derived cache entry: a rollback of its

@@ -2289,12 +2289,13 @@ mod tests {
         fs.unmount().unwrap();
     }
 
-    /// Goal: a rolled-back operation forgets the directory indexes and block maps it built
-    /// or changed, and keeps the others (an operation that stops for a device read is rolled
+    /// Goal: a rolled-back operation forgets the directory indexes, block maps and mode
+    /// records it built, loaded or changed (and withdraws them from reads and lookups without
+    /// the lock), and keeps the others (an operation that stops for a device read is rolled
     /// back; if that dropped every index, each create in a large directory would rebuild it).
     /// Method: operations run on the locked metadata, made to fail after their changes.
     #[test]
-    fn a_rollback_forgets_only_the_indexes_and_maps_its_operation_touched() {
+    fn a_rollback_forgets_only_the_derived_state_its_operation_touched() {
         let Some(mem) = image() else {
             return;
         };
@@ -2314,6 +2315,18 @@ mod tests {
         assert!(m.dir_lookup(io, d, b"e7").unwrap().is_some());
         let inode = m.read_inode(io, file).unwrap();
         m.extent_map(io, file, &inode).unwrap();
+        m.mode_record(io, file).unwrap();
+        m.mode_record(io, d).unwrap();
+        // Published for reads and lookups without the lock.
+        m.publish_dir_index(d);
+        let map = m.maps.get(&file).cloned().unwrap();
+        m.data.lock().publish_map(file, map);
+        let published = |m: &Meta| {
+            (
+                m.names.indexed_name(d, b"e7").is_some(),
+                m.data.lock().published_map(file).is_some(),
+            )
+        };
 
         let changes = SetAttr {
             mode: Some(0o600),
@@ -2326,8 +2339,18 @@ mod tests {
         assert!(matches!(r, Err(FsError::NoSpace)));
         assert!(m.dirs.contains_key(&d), "an untouched index was dropped");
         assert!(m.maps.contains_key(&file), "an untouched map was dropped");
+        assert!(
+            m.modes.holds(file) && m.modes.holds(d),
+            "an untouched mode record was dropped"
+        );
+        assert_eq!(
+            published(&m),
+            (true, true),
+            "an untouched index or map was withdrawn"
+        );
 
         let r = m.run_op(|m| {
+            m.set_journal_mode(io, d, Some(DataMode::Journal))?;
             m.create(io, d, b"new", 0o100644, 0, creds)?;
             m.setattr(
                 io,
@@ -2342,6 +2365,14 @@ mod tests {
         assert!(matches!(r, Err(FsError::NoSpace)));
         assert!(!m.dirs.contains_key(&d), "a changed index was kept");
         assert!(!m.maps.contains_key(&file), "a changed map was kept");
+        assert!(!m.modes.holds(d), "a changed mode record was kept");
+        assert!(m.modes.holds(file), "an untouched mode record was dropped");
+        assert_eq!(
+            published(&m),
+            (false, false),
+            "a changed index or map stayed published"
+        );
+        assert_eq!(m.data_mode(io, d).unwrap(), DataMode::Ordered);
         assert!(m.dir_lookup(io, d, b"new").unwrap().is_none());
         assert!(m.dir_lookup(io, d, b"e7").unwrap().is_some());
         let inode = m.read_inode(io, file).unwrap();

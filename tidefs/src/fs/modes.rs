@@ -37,7 +37,7 @@ use crate::journal::RangeUpdate;
 use crate::{FsError, Result};
 
 use super::api::DataMode;
-use super::meta::{Io, Meta};
+use super::meta::{Derived, Io, Meta};
 
 /// Full name of the attribute holding a directory's own or a file's explicit mode.
 pub const MODE_ATTR: &[u8] = b"user.tidefs.journal";
@@ -249,14 +249,21 @@ impl ModeTable {
         self.records.insert(ino, rec);
     }
 
-    /// Forgets inode `ino` (freed, or its attributes changed behind the table).
+    /// Forgets inode `ino` (freed, or its record loaded or changed by an operation that was
+    /// rolled back).
     pub fn forget(&mut self, ino: u32) {
         self.records.remove(&ino);
     }
 
-    /// Forgets everything (an operation was rolled back).
+    /// Forgets everything (the table passed its bound).
     pub fn clear(&mut self) {
         self.records.clear();
+    }
+
+    /// Whether the record of `ino` is held.
+    #[cfg(test)]
+    pub fn holds(&self, ino: u32) -> bool {
+        self.records.contains_key(&ino)
     }
 
     /// Entries held.
@@ -360,8 +367,15 @@ impl Meta {
         let i = self.read_inode(io, ino)?;
         let attrs = self.load_xattrs(io, ino, &i)?;
         let rec = ModeRecord::from_inode(ino, &i, &attrs)?;
-        self.modes.note(ino, rec);
+        self.note_mode_record(ino, rec);
         Ok(rec)
+    }
+
+    /// Keeps `rec` as the record of `ino`; a rollback of the running operation forgets it
+    /// (it was read from, or written into, bytes the rollback may take back).
+    fn note_mode_record(&mut self, ino: u32, rec: ModeRecord) {
+        self.note_derived(Derived::ModeRecord(ino));
+        self.modes.note(ino, rec);
     }
 
     /// The journaling mode inode `ino` obeys.
@@ -380,7 +394,7 @@ impl Meta {
         let mut attrs = self.load_xattrs(io, ino, i)?;
         rec.apply(i, &mut attrs);
         self.store_xattrs(io, ino, i, &attrs)?;
-        self.modes.note(ino, rec);
+        self.note_mode_record(ino, rec);
         Ok(())
     }
 
@@ -428,7 +442,7 @@ impl Meta {
                 })
             }
             _ => {
-                self.modes.note(ino, rec);
+                self.note_mode_record(ino, rec);
                 return Ok(());
             }
         }
