@@ -1,12 +1,12 @@
 //! Goal: a lookup answered without the metadata lock, from a cached name or from a directory's
 //! published name index (docs/DESIGN.md §2.5, "Lookups and attributes without the lock"), always
 //! agrees with the directory's entries: after every change, a name that exists is found with
-//! its inode and a name that does not is not found, also for a directory whose inode number
-//! was freed and handed out again.
+//! its inode and a name that does not is not found (`.` and `..` included), also for a
+//! directory whose inode number was freed and handed out again under another parent.
 //!
 //! Method: random sequences of create, unlink, link, rename (within and across directories,
-//! over an existing name or not), mkdir and rmdir (the directories come and go, so their numbers
-//! are reused) and cache drops, on an image made by the real `mkfs.ext4` mounted with the
+//! over an existing name or not), mkdir and rmdir (the directories come and go, in the root or
+//! in each other, so their numbers are reused under other parents) and cache drops, on an image made by the real `mkfs.ext4` mounted with the
 //! smallest caches (so operations often stop for a device read and are rolled back and run
 //! again). After every step, every name of every directory is looked up twice (the first
 //! lookup of a directory after a change plans under the lock and publishes its index; the
@@ -23,8 +23,8 @@ use tidefs::dev::MemDev;
 use tidefs::fs::{Creds, Fs, MountOptions, RenameFlags, ROOT_INO};
 use tidefs::FsError;
 
-/// Subdirectories of the root the sequences make and remove (slot 0 is the root itself).
-const SUBDIRS: usize = 2;
+/// Directories the sequences make and remove (slot 0 is the root itself).
+const SUBDIRS: usize = 3;
 /// Names used in every directory.
 const NAMES: usize = 3;
 
@@ -34,8 +34,9 @@ enum Op {
     Unlink(usize, usize),
     Link(usize, usize, usize, usize),
     Rename(usize, usize, usize, usize),
-    Mkdir(usize),
-    /// Empties the subdirectory (unlinks its names), then removes it.
+    /// Makes directory slot `.0` in directory slot `.1`.
+    Mkdir(usize, usize),
+    /// Empties the directory of its files, then removes it (unless a directory is in it).
     Rmdir(usize),
     DropCaches,
 }
@@ -50,7 +51,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(a, m, b, n)| Op::Link(a, m, b, n)),
         2 => (dir.clone(), name.clone(), dir, name)
             .prop_map(|(a, m, b, n)| Op::Rename(a, m, b, n)),
-        1 => (1..=SUBDIRS).prop_map(Op::Mkdir),
+        1 => (1..=SUBDIRS, 0..=SUBDIRS).prop_map(|(d, p)| Op::Mkdir(d, p)),
         1 => (1..=SUBDIRS).prop_map(Op::Rmdir),
         1 => Just(Op::DropCaches),
     ]
@@ -79,50 +80,56 @@ fn subdir_name(slot: usize) -> Vec<u8> {
     format!("d{slot}").into_bytes()
 }
 
-/// The directories as they should be: each slot's inode (when it exists) and its files.
+/// The directories as they should be: each slot's inode and parent slot (when it exists),
+/// and the files.
 struct Model {
-    dirs: Vec<Option<u64>>,
+    dirs: Vec<Option<(u64, usize)>>,
     files: HashMap<(usize, usize), u64>,
 }
 
 impl Model {
+    fn ino(&self, slot: usize) -> Option<u64> {
+        self.dirs[slot].map(|(ino, _)| ino)
+    }
+
+    /// Every name of every directory, as it should look up: files, directories, `.`, `..`.
     fn check(&self, fs: &Fs, after: &Op) -> Result<(), TestCaseError> {
-        for (slot, dir) in self.dirs.iter().enumerate() {
-            let Some(dir) = *dir else {
+        for (slot, entry) in self.dirs.iter().enumerate() {
+            let Some((dir, parent)) = *entry else {
                 continue;
             };
-            for n in 0..NAMES {
-                let want = self.files.get(&(slot, n)).copied();
+            let mut expected: Vec<(Vec<u8>, Option<u64>)> = (0..NAMES)
+                .map(|n| (name(n), self.files.get(&(slot, n)).copied()))
+                .collect();
+            for sub in 1..=SUBDIRS {
+                let inside = self.dirs[sub].filter(|(_, p)| *p == slot && sub != slot);
+                expected.push((subdir_name(sub), inside.map(|(ino, _)| ino)));
+            }
+            expected.push((b".".to_vec(), Some(dir)));
+            expected.push((b"..".to_vec(), self.ino(parent)));
+            for (n, want) in expected {
                 // The first may plan under the lock; the second is answered without it.
                 for pass in 0..2 {
-                    let got = match fs.lookup(dir, &name(n)) {
+                    let got = match fs.lookup(dir, &n) {
                         Ok(attr) => Some(attr.ino),
                         Err(FsError::NotFound) => None,
                         Err(e) => {
                             return Err(TestCaseError::fail(format!(
-                                "after {after:?}: lookup of n{n} in slot {slot}: {e}"
+                                "after {after:?}: lookup in slot {slot}: {e}"
                             )))
                         }
                     };
                     prop_assert_eq!(
                         got,
                         want,
-                        "after {:?}: n{} in slot {} (lookup {})",
+                        "after {:?}: {} in slot {} (lookup {})",
                         after,
-                        n,
+                        String::from_utf8_lossy(&n),
                         slot,
                         pass
                     );
                 }
             }
-        }
-        for slot in 1..=SUBDIRS {
-            let got = match fs.lookup(ROOT_INO, &subdir_name(slot)) {
-                Ok(attr) => Some(attr.ino),
-                Err(FsError::NotFound) => None,
-                Err(e) => return Err(TestCaseError::fail(format!("lookup of d{slot}: {e}"))),
-            };
-            prop_assert_eq!(got, self.dirs[slot], "after {:?}: d{}", after, slot);
         }
         Ok(())
     }
@@ -143,17 +150,17 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         dirs: vec![None; SUBDIRS + 1],
         files: HashMap::new(),
     };
-    m.dirs[0] = Some(ROOT_INO);
+    m.dirs[0] = Some((ROOT_INO, 0));
     for op in ops {
         match *op {
             Op::Create(d, n) => {
-                if let (Some(dir), false) = (m.dirs[d], m.files.contains_key(&(d, n))) {
+                if let (Some(dir), false) = (m.ino(d), m.files.contains_key(&(d, n))) {
                     let ino = fs.create(dir, &name(n), 0o100644, 0, creds).unwrap().ino;
                     m.files.insert((d, n), ino);
                 }
             }
             Op::Unlink(d, n) => {
-                if let (Some(dir), Some(_)) = (m.dirs[d], m.files.get(&(d, n))) {
+                if let (Some(dir), Some(_)) = (m.ino(d), m.files.get(&(d, n))) {
                     fs.unlink(dir, &name(n)).unwrap();
                     m.files.remove(&(d, n));
                 }
@@ -161,7 +168,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Link(a, x, b, y) => {
                 if let (Some(ino), Some(to), false) = (
                     m.files.get(&(a, x)).copied(),
-                    m.dirs[b],
+                    m.ino(b),
                     m.files.contains_key(&(b, y)),
                 ) {
                     fs.link(ino, to, &name(y)).unwrap();
@@ -170,7 +177,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::Rename(a, x, b, y) => {
                 if let (Some(from), Some(to), Some(ino)) =
-                    (m.dirs[a], m.dirs[b], m.files.get(&(a, x)).copied())
+                    (m.ino(a), m.ino(b), m.files.get(&(a, x)).copied())
                 {
                     fs.rename(from, &name(x), to, &name(y), RenameFlags::default())
                         .unwrap();
@@ -181,23 +188,26 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                     }
                 }
             }
-            Op::Mkdir(slot) => {
-                if m.dirs[slot].is_none() {
-                    let ino = fs
-                        .mkdir(ROOT_INO, &subdir_name(slot), 0o755, creds)
-                        .unwrap()
-                        .ino;
-                    m.dirs[slot] = Some(ino);
+            Op::Mkdir(slot, parent) => {
+                if let (None, Some(p), true) = (m.dirs[slot], m.ino(parent), slot != parent) {
+                    let ino = fs.mkdir(p, &subdir_name(slot), 0o755, creds).unwrap().ino;
+                    m.dirs[slot] = Some((ino, parent));
                 }
             }
             Op::Rmdir(slot) => {
-                if let Some(dir) = m.dirs[slot] {
+                let has_subdir = m
+                    .dirs
+                    .iter()
+                    .skip(1)
+                    .any(|e| e.is_some_and(|(_, p)| p == slot));
+                if let (Some((dir, parent)), false) = (m.dirs[slot], has_subdir) {
                     for n in 0..NAMES {
                         if m.files.remove(&(slot, n)).is_some() {
                             fs.unlink(dir, &name(n)).unwrap();
                         }
                     }
-                    fs.rmdir(ROOT_INO, &subdir_name(slot)).unwrap();
+                    let p = m.ino(parent).expect("a directory's parent exists");
+                    fs.rmdir(p, &subdir_name(slot)).unwrap();
                     m.dirs[slot] = None;
                 }
             }
@@ -225,4 +235,35 @@ proptest! {
     ) {
         run(&ops)?;
     }
+}
+
+/// Goal: the `..` of a directory whose inode number was freed and handed out again under
+/// another parent names the new parent, though a lookup cached the old `..` and the old
+/// parent's attributes are cached too.
+#[test]
+fn dotdot_of_a_reused_directory_number_names_its_new_parent() {
+    let Some(base) = base_image() else {
+        return;
+    };
+    let mem = Arc::new(MemDev::from_bytes(base.clone()));
+    let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+    let creds = Creds::ROOT;
+    let a = fs.mkdir(ROOT_INO, b"a", 0o755, creds).unwrap().ino;
+    let b = fs.mkdir(ROOT_INO, b"b", 0o755, creds).unwrap().ino;
+    let c = fs.mkdir(a, b"c", 0o755, creds).unwrap().ino;
+    assert_eq!(fs.lookup(c, b"..").unwrap().ino, a);
+    fs.rmdir(a, b"c").unwrap();
+    // Freed numbers are handed out again once the freeing transaction is durable.
+    fs.sync().unwrap();
+    fs.getattr(a).unwrap();
+    let again = fs.mkdir(b, b"c", 0o755, creds).unwrap().ino;
+    assert_eq!(
+        again, c,
+        "the new directory was meant to reuse the old one's number"
+    );
+    assert_eq!(fs.lookup(again, b"..").unwrap().ino, b);
+    assert_eq!(fs.lookup(again, b"..").unwrap().ino, b);
+    fs.unmount().unwrap();
+    drop(fs);
+    common::assert_mem_fsck_clean(&mem);
 }

@@ -185,6 +185,13 @@ impl Meta {
         self.dirs.remove(&dir);
     }
 
+    /// Inode `ino` is freed, or made anew: nothing cached of it as a directory (index, names
+    /// looked up in it) may outlive it, since its number will name another inode.
+    pub(crate) fn forget_dir_entirely(&mut self, ino: u32) {
+        self.names.forget_dir(ino);
+        self.dirs.remove(&ino);
+    }
+
     /// Publishes the name index of `dir`, if built, for lookups without the metadata lock.
     pub(crate) fn publish_dir_index(&self, dir: u32) {
         if let Some(idx) = self.dirs.get(&dir) {

@@ -374,6 +374,9 @@ impl Meta {
             match d {
                 Derived::DirIndex(dir) => self.forget_dir_index(dir),
                 Derived::ExtentMap(ino) => {
+                    // Withdrawn already when the operation took or put it; again here, so a
+                    // map the rollback forgets is never left to reads without the lock.
+                    self.data.lock().withdraw_map(ino);
                     self.maps.remove(&ino);
                 }
                 Derived::ModeRecord(ino) => self.modes.forget(ino),

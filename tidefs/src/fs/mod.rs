@@ -779,18 +779,9 @@ impl Fs {
             let p = inner.geo.ino32(parent)?;
             // A cached name, else the directory's published index (which knows the names
             // that do not exist too), with the inode's cached attributes.
-            let ino = inner
-                .names
-                .name(p, name)
-                .map(Some)
-                .or_else(|| inner.names.indexed_name(p, name));
-            match ino {
+            match inner.names.lookup(p, name) {
+                Some(Some(attr)) => return Ok(attr),
                 Some(None) => return Err(FsError::NotFound),
-                Some(Some(ino)) => {
-                    if let Some(attr) = inner.names.attr(ino) {
-                        return Ok(attr);
-                    }
-                }
                 None => {}
             }
         }
@@ -1453,8 +1444,9 @@ impl Inner {
     /// changes its map (write-back allocating the blocks of its dirty pages, its deletion)
     /// withdraws the published map first, under the page cache's lock, which this holds
     /// while it plans. The attributes are read under that lock too: a deleted file loses its
-    /// published map, then its cached attributes, then its pages, and a file that reuses its
-    /// number gets any of them only after that, so size, map and pages are always of one file.
+    /// published map and its pages in one hold of that lock (`DataCache::drop_range`), and
+    /// its cached attributes before or after that, and a file that reuses its number gets
+    /// any of them only after all that, so size, map and pages are always of one file.
     fn plan_read_unlocked(
         &self,
         n: u32,

@@ -7,8 +7,9 @@
 //! - every change that could make an entry wrong removes it under the same lock before the
 //!   change's operation returns: `Meta::write_inode` for attributes (the inode bytes, which
 //!   carry everything an `Attr` holds except the blocks reserved for cached data, and every
-//!   change to those reservations also writes the inode), and `dir_add`, `dir_remove`,
-//!   `dir_retarget` for names;
+//!   change to those reservations also writes the inode), `dir_add`, `dir_remove`,
+//!   `dir_retarget` for names, and [`NameCache::forget_dir`] for every name of a directory
+//!   freed or made (its number may have held another directory, whose `..` was cached);
 //! - so a reader without the lock sees either the state before a change or no entry, never a
 //!   state that a rolled-back operation made (that operation held the lock until its
 //!   rollback, and removed the entries it touched).
@@ -20,9 +21,10 @@
 //! here (shared with `Meta::dirs`), and later lookups in that directory answer from it, names
 //! that do not exist included. Every change to a directory's entries withdraws its index
 //! first (`Meta::dir_index_mut`, `Meta::dir_unindex`), as does every removal of the index from
-//! `Meta::dirs`, so a published index is always the directory's current one; lookups only
-//! read it under this table's read lock, so a withdrawn index is never shared and the change
-//! edits it in place.
+//! `Meta::dirs` that could leave it stale (a rollback, a directory freed or made; a trim of
+//! `Meta::dirs` past its bound leaves it, still current), so a published index is always the
+//! directory's current one; lookups only read it under this table's read lock, so a
+//! withdrawn index is never shared and the change edits it in place.
 //!
 //! It also keeps which inodes changed their times since anyone was last shown them
 //! ([`NameCache::changed_unseen`]), for multigrain timestamps (`Meta::change_time`). Every
@@ -104,6 +106,7 @@ impl NameCache {
     }
 
     /// The inode `name` in directory `dir` names, if cached.
+    #[cfg(test)]
     pub fn name(&self, dir: u32, name: &[u8]) -> Option<u32> {
         self.names.read().dirs.get(&dir)?.get(name).copied()
     }
@@ -164,16 +167,53 @@ impl NameCache {
 
     /// What the published index of `dir` says of `name`: `None` if no index of `dir` is
     /// published, else the inode the name points to, or `None` inside if it does not exist.
+    #[cfg(test)]
     pub fn indexed_name(&self, dir: u32, name: &[u8]) -> Option<Option<u32>> {
         let dirs = self.dirs.read();
         let idx = dirs.get(&dir)?;
         Some(idx.names.get(name).map(|s| s.ino))
     }
 
+    /// Looks `name` up in `dir` without the metadata lock, from the cached names, else the
+    /// directory's published index: `None` when neither answers (or the inode's attributes
+    /// are not cached), `Some(None)` when the name does not exist, else the attributes of its
+    /// inode (handed out, as [`NameCache::attr`]). The name is held under its table's read lock
+    /// while the attributes are read, so no change of the name can come between the two:
+    /// without that, the name removed, its inode freed and the number reused meanwhile would
+    /// pair the name with the new inode's attributes. (Lock order: names or indexes, then
+    /// attributes.)
+    pub fn lookup(&self, dir: u32, name: &[u8]) -> Option<Option<Attr>> {
+        {
+            let names = self.names.read();
+            if let Some(&ino) = names.dirs.get(&dir).and_then(|d| d.get(name)) {
+                return self.attr(ino).map(Some);
+            }
+        }
+        let dirs = self.dirs.read();
+        match dirs.get(&dir)?.names.get(name) {
+            None => Some(None),
+            Some(slot) => self.attr(slot.ino).map(Some),
+        }
+    }
+
     /// Inode `ino` is changing.
     pub fn forget_attr(&self, ino: u32) {
         if self.attrs.read().contains_key(&ino) {
             self.attrs.write().remove(&ino);
+        }
+    }
+
+    /// Directory `dir` is freed or its number handed out again: forgets every name cached in
+    /// it (`.` and `..` are written with a new directory, not through `Meta::dir_add`) and
+    /// withdraws its published index.
+    pub fn forget_dir(&self, dir: u32) {
+        self.withdraw_dir(dir);
+        if !self.names.read().dirs.contains_key(&dir) {
+            return;
+        }
+        let mut n = self.names.write();
+        if let Some(d) = n.dirs.remove(&dir) {
+            n.len -= d.len();
         }
     }
 
@@ -241,8 +281,22 @@ pub(crate) mod tests {
         assert_eq!(c.indexed_name(2, b"a"), Some(Some(12)));
         assert_eq!(c.indexed_name(2, b"b"), Some(None));
         assert_eq!(c.indexed_name(3, b"a"), None);
+        // A lookup answers from it only with the inode's attributes cached.
+        assert_eq!(c.lookup(2, b"b"), Some(None));
+        assert_eq!(c.lookup(2, b"a"), None);
+        c.put_attr(&attr(12, 7));
+        assert_eq!(c.lookup(2, b"a").flatten().map(|a| a.size), Some(7));
         c.withdraw_dir(2);
         assert_eq!(c.indexed_name(2, b"a"), None);
+        assert_eq!(c.lookup(2, b"b"), None);
+        // A directory freed or made forgets its names and its index.
+        c.put_name(2, b"..", 1);
+        c.put_attr(&attr(1, 0));
+        c.publish_dir(2, Arc::default());
+        assert!(c.lookup(2, b"..").flatten().is_some());
+        c.forget_dir(2);
+        assert_eq!(c.lookup(2, b".."), None);
+        assert_eq!(c.names.read().len, 0);
         for d in 0..MAX_PUBLISHED_DIRS as u32 + 1 {
             c.publish_dir(d, Arc::default());
         }

@@ -231,7 +231,7 @@ impl Meta {
             tmp.store(self, io, ino, &mut i)?;
             self.put_extent_map(ino, map);
         }
-        self.forget_dir_index(ino);
+        self.forget_dir_entirely(ino);
         Ok((ino, i))
     }
 
@@ -511,7 +511,7 @@ impl Meta {
             self.release_xattr_block(io, acl)?;
         }
         self.maps.remove(&ino);
-        self.forget_dir_index(ino);
+        self.forget_dir_entirely(ino);
         self.modes.forget(ino);
         self.remove_orphan(io, ino)?;
         let mut dead = Inode::new_zeroed(self.geo.inode_size as usize, self.geo.extra_isize);
