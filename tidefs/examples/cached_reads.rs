@@ -13,8 +13,9 @@
 //! meanwhile the main thread reads a cached 4 KiB file and stats it every millisecond, 3 000
 //! times, then reads 3 000 blocks of a 64 MiB file, each block once, in random order, one
 //! every millisecond (each from the device; the file was read once before the storm, so its
-//! block map is loaded), then looks up 3 000 names that do not exist, one every
-//! millisecond, and prints the latency of each kind. Then, with the storm stopped
+//! block map is loaded), then looks up 3 000 names that do not exist, then lists the root
+//! directory (about twenty names) 3 000 times, one step every millisecond each, and prints
+//! the latency of each kind. Then, with the storm stopped
 //! and the caches dropped, it reads a 32 MiB file twice and prints how long each pass took
 //! (the first from the device, the second from the page cache).
 
@@ -117,6 +118,19 @@ fn main() {
         missing.push(t.elapsed().as_micros());
         std::thread::sleep(Duration::from_millis(1));
     }
+    let mut listings = Vec::new();
+    for _ in 0..3000 {
+        let t = Instant::now();
+        let mut n = 0;
+        fs.readdir(ROOT_INO, 0, &mut |_| {
+            n += 1;
+            true
+        })
+        .expect("readdir");
+        listings.push(t.elapsed().as_micros());
+        assert!(n > threads as usize);
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let secs = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     for s in storm {
@@ -127,6 +141,7 @@ fn main() {
         ("getattr", &mut stats),
         ("read 4 KiB from the device", &mut cold_reads),
         ("lookup of a missing name", &mut missing),
+        ("readdir of the root", &mut listings),
     ] {
         v.sort_unstable();
         let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];

@@ -1,17 +1,19 @@
-//! Goal: a lookup answered without the metadata lock, from a cached name or from a directory's
-//! published name index (docs/DESIGN.md §2.5, "Lookups and attributes without the lock"), always
-//! agrees with the directory's entries: after every change, a name that exists is found with
+//! Goal: a lookup or readdir answered without the metadata lock, from a cached name or from a
+//! directory's published name index (docs/DESIGN.md §2.5, "Lookups and attributes without the
+//! lock"), always agrees with the directory's entries: after every change, a name that exists is found with
 //! its inode and a name that does not is not found (`.` and `..` included), also for a
 //! directory whose inode number was freed and handed out again under another parent.
 //!
 //! Method: random sequences of create, unlink, link, rename (within and across directories,
 //! over an existing name or not), mkdir and rmdir (the directories come and go, in the root or
-//! in each other, so their numbers are reused under other parents) and cache drops, on an image made by the real `mkfs.ext4` mounted with the
-//! smallest caches (so operations often stop for a device read and are rolled back and run
-//! again). After every step, every name of every directory is looked up twice (the first
-//! lookup of a directory after a change plans under the lock and publishes its index; the
-//! second is answered without it) and compared with a model. At the end the image is clean by
-//! the real `e2fsck -fn`.
+//! in each other, so their numbers are reused under other parents) and cache drops, on an
+//! image made by the real `mkfs.ext4` mounted with the smallest caches (so operations often
+//! stop for a device read and are rolled back and run again). After every step, every
+//! directory is listed twice by readdir, two entries per call (the calls under the lock and
+//! without it alternate, and each continues from the other's cookie), and every name of every
+//! directory is looked up twice (the first lookup of a directory after a change plans under
+//! the lock and publishes its index; the second is answered without it); all is compared
+//! with a model. At the end the image is clean by the real `e2fsck -fn`.
 
 mod common;
 
@@ -85,6 +87,8 @@ fn subdir_name(slot: usize) -> Vec<u8> {
 struct Model {
     dirs: Vec<Option<(u64, usize)>>,
     files: HashMap<(usize, usize), u64>,
+    /// The root's `lost+found`, which mkfs made.
+    lost_found: u64,
 }
 
 impl Model {
@@ -107,6 +111,28 @@ impl Model {
             }
             expected.push((b".".to_vec(), Some(dir)));
             expected.push((b"..".to_vec(), self.ino(parent)));
+            if slot == 0 {
+                expected.push((b"lost+found".to_vec(), Some(self.lost_found)));
+            }
+            // Listed twice, two entries per call: each call continues from the last cookie,
+            // and calls answered under the lock and without it alternate.
+            let mut want: Vec<(Vec<u8>, u64)> = expected
+                .iter()
+                .filter_map(|(n, ino)| ino.map(|i| (n.clone(), i)))
+                .collect();
+            want.sort();
+            for pass in 0..2 {
+                let mut got = listing(fs, dir)?;
+                got.sort();
+                prop_assert_eq!(
+                    &got,
+                    &want,
+                    "after {:?}: listing of slot {} ({})",
+                    after,
+                    slot,
+                    pass
+                );
+            }
             for (n, want) in expected {
                 // The first may plan under the lock; the second is answered without it.
                 for pass in 0..2 {
@@ -135,6 +161,26 @@ impl Model {
     }
 }
 
+/// Every entry of `dir` as readdir lists it, two per call, continuing from the cookie of the
+/// last one each time.
+fn listing(fs: &Fs, dir: u64) -> Result<Vec<(Vec<u8>, u64)>, TestCaseError> {
+    let mut out = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let mut page = Vec::new();
+        fs.readdir(dir, cookie, &mut |e| {
+            page.push(e);
+            page.len() < 2
+        })
+        .map_err(|e| TestCaseError::fail(format!("readdir: {e}")))?;
+        let Some(last) = page.last() else {
+            return Ok(out);
+        };
+        cookie = last.next_offset;
+        out.extend(page.into_iter().map(|e| (e.name, e.ino)));
+    }
+}
+
 fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     let Some(base) = base_image() else {
         return Ok(());
@@ -149,6 +195,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     let mut m = Model {
         dirs: vec![None; SUBDIRS + 1],
         files: HashMap::new(),
+        lost_found: fs.lookup(ROOT_INO, b"lost+found").unwrap().ino,
     };
     m.dirs[0] = Some((ROOT_INO, 0));
     for op in ops {

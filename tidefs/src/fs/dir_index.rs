@@ -15,6 +15,14 @@ pub(crate) struct DirSlot {
     pub offset: u32,
 }
 
+impl DirSlot {
+    /// Where the record sits in the directory: its byte offset in the directory's data (the
+    /// order readdir lists records in; a readdir cookie is such a position).
+    pub fn position(&self, block_size: u32) -> u64 {
+        u64::from(self.lblk) * u64::from(block_size) + u64::from(self.offset)
+    }
+}
+
 /// The in-memory index of one directory.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct DirIndex {

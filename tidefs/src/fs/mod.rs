@@ -91,6 +91,10 @@ struct Counters {
     avg_commit_ns: AtomicU64,
 }
 
+/// Entries `Fs::readdir` gathers per batch (under the metadata lock, or from a published
+/// directory index without it).
+const READDIR_BATCH: usize = 256;
+
 /// Longest a commit waits for more fsyncs to join it (jbd2's max batch time is 15 ms; a
 /// user-space device round trip is shorter, so the cap is lower).
 const MAX_BATCH_WAIT: Duration = Duration::from_millis(2);
@@ -1129,9 +1133,9 @@ impl Fs {
     }
 
     /// Makes everything durable, writes the journal's committed blocks home, and forgets every
-    /// cached metadata block, block map, directory index and cached name and attribute that
-    /// holds no change (as Linux's `drop_caches`), so that what follows reads the device:
-    /// for cold-cache benchmarks and tests. File pages stay.
+    /// cached metadata block, clean file page, block map, directory index (published ones
+    /// too) and cached name and attribute (as Linux's `drop_caches`), so that what follows
+    /// reads the device: for cold-cache benchmarks and tests.
     pub fn drop_caches(&self) -> Result<()> {
         self.sync()?;
         self.inner.io.journal.checkpoint()?;
@@ -1169,27 +1173,33 @@ impl Fs {
         offset: u64,
         emit: &mut dyn FnMut(DirEntry) -> bool,
     ) -> Result<()> {
+        let n = self.inner.geo.ino32(ino)?;
         let mut offset = offset;
         loop {
-            let batch = self.with_meta(false, |m, io| {
-                let n = m.ino32(ino)?;
-                m.live_inode(io, n)?;
-                let recs = m.dir_records_from(io, n, offset, 256)?;
-                let mut out = Vec::with_capacity(recs.len());
-                for (r, next) in recs {
-                    let kind = match ops::kind_of_ft(r.file_type) {
-                        Some(k) => k,
-                        None => ops::kind_of(m.read_inode(io, r.inode)?.mode()),
-                    };
-                    out.push(DirEntry {
-                        ino: u64::from(r.inode),
-                        kind,
-                        name: r.name,
-                        next_offset: next,
-                    });
-                }
-                Ok(out)
-            })?;
+            let unlocked = self.inner.list_unlocked(n, offset);
+            let batch = match unlocked {
+                Some(batch) => batch,
+                None => self.with_meta(false, |m, io| {
+                    m.live_inode(io, n)?;
+                    // Later calls may list it without the lock, if a lookup built its index.
+                    m.publish_dir_index(n);
+                    let recs = m.dir_records_from(io, n, offset, READDIR_BATCH)?;
+                    let mut out = Vec::with_capacity(recs.len());
+                    for (r, next) in recs {
+                        let kind = match ops::kind_of_ft(r.file_type) {
+                            Some(k) => k,
+                            None => ops::kind_of(m.read_inode(io, r.inode)?.mode()),
+                        };
+                        out.push(DirEntry {
+                            ino: u64::from(r.inode),
+                            kind,
+                            name: r.name,
+                            next_offset: next,
+                        });
+                    }
+                    Ok(out)
+                })?,
+            };
             if batch.is_empty() {
                 return Ok(());
             }
@@ -1497,6 +1507,31 @@ impl Inner {
     /// `Meta` it changes inside one operation (`Meta::run_op`, which takes it back), and it
     /// changes nothing outside `Meta` before its last read. An error reading the block is
     /// returned as is.
+    /// A batch of [`Fs::readdir`] from the directory's published name index, without the
+    /// metadata lock (docs/DESIGN.md §2.5): `None` when no index is published, it is too long
+    /// to sort on every call, or an entry has no file type (ext4 without `filetype`: its kind
+    /// needs the inode). A cookie is the position of the entry plus one, which continues after
+    /// it as a cookie of the locked path (the end of the record) does.
+    fn list_unlocked(&self, dir: u32, offset: u64) -> Option<Vec<DirEntry>> {
+        if self.closed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let listed = self
+            .names
+            .listing(dir, offset, READDIR_BATCH, self.geo.block_size)?;
+        listed
+            .into_iter()
+            .map(|(pos, slot, name)| {
+                Some(DirEntry {
+                    ino: u64::from(slot.ino),
+                    kind: ops::kind_of_ft(slot.file_type)?,
+                    name,
+                    next_offset: pos + 1,
+                })
+            })
+            .collect()
+    }
+
     fn lock_meta_reading<T>(
         &self,
         mut f: impl FnMut(&mut Meta) -> T,
@@ -2233,7 +2268,7 @@ mod tests {
 
     /// Goal: once a lookup under the metadata lock published its directory's name index,
     /// lookups there no longer wait for that lock, for names that do not exist and for names
-    /// not cached whose inode's attributes are; after a change to the directory they wait
+    /// not cached whose inode's attributes are, nor does a listing of it; after a change to the directory they wait
     /// again until a lookup publishes it anew. Method: the lock held by the test while
     /// lookups run on other threads.
     #[test]
@@ -2266,6 +2301,27 @@ mod tests {
             let (quick, _) = lookup_while_held(name);
             let got = quick.expect("a lookup in a published directory waited for the lock");
             assert_eq!(got.ok(), want, "{}", String::from_utf8_lossy(name));
+        }
+        // And a listing of it.
+        {
+            let held = fs.inner.meta.lock();
+            let (tx, rx) = mpsc::channel();
+            let fs2 = fs.clone();
+            std::thread::spawn(move || {
+                let mut names = Vec::new();
+                let r = fs2.readdir(d, 0, &mut |e| {
+                    names.push(e.name);
+                    true
+                });
+                let _ = tx.send(r.map(|()| names));
+            });
+            let mut names = rx
+                .recv_timeout(Duration::from_millis(300))
+                .expect("a listing of a published directory waited for the lock")
+                .unwrap();
+            drop(held);
+            names.sort();
+            assert_eq!(names, [&b"."[..], b"..", b"a", b"b"]);
         }
         // A change withdraws the index: the next lookup of a missing name plans under the
         // lock (and publishes the index again).

@@ -19,7 +19,7 @@
 //! Beside them sit the name indexes of directories published for lookups
 //! ([`NameCache::publish_dir`]): a lookup under the metadata lock leaves its directory's index
 //! here (shared with `Meta::dirs`), and later lookups in that directory answer from it, names
-//! that do not exist included. Every change to a directory's entries withdraws its index
+//! that do not exist included, and readdir lists it ([`NameCache::listing`]). Every change to a directory's entries withdraws its index
 //! first (`Meta::dir_index_mut`, `Meta::dir_unindex`), as does every removal of the index from
 //! `Meta::dirs` that could leave it stale (a rollback, a directory freed or made; a trim of
 //! `Meta::dirs` past its bound leaves it, still current), so a published index is always the
@@ -38,7 +38,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use super::api::Attr;
-use super::dir_index::DirIndex;
+use super::dir_index::{DirIndex, DirSlot};
 
 /// Entries each map holds at most before it is emptied.
 const MAX_ENTRIES: usize = 64 * 1024;
@@ -56,6 +56,10 @@ pub(crate) struct NameCache {
 
 /// Published directory indexes kept at most; the table is emptied when it passes this.
 const MAX_PUBLISHED_DIRS: usize = 4096;
+
+/// Directories with more names than this are listed under the metadata lock, which reads
+/// only the blocks a call needs: from the index, every call would sort all the names.
+const MAX_LISTED_NAMES: usize = 4096;
 
 /// Directory → name → inode, nested so that a lookup borrows the name instead of allocating
 /// a key; with the number of names held.
@@ -172,6 +176,34 @@ impl NameCache {
         let dirs = self.dirs.read();
         let idx = dirs.get(&dir)?;
         Some(idx.names.get(name).map(|s| s.ino))
+    }
+
+    /// Entries of `dir`'s published index whose record position (block × `block_size` +
+    /// offset) is `from` or later, in position order, at most `max`: (position, slot, name).
+    /// `None` when no index is published or it holds more than `MAX_LISTED_NAMES` names.
+    pub fn listing(
+        &self,
+        dir: u32,
+        from: u64,
+        max: usize,
+        block_size: u32,
+    ) -> Option<Vec<(u64, DirSlot, Vec<u8>)>> {
+        let mut out: Vec<(u64, DirSlot, Vec<u8>)> = {
+            let dirs = self.dirs.read();
+            let idx = dirs.get(&dir)?;
+            if idx.names.len() > MAX_LISTED_NAMES {
+                return None;
+            }
+            idx.names
+                .iter()
+                .map(|(name, s)| (s.position(block_size), *s, name))
+                .filter(|(pos, _, _)| *pos >= from)
+                .map(|(pos, s, name)| (pos, s, name.clone()))
+                .collect()
+        };
+        out.sort_unstable_by_key(|e| e.0);
+        out.truncate(max);
+        Some(out)
     }
 
     /// Looks `name` up in `dir` without the metadata lock, from the cached names, else the
