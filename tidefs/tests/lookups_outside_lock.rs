@@ -1,8 +1,8 @@
 //! Goal: a lookup or readdir answered without the metadata lock, from a cached name or from a
 //! directory's published name index (docs/DESIGN.md §2.5, "Lookups and attributes without the
-//! lock"), always agrees with the directory's entries: after every change, a name that exists is found with
-//! its inode and a name that does not is not found (`.` and `..` included), also for a
-//! directory whose inode number was freed and handed out again under another parent.
+//! lock"), always agrees with the directory's entries: after every change, a name that exists
+//! is found with its inode and a name that does not is not found (`.` and `..` included), also
+//! for a directory whose inode number was freed and handed out again under another parent.
 //!
 //! Method: random sequences of create, unlink, link, rename (within and across directories,
 //! over an existing name or not), mkdir and rmdir (the directories come and go, in the root or

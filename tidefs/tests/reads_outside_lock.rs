@@ -498,16 +498,16 @@ fn concurrent_reads_see_whole_writes_through_eviction_and_write_back() {
     });
 }
 
-/// Goal: reads that find a file's blocks on the device through its published block map,
-/// without the metadata lock (docs/DESIGN.md §2.5), never return a block older than the
-/// file's content, in every mode, also when a directory switches to a mode that journals file
-/// data while readers hold its files' maps: there, a block's newest copy sits in the buffer
-/// cache or the journal (checkpoints held back), and its home is stale. Each writer rewrites
-/// whole files with one byte value, in place (and now and then one block longer, so
-/// write-back allocates); readers under constant eviction (64 pages for up to 128 blocks of
-/// data) read whole files, which must show one value. Across a remount every file keeps its
-/// last value; `e2fsck -fn` finds the image clean. Fails if a read without the lock plans from the map alone, ignoring the
-/// pages (checked: zeros mixed in). The journaling configurations run the guards of
+/// Goal: reads that find a file's blocks on the device through its published block map, without
+/// the metadata lock (docs/DESIGN.md §2.5), never return a block older than the file's content,
+/// in every mode, also when a directory switches to a mode that journals file data while
+/// readers hold its files' maps: there, a block's newest copy sits in the buffer cache or the
+/// journal (checkpoints held back), and its home is stale. Each writer rewrites whole files
+/// with one byte value, in place (and now and then one block longer, so write-back allocates);
+/// readers under constant eviction (64 pages for up to 128 blocks of data) read whole files,
+/// which must show one value. Across a remount every file keeps its last value; `e2fsck -fn`
+/// finds the image clean. Fails if a read without the lock plans from the map alone, ignoring
+/// the pages (checked: zeros mixed in). The journaling configurations run the guards of
 /// `Inner::plan_read_unlocked` together (no map published while data may be journaled, maps
 /// withdrawn at write-back, a committed copy read from the journal); each one alone is not
 /// shown to be needed here: with any one removed the test still passes.

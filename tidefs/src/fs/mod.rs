@@ -2268,9 +2268,9 @@ mod tests {
 
     /// Goal: once a lookup under the metadata lock published its directory's name index,
     /// lookups there no longer wait for that lock, for names that do not exist and for names
-    /// not cached whose inode's attributes are, nor does a listing of it; after a change to the directory they wait
-    /// again until a lookup publishes it anew. Method: the lock held by the test while
-    /// lookups run on other threads.
+    /// not cached whose inode's attributes are, nor does a listing of it; after a change to
+    /// the directory they wait again until a lookup publishes it anew. Method: the lock held
+    /// by the test while lookups and a listing run on other threads.
     #[test]
     fn lookups_in_a_published_directory_do_not_take_the_metadata_lock() {
         let Some(mem) = image() else {

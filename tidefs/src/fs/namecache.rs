@@ -19,12 +19,12 @@
 //! Beside them sit the name indexes of directories published for lookups
 //! ([`NameCache::publish_dir`]): a lookup under the metadata lock leaves its directory's index
 //! here (shared with `Meta::dirs`), and later lookups in that directory answer from it, names
-//! that do not exist included, and readdir lists it ([`NameCache::listing`]). Every change to a directory's entries withdraws its index
-//! first (`Meta::dir_index_mut`, `Meta::dir_unindex`), as does every removal of the index from
-//! `Meta::dirs` that could leave it stale (a rollback, a directory freed or made; a trim of
-//! `Meta::dirs` past its bound leaves it, still current), so a published index is always the
-//! directory's current one; lookups only read it under this table's read lock, so a
-//! withdrawn index is never shared and the change edits it in place.
+//! that do not exist included, and readdir lists it ([`NameCache::listing`]). Every change to a
+//! directory's entries withdraws its index first (`Meta::dir_index_mut`, `Meta::dir_unindex`),
+//! as does every removal of the index from `Meta::dirs` that could leave it stale (a rollback,
+//! a directory freed or made; a trim of `Meta::dirs` past its bound leaves it, still current),
+//! so a published index is always the directory's current one; lookups only read it under this
+//! table's read lock, so a withdrawn index is never shared and the change edits it in place.
 //!
 //! It also keeps which inodes changed their times since anyone was last shown them
 //! ([`NameCache::changed_unseen`]), for multigrain timestamps (`Meta::change_time`). Every
