@@ -147,14 +147,27 @@ impl Meta {
         let blocks: u64 = self.groups.iter().map(|g| u64::from(g.free_blocks)).sum();
         let inodes: u64 = self.groups.iter().map(|g| u64::from(g.free_inodes)).sum();
         if self.sb.free_blocks_count() != blocks {
-            self.sb.set_free_blocks_count(blocks);
+            self.set_free_blocks(blocks);
             self.sb_dirty = true;
         }
         let inodes = u32::try_from(inodes).unwrap_or(u32::MAX);
         if self.sb.free_inodes_count() != inodes {
-            self.sb.set_free_inodes_count(inodes);
+            self.set_free_inodes(inodes);
             self.sb_dirty = true;
         }
+        self.free.publish(&self.sb);
+    }
+
+    /// Sets the superblock's free block count, and publishes it (`FreeCounts`).
+    fn set_free_blocks(&mut self, v: u64) {
+        self.sb.set_free_blocks_count(v);
+        self.free.publish(&self.sb);
+    }
+
+    /// Sets the superblock's free inode count, and publishes it (`FreeCounts`).
+    fn set_free_inodes(&mut self, v: u32) {
+        self.sb.set_free_inodes_count(v);
+        self.free.publish(&self.sb);
     }
 
     /// Writes `groups[g]` into its descriptor, with bitmap checksums `bb`/`ib` if given.
@@ -410,7 +423,7 @@ impl Meta {
             self.group_mut(g).free_blocks -= 1;
             self.store_group(io, g, c, None)?;
             let free = self.sb.free_blocks_count().saturating_sub(1);
-            self.sb.set_free_blocks_count(free);
+            self.set_free_blocks(free);
             self.block_cursor = b + 1;
             // Whatever the block held before is gone: no cached copy may shadow its new use.
             self.cache.forget(b);
@@ -454,7 +467,7 @@ impl Meta {
         gi.free_blocks = gi.free_blocks.saturating_add(1);
         self.store_group(io, g, c, None)?;
         let free = self.sb.free_blocks_count().saturating_add(1);
-        self.sb.set_free_blocks_count(free);
+        self.set_free_blocks(free);
         // A block that may sit in the journal gets a revoke record, so replay cannot write its
         // old content over its next use; the revoke takes effect at commit, so until then the
         // block is not handed out again. Plain data blocks wait for the commit too, in every
@@ -545,7 +558,7 @@ impl Meta {
             }
             self.store_group(io, g, None, c)?;
             let free = self.sb.free_inodes_count().saturating_sub(1);
-            self.sb.set_free_inodes_count(free);
+            self.set_free_inodes(free);
             return Ok(g * ipg + i as u32 + 1);
         }
         Err(FsError::NoSpace)
@@ -582,7 +595,7 @@ impl Meta {
         }
         self.store_group(io, g, None, c)?;
         let free = self.sb.free_inodes_count().saturating_add(1);
-        self.sb.set_free_inodes_count(free);
+        self.set_free_inodes(free);
         Ok(())
     }
 }

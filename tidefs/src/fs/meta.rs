@@ -8,6 +8,7 @@
 //! section that modified it, with its checksum already updated.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::cache::BlockCache;
@@ -85,6 +86,59 @@ pub(crate) struct OpUndo {
     /// rollback of metadata must forget (the others were derived from blocks the operation
     /// did not change).
     derived: Vec<Derived>,
+}
+
+/// The superblock's totals and free counts, readable without the metadata lock
+/// (`Fs::statfs`). Every change of a free count goes through `Meta::set_free_blocks` or
+/// `Meta::set_free_inodes`, which publish it here, and a rollback publishes the counts it
+/// restores; so a reader sees the counts as of some moment, at worst in the middle of an
+/// operation (as the kernel's own `statfs` counters may be).
+pub(crate) struct FreeCounts {
+    inodes_count: u64,
+    reserved_blocks: u64,
+    blocks: AtomicU64,
+    inodes: AtomicU64,
+}
+
+impl FreeCounts {
+    /// The counts of `sb`.
+    pub fn of(sb: &Superblock) -> FreeCounts {
+        let c = FreeCounts {
+            inodes_count: u64::from(sb.inodes_count()),
+            reserved_blocks: sb.r_blocks_count(),
+            blocks: AtomicU64::new(0),
+            inodes: AtomicU64::new(0),
+        };
+        c.publish(sb);
+        c
+    }
+
+    /// Takes the free counts of `sb`.
+    pub fn publish(&self, sb: &Superblock) {
+        self.blocks.store(sb.free_blocks_count(), Ordering::Relaxed);
+        self.inodes
+            .store(u64::from(sb.free_inodes_count()), Ordering::Relaxed);
+    }
+
+    /// Free blocks (reservations for cached data not subtracted).
+    pub fn blocks(&self) -> u64 {
+        self.blocks.load(Ordering::Relaxed)
+    }
+
+    /// Free inodes.
+    pub fn inodes(&self) -> u64 {
+        self.inodes.load(Ordering::Relaxed)
+    }
+
+    /// Inodes in the file system.
+    pub fn inodes_count(&self) -> u64 {
+        self.inodes_count
+    }
+
+    /// Blocks reserved for the superuser.
+    pub fn reserved_blocks(&self) -> u64 {
+        self.reserved_blocks
+    }
 }
 
 /// A derived cache entry an operation built or changed ([`OpUndo::derived`]).
@@ -165,6 +219,8 @@ pub(crate) struct Meta {
     /// What `lookup` and `getattr` serve without this lock; entries are dropped here, under
     /// the lock, as their inodes and names change.
     pub names: Arc<super::namecache::NameCache>,
+    /// The superblock's free counts, for `Fs::statfs` without this lock.
+    pub free: Arc<FreeCounts>,
     /// Inodes whose block count changed without an operation on them asking for it: write-back
     /// added or removed extent-tree blocks, an attribute change allocated or freed the
     /// attribute block. Taken by each commit and by each attribute change, and passed to the
@@ -349,6 +405,7 @@ impl Meta {
         self.cache.rollback();
         self.data.lock().rollback();
         self.sb = u.sb;
+        self.free.publish(&self.sb);
         self.sb_dirty = u.sb_dirty;
         self.block_cursor = u.block_cursor;
         self.next_generation = u.next_generation;

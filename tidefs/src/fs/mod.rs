@@ -177,6 +177,8 @@ struct Inner {
     /// `Meta::modes`' flag: file data may be journaled on this mount, so reads without the
     /// metadata lock do not go to the device (`Inner::plan_read_unlocked`).
     data_journaling: Arc<AtomicBool>,
+    /// `Meta::free`: the free counts `statfs` reads without the metadata lock.
+    free: Arc<meta::FreeCounts>,
     meta: Mutex<Meta>,
     /// Serialises commits: at most one transaction is being committed at a time.
     gate: CommitGate,
@@ -527,6 +529,7 @@ impl Fs {
         let tid = io.journal.next_tid();
         // The memory bound is shared: half for metadata blocks, half for file pages.
         let cache_blocks = opts.cache_size_bytes / geo.bs() / 2;
+        let free = Arc::new(meta::FreeCounts::of(&sb));
         let mut meta = Meta {
             geo,
             sb,
@@ -558,6 +561,7 @@ impl Fs {
             data: Arc::new(Mutex::new(datacache::DataCache::new(cache_blocks))),
             ino_tids: HashMap::new(),
             names: Arc::default(),
+            free,
             blocks_changed: Vec::new(),
             reads: deferred_reads::DeferredReads::default(),
         };
@@ -575,6 +579,7 @@ impl Fs {
             open: meta.open.clone(),
             pages: meta.data.clone(),
             data_journaling: meta.modes.data_journaling_flag(),
+            free: meta.free.clone(),
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
             syncs: SyncQueue::default(),
@@ -1213,21 +1218,25 @@ impl Fs {
     }
 
     /// File-system totals.
+    /// Read without the metadata lock (`meta::FreeCounts`), so `df` never waits for another
+    /// operation or a commit's write-back.
     pub fn statfs(&self) -> Result<StatFs> {
-        self.with_meta(false, |m, _| {
-            let sb = &m.sb;
-            let free = sb
-                .free_blocks_count()
-                .saturating_sub(m.data.lock().reserved());
-            Ok(StatFs {
-                blocks: sb.blocks_count(),
-                blocks_free: free,
-                blocks_available: free.saturating_sub(sb.r_blocks_count()),
-                files: u64::from(sb.inodes_count()),
-                files_free: u64::from(sb.free_inodes_count()),
-                block_size: m.geo.block_size,
-                name_max: 255,
-            })
+        let inner = &self.inner;
+        if inner.closed.load(Ordering::SeqCst) {
+            return Err(FsError::ReadOnly);
+        }
+        let counts = &inner.free;
+        let free = counts
+            .blocks()
+            .saturating_sub(inner.pages.lock().reserved());
+        Ok(StatFs {
+            blocks: inner.geo.blocks_count,
+            blocks_free: free,
+            blocks_available: free.saturating_sub(counts.reserved_blocks()),
+            files: counts.inodes_count(),
+            files_free: counts.inodes(),
+            block_size: inner.geo.block_size,
+            name_max: 255,
         })
     }
 
@@ -2264,6 +2273,60 @@ mod tests {
             );
             fs.unmount().unwrap();
         }
+    }
+
+    /// Goal: `statfs` never waits for the metadata lock and follows every change of the free
+    /// counts, a rollback's included. Method: the lock held by the test while `statfs` runs
+    /// on another thread; counts compared across a create, a write-back and a rolled-back
+    /// allocation.
+    #[test]
+    fn statfs_does_not_take_the_metadata_lock_and_follows_every_change() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
+        let before = fs.statfs().unwrap();
+        let file = fs
+            .create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT)
+            .unwrap()
+            .ino;
+        fs.write(file, 0, &[1u8; 3 * 4096]).unwrap();
+        let written = fs.statfs().unwrap();
+        assert_eq!(written.files_free, before.files_free - 1);
+        // Three blocks reserved at the write, allocated at write-back: free either way.
+        assert_eq!(written.blocks_free, before.blocks_free - 3);
+        fs.sync().unwrap();
+        let synced = fs.statfs().unwrap();
+        assert_eq!(synced.blocks_free, before.blocks_free - 3);
+        {
+            let io = &fs.inner.io;
+            let mut m = fs.inner.meta.lock();
+            let r = m.run_op(|m| {
+                m.alloc_block(io, 0)?;
+                Err::<(), _>(FsError::NoSpace)
+            });
+            assert!(matches!(r, Err(FsError::NoSpace)));
+            // While the lock is held, statfs answers, with the counts the rollback restored.
+            let (tx, rx) = mpsc::channel();
+            let fs2 = fs.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(fs2.statfs());
+            });
+            let during = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("statfs waited for the metadata lock")
+                .unwrap();
+            assert_eq!(during.blocks_free, synced.blocks_free);
+            assert_eq!(during.files_free, synced.files_free);
+        }
+        fs.unlink(ROOT_INO, b"f").unwrap();
+        fs.sync().unwrap();
+        let after = fs.statfs().unwrap();
+        assert_eq!(
+            (after.blocks_free, after.files_free),
+            (before.blocks_free, before.files_free)
+        );
+        fs.unmount().unwrap();
     }
 
     /// Goal: once a lookup under the metadata lock published its directory's name index,
