@@ -155,7 +155,6 @@ impl Meta {
             self.set_free_inodes(inodes);
             self.sb_dirty = true;
         }
-        self.free.publish(&self.sb);
     }
 
     /// Sets the superblock's free block count, and publishes it (`FreeCounts`).

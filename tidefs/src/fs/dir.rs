@@ -247,9 +247,9 @@ impl Meta {
     /// Rewrites an htree directory as a plain linear one (before its first change).
     fn dir_unindex(&mut self, io: &Io, dir: u32) -> Result<()> {
         // Every change to a directory's entries starts here, so its index is noted as
-        // changed for a rollback, and lookups without the metadata lock stop using it.
+        // changed for a rollback (lookups without the metadata lock stop using it when it is
+        // changed, `Meta::dir_index_mut`).
         self.note_derived(Derived::DirIndex(dir));
-        self.names.withdraw_dir(dir);
         if !self.dir_index(io, dir)?.indexed {
             return Ok(());
         }

@@ -431,8 +431,8 @@ impl Meta {
             match d {
                 Derived::DirIndex(dir) => self.forget_dir_index(dir),
                 Derived::ExtentMap(ino) => {
-                    // Withdrawn already when the operation took or put it; again here, so a
-                    // map the rollback forgets is never left to reads without the lock.
+                    // Withdrawn already if the operation took it to change it; again here, so
+                    // a map the rollback forgets is never left to reads without the lock.
                     self.data.lock().withdraw_map(ino);
                     self.maps.remove(&ino);
                 }
@@ -452,7 +452,8 @@ impl Meta {
     /// Puts the block map of `ino` (edited by the running operation) back in the cache.
     pub(crate) fn put_extent_map(&mut self, ino: u32, map: super::extent_map::ExtentMap) {
         self.note_derived(Derived::ExtentMap(ino));
-        self.data.lock().withdraw_map(ino);
+        // Nothing to withdraw from reads without the lock: a changed map was taken out
+        // (`Meta::take_extent_map` withdrew it), and a freed number's map went with its pages.
         self.maps.insert(ino, Arc::new(map));
     }
 

@@ -968,7 +968,7 @@ impl Fs {
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
         let n = self.inner.geo.ino32(ino)?;
         let _g = self.inner.data_locks.read(n);
-        let (plan, drops) = match self.inner.plan_read_unlocked(n, offset, size) {
+        let (mut plan, drops) = match self.inner.plan_read_unlocked(n, offset, size) {
             Some(planned) => planned,
             None => self.with_meta(false, |m, io| {
                 let plan = m.read_plan(io, n, offset, size)?;
@@ -976,6 +976,14 @@ impl Fs {
                 Ok((plan, drops))
             })?,
         };
+        // Bytes the pages answered whole are the answer as they are (no second copy).
+        if let [ReadSegment {
+            source: ReadSource::Bytes(bytes),
+            ..
+        }] = plan.as_mut_slice()
+        {
+            return Ok(std::mem::take(bytes));
+        }
         let bs = self.inner.geo.bs();
         let total: usize = plan.iter().map(|s| s.len).sum();
         let mut out = vec![0u8; total];
@@ -1181,8 +1189,7 @@ impl Fs {
         let n = self.inner.geo.ino32(ino)?;
         let mut offset = offset;
         loop {
-            let unlocked = self.inner.list_unlocked(n, offset);
-            let batch = match unlocked {
+            let batch = match self.inner.list_unlocked(n, offset) {
                 Some(batch) => batch,
                 None => self.with_meta(false, |m, io| {
                     m.live_inode(io, n)?;
@@ -1509,13 +1516,6 @@ impl Inner {
         Some((plan, pages.drops()))
     }
 
-    /// Locks the metadata and runs `f` with device reads deferred out of the lock
-    /// (`fs/deferred_reads.rs`): whenever `f` stops for a block, the lock is released, the
-    /// block is read and `f` runs again; returns the lock with `f`'s result. `f` may run
-    /// several times, so it must leave nothing behind when it stops: whatever it changes in
-    /// `Meta` it changes inside one operation (`Meta::run_op`, which takes it back), and it
-    /// changes nothing outside `Meta` before its last read. An error reading the block is
-    /// returned as is.
     /// A batch of [`Fs::readdir`] from the directory's published name index, without the
     /// metadata lock (docs/DESIGN.md §2.5): `None` when no index is published, it is too long
     /// to sort on every call, or an entry has no file type (ext4 without `filetype`: its kind
@@ -1541,6 +1541,13 @@ impl Inner {
             .collect()
     }
 
+    /// Locks the metadata and runs `f` with device reads deferred out of the lock
+    /// (`fs/deferred_reads.rs`): whenever `f` stops for a block, the lock is released, the
+    /// block is read and `f` runs again; returns the lock with `f`'s result. `f` may run
+    /// several times, so it must leave nothing behind when it stops: whatever it changes in
+    /// `Meta` it changes inside one operation (`Meta::run_op`, which takes it back), and it
+    /// changes nothing outside `Meta` before its last read. An error reading the block is
+    /// returned as is.
     fn lock_meta_reading<T>(
         &self,
         mut f: impl FnMut(&mut Meta) -> T,
@@ -2119,6 +2126,15 @@ mod tests {
     use crate::dev::MemDev;
     use std::sync::mpsc;
 
+    /// Runs `f` on a new thread; its result arrives on the returned channel.
+    fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> mpsc::Receiver<T> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx
+    }
+
     /// An image from the real mkfs.ext4 in memory, or `None` (skipped) without e2fsprogs.
     fn image() -> Option<Arc<MemDev>> {
         let dir = tempfile::tempdir().unwrap();
@@ -2307,12 +2323,8 @@ mod tests {
             });
             assert!(matches!(r, Err(FsError::NoSpace)));
             // While the lock is held, statfs answers, with the counts the rollback restored.
-            let (tx, rx) = mpsc::channel();
             let fs2 = fs.clone();
-            std::thread::spawn(move || {
-                let _ = tx.send(fs2.statfs());
-            });
-            let during = rx
+            let during = on_thread(move || fs2.statfs())
                 .recv_timeout(Duration::from_secs(20))
                 .expect("statfs waited for the metadata lock")
                 .unwrap();
@@ -2351,11 +2363,8 @@ mod tests {
         fs.getattr(a).unwrap();
         let lookup_while_held = |name: &'static [u8]| {
             let held = fs.inner.meta.lock();
-            let (tx, rx) = mpsc::channel();
             let fs2 = fs.clone();
-            std::thread::spawn(move || {
-                let _ = tx.send(fs2.lookup(d, name).map(|attr| attr.ino));
-            });
+            let rx = on_thread(move || fs2.lookup(d, name).map(|attr| attr.ino));
             let quick = rx.recv_timeout(Duration::from_millis(300));
             drop(held);
             (quick, rx)
@@ -2368,15 +2377,14 @@ mod tests {
         // And a listing of it.
         {
             let held = fs.inner.meta.lock();
-            let (tx, rx) = mpsc::channel();
             let fs2 = fs.clone();
-            std::thread::spawn(move || {
+            let rx = on_thread(move || {
                 let mut names = Vec::new();
-                let r = fs2.readdir(d, 0, &mut |e| {
+                fs2.readdir(d, 0, &mut |e| {
                     names.push(e.name);
                     true
-                });
-                let _ = tx.send(r.map(|()| names));
+                })
+                .map(|()| names)
             });
             let mut names = rx
                 .recv_timeout(Duration::from_millis(300))

@@ -20,7 +20,7 @@
 //! ([`NameCache::publish_dir`]): a lookup under the metadata lock leaves its directory's index
 //! here (shared with `Meta::dirs`), and later lookups in that directory answer from it, names
 //! that do not exist included, and readdir lists it ([`NameCache::listing`]). Every change to a
-//! directory's entries withdraws its index first (`Meta::dir_index_mut`, `Meta::dir_unindex`),
+//! directory's entries withdraws its index first (`Meta::dir_index_mut`, the only way to it),
 //! as does every removal of the index from `Meta::dirs` that could leave it stale (a rollback,
 //! a directory freed or made; a trim of `Meta::dirs` past its bound leaves it, still current),
 //! so a published index is always the directory's current one; lookups only read it under this
@@ -154,6 +154,15 @@ impl NameCache {
     /// Publishes `idx`, the current name index of directory `dir`, for lookups without the
     /// metadata lock (under that lock).
     pub fn publish_dir(&self, dir: u32, idx: Arc<DirIndex>) {
+        // Already published (a listing under the lock publishes at every batch).
+        if self
+            .dirs
+            .read()
+            .get(&dir)
+            .is_some_and(|p| Arc::ptr_eq(p, &idx))
+        {
+            return;
+        }
         let mut dirs = self.dirs.write();
         if dirs.len() >= MAX_PUBLISHED_DIRS {
             dirs.clear();
