@@ -143,6 +143,76 @@ fn after_remount(
     common::assert_mem_fsck_clean(mem);
 }
 
+/// Whether `bytes` hold one value, and not zero: a file rewritten whole with one nonzero byte
+/// value, read at one moment.
+fn uniform(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| *b == bytes[0]) && bytes.first() != Some(&0)
+}
+
+/// Two threads reading random files of `inos` whole (up to `len` bytes) until `stop`; every
+/// read must show one value ([`uniform`]), or be empty if `empty_ok` (files emptied before
+/// they are rewritten). `what` starts each failure message. Returns the threads and the
+/// count of reads done.
+fn uniform_readers(
+    fs: &Arc<Fs>,
+    inos: &[u64],
+    len: u32,
+    empty_ok: bool,
+    what: &str,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+) -> (
+    Vec<std::thread::JoinHandle<()>>,
+    Arc<std::sync::atomic::AtomicU64>,
+) {
+    let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let readers = (0..2u64)
+        .map(|t| {
+            let (fs, inos, stop, reads) = (fs.clone(), inos.to_vec(), stop.clone(), reads.clone());
+            let what = what.to_string();
+            std::thread::spawn(move || {
+                let mut rng = common::Rng(0x51_7CC1_B727_220A ^ (t + 1));
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let k = rng.below(inos.len() as u64) as usize;
+                    let back = fs.read(inos[k], 0, len).unwrap();
+                    assert!(
+                        (empty_ok && back.is_empty()) || uniform(&back),
+                        "{what}file {k}: a read of {} bytes mixes values {:?}",
+                        back.len(),
+                        back.iter().collect::<std::collections::BTreeSet<_>>()
+                    );
+                    reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    (readers, reads)
+}
+
+/// Reads every file of `inos` (up to `len` bytes), remounts (`after_remount`), and checks that
+/// each still holds one value, the same as before.
+fn assert_uniform_across_remount(
+    fs: Arc<Fs>,
+    mem: &Arc<MemDev>,
+    inos: &[u64],
+    len: u32,
+    what: &str,
+) {
+    let finals: Vec<Vec<u8>> = inos
+        .iter()
+        .map(|&ino| fs.read(ino, 0, len).unwrap())
+        .collect();
+    after_remount(fs, mem, |fs| {
+        for (k, (&ino, before)) in inos.iter().zip(&finals).enumerate() {
+            let after = fs.read(ino, 0, len).unwrap();
+            assert!(uniform(&after), "{what}file {k} after the remount");
+            assert!(
+                after == *before,
+                "{what}file {k} changed across the remount"
+            );
+        }
+    });
+}
+
 /// Number of entries readdir lists in the root.
 fn names(fs: &Fs) -> usize {
     let mut n = 0;
@@ -415,28 +485,8 @@ fn concurrent_reads_see_whole_writes_through_eviction_and_write_back() {
             .ino
         })
         .collect();
-    let uniform = |bytes: &[u8]| bytes.iter().all(|b| *b == bytes[0]) && bytes.first() != Some(&0);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let readers: Vec<_> = (0..2u64)
-        .map(|t| {
-            let (fs, inos, stop, reads) = (fs.clone(), inos.clone(), stop.clone(), reads.clone());
-            std::thread::spawn(move || {
-                let mut rng = common::Rng(0x51_7CC1_B727_220A ^ (t + 1));
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let k = rng.below(FILES) as usize;
-                    let back = fs.read(inos[k], 0, 32_768).unwrap();
-                    assert!(
-                        back.is_empty() || uniform(&back),
-                        "s{k}: a read of {} bytes mixes values {:?}",
-                        back.len(),
-                        back.iter().collect::<std::collections::BTreeSet<_>>()
-                    );
-                    reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
+    let (readers, reads) = uniform_readers(&fs, &inos, 32_768, true, "", &stop);
     let dropper = {
         let (fs, stop) = (fs.clone(), stop.clone());
         std::thread::spawn(move || {
@@ -485,17 +535,7 @@ fn concurrent_reads_see_whole_writes_through_eviction_and_write_back() {
         n > 100,
         "the readers were meant to run throughout: {n} reads"
     );
-    let finals: Vec<Vec<u8>> = inos
-        .iter()
-        .map(|&ino| fs.read(ino, 0, 32_768).unwrap())
-        .collect();
-    after_remount(fs, &mem, |fs| {
-        for (k, (&ino, before)) in inos.iter().zip(&finals).enumerate() {
-            let after = fs.read(ino, 0, 32_768).unwrap();
-            assert!(uniform(&after), "s{k} after the remount");
-            assert!(after == *before, "s{k} changed across the remount");
-        }
-    });
+    assert_uniform_across_remount(fs, &mem, &inos, 32_768, "");
 }
 
 /// Goal: reads that find a file's blocks on the device through its published block map, without
@@ -527,9 +567,8 @@ fn reads_through_published_maps_see_current_blocks_in_every_mode() {
         (DataMode::Journal, None),
         (DataMode::Wasteless, None),
     ];
-    let uniform = |bytes: &[u8]| bytes.iter().all(|b| *b == bytes[0]) && bytes.first() != Some(&0);
     for (mount_mode, switch_to) in configs {
-        let what = format!("mount {mount_mode:?}, directory switched to {switch_to:?}");
+        let what = format!("mount {mount_mode:?}, directory switched to {switch_to:?}: ");
         let dir = tempfile::tempdir().unwrap();
         let mem = image_in_memory(dir.path(), "maps.img", 32, &["-J", "size=4"]);
         let opts = MountOptions {
@@ -551,24 +590,7 @@ fn reads_through_published_maps_see_current_blocks_in_every_mode() {
             .collect();
         fs.sync().unwrap();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let readers: Vec<_> = (0..2u64)
-            .map(|t| {
-                let (fs, inos, stop, what) = (fs.clone(), inos.clone(), stop.clone(), what.clone());
-                std::thread::spawn(move || {
-                    let mut rng = common::Rng(0x9E37_79B9_7F4A_7C15 ^ (t + 1));
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let k = rng.below(FILES) as usize;
-                        let back = fs.read(inos[k], 0, 64 * 1024).unwrap();
-                        assert!(
-                            uniform(&back),
-                            "{what}: f{k}: a read of {} bytes mixes values {:?}",
-                            back.len(),
-                            back.iter().collect::<std::collections::BTreeSet<_>>()
-                        );
-                    }
-                })
-            })
-            .collect();
+        let (readers, _) = uniform_readers(&fs, &inos, 64 * 1024, false, &what, &stop);
         let mut rng = common::Rng(0xBB67_AE85_84CA_A73B);
         let mut lens = vec![6 * BLOCK; FILES as usize];
         for op in 0..WRITES {
@@ -594,17 +616,7 @@ fn reads_through_published_maps_see_current_blocks_in_every_mode() {
         for r in readers {
             r.join().unwrap();
         }
-        let finals: Vec<Vec<u8>> = inos
-            .iter()
-            .map(|&ino| fs.read(ino, 0, 64 * 1024).unwrap())
-            .collect();
-        after_remount(fs, &mem, |fs| {
-            for (k, (&ino, before)) in inos.iter().zip(&finals).enumerate() {
-                let after = fs.read(ino, 0, 64 * 1024).unwrap();
-                assert!(uniform(&after), "{what}: f{k} after the remount");
-                assert!(after == *before, "{what}: f{k} changed across the remount");
-            }
-        });
+        assert_uniform_across_remount(fs, &mem, &inos, 64 * 1024, &what);
     }
 }
 
