@@ -185,10 +185,12 @@ impl Meta {
         self.dirs.remove(&dir);
     }
 
-    /// Inode `ino` is freed, or made anew: nothing cached of it as a directory (index, names
-    /// looked up in it) may outlive it, since its number will name another inode.
-    pub(crate) fn forget_dir_entirely(&mut self, ino: u32) {
+    /// Inode `ino` is freed, or made anew: nothing cached of it (as a directory, its index
+    /// and the names looked up in it; its published extended attributes) may outlive it,
+    /// since its number will name another inode.
+    pub(crate) fn forget_inode_entirely(&mut self, ino: u32) {
         self.names.forget_dir(ino);
+        self.names.withdraw_xattrs(ino);
         self.dirs.remove(&ino);
     }
 

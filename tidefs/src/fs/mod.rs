@@ -56,13 +56,13 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::cache::{BlockCache, DirtyBlock};
 use crate::dev::{BlockDevice, FileDev};
-use crate::format::ext4::dirent;
 use crate::format::ext4::group_desc::GroupDescRef;
 use crate::format::ext4::inode::Inode;
 use crate::format::ext4::superblock::{
     self, compat, describe_unknown, incompat, ro_compat, Superblock, SUPERBLOCK_OFFSET,
     SUPERBLOCK_SIZE,
 };
+use crate::format::ext4::{dirent, xattr};
 use crate::journal::{
     tid_geq, CommitRequest, Journal, JournalExtent, JournalGeometry, JournalOptions, RangeUpdate,
     RecoveryReport,
@@ -1249,6 +1249,15 @@ impl Fs {
 
     /// Value of extended attribute `name` (full name with namespace prefix, e.g. `user.x`).
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        if let Some(attrs) = self.inner.published_xattrs(ino) {
+            // The journaling-mode attribute may be inherited: only the lock knows it.
+            match xattr::split_name(name) {
+                Some((index, suffix)) if !modes::is_mode_attr(index, suffix) => {
+                    return ops::xattr_value(&attrs, index, suffix);
+                }
+                _ => {}
+            }
+        }
         self.with_meta(false, |m, io| {
             let n = m.ino32(ino)?;
             m.getxattr(io, n, name)
@@ -1257,6 +1266,9 @@ impl Fs {
 
     /// Names of all extended attributes of `ino`.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        if let Some(attrs) = self.inner.published_xattrs(ino) {
+            return Ok(ops::xattr_names(&attrs));
+        }
         self.with_meta(false, |m, io| {
             let n = m.ino32(ino)?;
             m.listxattr(io, n)
@@ -1539,6 +1551,16 @@ impl Inner {
                 })
             })
             .collect()
+    }
+
+    /// The extended attributes of `ino` published in the name cache (`fs/namecache.rs`), for
+    /// `getxattr` and `listxattr` without the metadata lock; `None` when none are published or
+    /// the file system is closed.
+    fn published_xattrs(&self, ino: Ino) -> Option<Arc<[xattr::Xattr]>> {
+        if self.closed.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.names.xattrs(self.geo.ino32(ino).ok()?)
     }
 
     /// Locks the metadata and runs `f` with device reads deferred out of the lock
@@ -2405,6 +2427,85 @@ mod tests {
         ));
         let (quick, _) = lookup_while_held(b"nothing");
         assert!(matches!(quick, Ok(Err(FsError::NotFound))));
+        fs.unmount().unwrap();
+    }
+
+    /// Goal: `getxattr` and `listxattr` of an inode whose extended attributes are published
+    /// answer without the metadata lock (the kernel asks for `security.capability` before
+    /// most writes, during a storm too), a change withdraws them so that the next read waits
+    /// for the lock, and the journaling-mode attribute, which a file may inherit from its
+    /// directory, is never answered without the lock. Method: the lock held by the test while
+    /// the reads run on another thread.
+    #[test]
+    fn xattr_reads_do_not_take_the_metadata_lock_once_published() {
+        type Read = fn(&Fs, u64) -> Result<Vec<Vec<u8>>>;
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
+        let creds = Creds::ROOT;
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, creds).unwrap().ino;
+        fs.setxattr(d, modes::MODE_ATTR, b"journal", XattrSetMode::Any)
+            .unwrap();
+        let f = fs.create(d, b"f", 0o100644, 0, creds).unwrap().ino;
+        fs.setxattr(f, b"user.a", b"1", XattrSetMode::Any).unwrap();
+        fs.drop_caches().unwrap();
+        let read_while_held = |read: Read| {
+            let held = fs.inner.meta.lock();
+            let fs2 = fs.clone();
+            let rx = on_thread(move || read(&fs2, f));
+            let quick = rx.recv_timeout(Duration::from_millis(300));
+            drop(held);
+            (quick, rx)
+        };
+        let get_a: Read = |fs, f| fs.getxattr(f, b"user.a").map(|v| vec![v]);
+        let get_caps: Read = |fs, f| fs.getxattr(f, b"security.capability").map(|v| vec![v]);
+        let list: Read = |fs, f| fs.listxattr(f);
+        let get_mode: Read = |fs, f| fs.getxattr(f, modes::MODE_ATTR).map(|v| vec![v]);
+        // Not published yet: the first read waits, and publishes.
+        let (quick, rx) = read_while_held(get_a);
+        assert!(
+            quick.is_err(),
+            "a read of unpublished attributes did not wait"
+        );
+        assert_eq!(rx.recv().unwrap().unwrap(), [b"1"]);
+        let answered = |read: Read| {
+            read_while_held(read)
+                .0
+                .expect("a read of published attributes waited for the lock")
+        };
+        assert_eq!(answered(get_a).unwrap(), [b"1"]);
+        assert!(matches!(answered(get_caps), Err(FsError::NoAttribute)));
+        assert_eq!(answered(list).unwrap(), [b"user.a"]);
+        // The inherited mode is the directory's: only the lock knows it.
+        let (quick, rx) = read_while_held(get_mode);
+        assert!(
+            quick.is_err(),
+            "the mode attribute was answered without the lock"
+        );
+        assert_eq!(rx.recv().unwrap().unwrap(), [b"journal"]);
+        // A change withdraws them: the next read waits, and sees the change.
+        fs.setxattr(f, b"user.b", b"2", XattrSetMode::Any).unwrap();
+        let (quick, rx) = read_while_held(list);
+        assert!(quick.is_err(), "a read used withdrawn attributes");
+        assert_eq!(rx.recv().unwrap().unwrap(), [&b"user.a"[..], b"user.b"]);
+        assert_eq!(answered(list).unwrap(), [&b"user.a"[..], b"user.b"]);
+        // So does freeing the inode: the number's next file has none of them. (In the root,
+        // which has no mode: a file made in `d` stores a record of its directory, a change of
+        // its attributes that would withdraw them anyway.)
+        let r = fs.create(ROOT_INO, b"r", 0o100644, 0, creds).unwrap().ino;
+        fs.setxattr(r, b"user.a", b"1", XattrSetMode::Any).unwrap();
+        assert_eq!(fs.listxattr(r).unwrap(), [b"user.a"]);
+        assert_eq!(fs.listxattr(r).unwrap(), [b"user.a"]);
+        fs.unlink(ROOT_INO, b"r").unwrap();
+        fs.sync().unwrap();
+        let s = fs.create(ROOT_INO, b"s", 0o100644, 0, creds).unwrap().ino;
+        assert_eq!(s, r, "the new file was meant to reuse the old one's number");
+        assert!(matches!(
+            fs.getxattr(s, b"user.a"),
+            Err(FsError::NoAttribute)
+        ));
+        assert_eq!(fs.listxattr(s).unwrap(), Vec::<Vec<u8>>::new());
         fs.unmount().unwrap();
     }
 

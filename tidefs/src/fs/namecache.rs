@@ -26,6 +26,14 @@
 //! so a published index is always the directory's current one; lookups only read it under this
 //! table's read lock, so a withdrawn index is never shared and the change edits it in place.
 //!
+//! And the extended attributes of inodes published for `getxattr` and `listxattr`
+//! ([`NameCache::publish_xattrs`]): a read of an inode's attributes under the metadata lock
+//! leaves them here, and later reads answer from them (a missing name included, which is what
+//! the kernel asks about `security.capability` before most writes). Every change to an inode's
+//! extended attributes withdraws them first (`Meta::store_xattrs`, the only writer), as does
+//! freeing or making the inode (`Meta::forget_inode_entirely`); the journaling-mode attribute,
+//! which an inode may inherit from its directories, is never answered from here.
+//!
 //! It also keeps which inodes changed their times since anyone was last shown them
 //! ([`NameCache::changed_unseen`]), for multigrain timestamps (`Meta::change_time`). Every
 //! `Attr` handed out is built by `Meta::attr` or served by [`NameCache::attr`], and both
@@ -39,6 +47,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::api::Attr;
 use super::dir_index::{DirIndex, DirSlot};
+use crate::format::ext4::xattr::Xattr;
 
 /// Entries each map holds at most before it is emptied.
 const MAX_ENTRIES: usize = 64 * 1024;
@@ -52,10 +61,19 @@ pub(crate) struct NameCache {
     unseen: Mutex<HashSet<u32>>,
     /// Directory indexes published for lookups (see the module documentation).
     dirs: RwLock<HashMap<u32, Arc<DirIndex>>>,
+    /// Extended attributes published for reads (see the module documentation).
+    xattrs: RwLock<HashMap<u32, Arc<[Xattr]>>>,
 }
 
 /// Published directory indexes kept at most; the table is emptied when it passes this.
 const MAX_PUBLISHED_DIRS: usize = 4096;
+
+/// Inodes whose extended attributes are published at most; the table is emptied when full.
+const MAX_PUBLISHED_XATTR_SETS: usize = 16 * 1024;
+
+/// An inode's extended attributes are published only when their names and values take at
+/// most this many bytes (most files have none), which bounds the table's memory.
+const MAX_PUBLISHED_XATTR_BYTES: usize = 512;
 
 /// Directories with more names than this are listed under the metadata lock, which reads
 /// only the blocks a call needs: from the index, every call would sort all the names.
@@ -149,6 +167,34 @@ impl NameCache {
         self.attrs.write().clear();
         *self.names.write() = Names::default();
         self.dirs.write().clear();
+        self.xattrs.write().clear();
+    }
+
+    /// Publishes `attrs`, the current extended attributes of `ino`, for reads without the
+    /// metadata lock (under that lock, from what it just read), unless they are large.
+    pub fn publish_xattrs(&self, ino: u32, attrs: &[Xattr]) {
+        let bytes: usize = attrs.iter().map(|a| a.name.len() + a.value.len()).sum();
+        if bytes > MAX_PUBLISHED_XATTR_BYTES || self.xattrs.read().contains_key(&ino) {
+            return;
+        }
+        let mut x = self.xattrs.write();
+        if x.len() >= MAX_PUBLISHED_XATTR_SETS {
+            x.clear();
+        }
+        x.insert(ino, Arc::from(attrs));
+    }
+
+    /// The published extended attributes of `ino`, if any.
+    pub fn xattrs(&self, ino: u32) -> Option<Arc<[Xattr]>> {
+        self.xattrs.read().get(&ino).cloned()
+    }
+
+    /// Withdraws the published extended attributes of `ino`: they are about to change, or
+    /// the inode is freed or made (under the metadata lock).
+    pub fn withdraw_xattrs(&self, ino: u32) {
+        if self.xattrs.read().contains_key(&ino) {
+            self.xattrs.write().remove(&ino);
+        }
     }
 
     /// Publishes `idx`, the current name index of directory `dir`, for lookups without the

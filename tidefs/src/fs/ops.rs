@@ -231,7 +231,7 @@ impl Meta {
             tmp.store(self, io, ino, &mut i)?;
             self.put_extent_map(ino, map);
         }
-        self.forget_dir_entirely(ino);
+        self.forget_inode_entirely(ino);
         Ok((ino, i))
     }
 
@@ -511,7 +511,7 @@ impl Meta {
             self.release_xattr_block(io, acl)?;
         }
         self.maps.remove(&ino);
-        self.forget_dir_entirely(ino);
+        self.forget_inode_entirely(ino);
         self.modes.forget(ino);
         self.remove_orphan(io, ino)?;
         let mut dead = Inode::new_zeroed(self.geo.inode_size as usize, self.geo.extra_isize);
@@ -1345,6 +1345,8 @@ impl Meta {
         Ok(all)
     }
 
+    /// Stores `attrs` as all the extended attributes of `ino` (the only writer of them), in
+    /// the inode and its attribute block; the caller writes the inode.
     pub(super) fn store_xattrs(
         &mut self,
         io: &Io,
@@ -1352,6 +1354,7 @@ impl Meta {
         i: &mut Inode,
         attrs: &[Xattr],
     ) -> Result<()> {
+        self.names.withdraw_xattrs(ino);
         let area_len = i.xattr_area().len();
         let bs = self.geo.bs();
         // Greedy: as many as fit in the inode, the rest in one block.
@@ -1413,9 +1416,6 @@ impl Meta {
     pub(crate) fn getxattr(&mut self, io: &Io, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
         let i = self.live_inode(io, ino)?;
         let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
-        if modes::is_linked_attr(index, suffix) {
-            return Err(FsError::NoAttribute);
-        }
         if modes::is_mode_attr(index, suffix) {
             // The mode the inode obeys, whether its own or inherited (see `fs/modes.rs`).
             let rec = self.mode_record(io, ino)?;
@@ -1424,21 +1424,21 @@ impl Meta {
             }
             return Ok(rec.effective(self.default_mode).name().as_bytes().to_vec());
         }
-        self.load_xattrs(io, ino, &i)?
-            .into_iter()
-            .find(|a| a.index == index && a.name == suffix)
-            .map(|a| a.value)
-            .ok_or(FsError::NoAttribute)
+        let attrs = self.published_xattrs(io, ino, &i)?;
+        xattr_value(&attrs, index, suffix)
     }
 
     pub(crate) fn listxattr(&mut self, io: &Io, ino: u32) -> Result<Vec<Vec<u8>>> {
         let i = self.live_inode(io, ino)?;
-        Ok(self
-            .load_xattrs(io, ino, &i)?
-            .iter()
-            .filter(|a| !modes::is_linked_attr(a.index, &a.name))
-            .map(|a| xattr::full_name(a.index, &a.name))
-            .collect())
+        let attrs = self.published_xattrs(io, ino, &i)?;
+        Ok(xattr_names(&attrs))
+    }
+
+    /// The extended attributes of `ino`, left in the name cache for reads without the lock.
+    fn published_xattrs(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<Vec<Xattr>> {
+        let attrs = self.load_xattrs(io, ino, i)?;
+        self.names.publish_xattrs(ino, &attrs);
+        Ok(attrs)
     }
 
     pub(crate) fn setxattr(
@@ -1519,4 +1519,26 @@ impl Meta {
         i.set_ctime(now());
         self.write_inode(io, ino, &mut i)
     }
+}
+
+/// The value of stored attribute `index`/`suffix` among `attrs`, as `getxattr` answers it
+/// (the journaling-mode attribute, not stored as such, is answered by the caller).
+pub(super) fn xattr_value(attrs: &[Xattr], index: u8, suffix: &[u8]) -> Result<Vec<u8>> {
+    if modes::is_linked_attr(index, suffix) {
+        return Err(FsError::NoAttribute);
+    }
+    attrs
+        .iter()
+        .find(|a| a.index == index && a.name == suffix)
+        .map(|a| a.value.clone())
+        .ok_or(FsError::NoAttribute)
+}
+
+/// The names `listxattr` shows of `attrs`.
+pub(super) fn xattr_names(attrs: &[Xattr]) -> Vec<Vec<u8>> {
+    attrs
+        .iter()
+        .filter(|a| !modes::is_linked_attr(a.index, &a.name))
+        .map(|a| xattr::full_name(a.index, &a.name))
+        .collect()
 }
