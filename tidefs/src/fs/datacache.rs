@@ -25,8 +25,8 @@
 //! ([`DataCache::copy_out`]) and keeps the blocks it read from the device as clean pages
 //! ([`DataCache::insert_read`]). The reader holds the file's data lock, which every change to
 //! the file's bytes or size takes too; what can still change a file's pages under a reader is
-//! counted by [`DataCache::drops`], so a block read from the device is kept only if it is still
-//! the file's content (docs/DESIGN.md §2.5, "Reads without the lock").
+//! counted by [`DataCache::drops`], so a block read from the device is kept, or returned, only
+//! if it is still the file's content (docs/DESIGN.md §2.5, "Reads without the lock").
 //!
 //! Behind the same mutex sit the block maps published for such reads
 //! ([`DataCache::publish_map`]): a read planned under the metadata lock leaves its file's map
@@ -113,14 +113,19 @@ pub(crate) struct DataCache {
     reserved: u64,
     max_pages: usize,
     next_gen: u64,
-    /// Bumped by every drop of pages (truncate, punch, zero range, a deleted file): a
-    /// block a reader read from the device before a drop may no longer be its file's content.
-    drops: u64,
+    /// Bumped by every drop of a file's pages (truncate, punch, zero range, a deleted file),
+    /// one counter per bucket of inode numbers: a block a reader read from the device before
+    /// a drop of its file may no longer be that file's content.
+    drops: Box<[u64]>,
     /// While an operation runs: the pages it touched as they were before (or `None`).
     undo: Option<HashMap<(u32, u32), Option<Page>>>,
     /// Block maps published for reads without the metadata lock (shared with `Meta::maps`).
     maps: HashMap<u32, Arc<ExtentMap>>,
 }
+
+/// Buckets of [`DataCache::drops`]: a drop of one file makes reads of the files that share
+/// its bucket plan again too, which costs only time.
+const DROP_BUCKETS: usize = 1024;
 
 /// Published block maps kept at most; the table is emptied when it passes this.
 const MAX_PUBLISHED_MAPS: usize = 16_384;
@@ -136,7 +141,7 @@ impl DataCache {
             reserved: 0,
             max_pages: max_pages.max(64),
             next_gen: 1,
-            drops: 0,
+            drops: vec![0; DROP_BUCKETS].into_boxed_slice(),
             undo: None,
             maps: HashMap::new(),
         }
@@ -220,19 +225,20 @@ impl DataCache {
         true
     }
 
-    /// How many drops of pages there have been ([`DataCache::insert_read`]).
-    pub fn drops(&self) -> u64 {
-        self.drops
+    /// How many drops of the pages of `ino` (or of a file sharing its bucket) there have
+    /// been ([`DataCache::insert_read`]).
+    pub fn drops(&self, ino: u32) -> u64 {
+        self.drops[ino as usize % DROP_BUCKETS]
     }
 
     /// Keeps `bytes`, read from the device without the metadata lock, as the clean page
     /// `(ino, lblk)`, if the slot is still empty and no page was dropped since the read was
-    /// planned (`drops` is [`DataCache::drops`] then): no write of the file can have run
+    /// planned (`drops` is [`DataCache::drops`] of `ino` then): no write of the file can have run
     /// meanwhile (the reader holds its data lock), so only a drop can have made the bytes
     /// stale (the file deleted and its number reused, or cut by a truncate). Not noted for an
     /// operation's undo: the page is the file's content whatever that operation does.
     pub fn insert_read(&mut self, ino: u32, lblk: u32, bytes: Box<[u8]>, drops: u64) -> bool {
-        if drops != self.drops || self.get(ino, lblk).is_some() {
+        if drops != self.drops(ino) || self.get(ino, lblk).is_some() {
             return false;
         }
         if self.pages >= self.max_pages {
@@ -435,7 +441,7 @@ impl DataCache {
     /// delete): their data never reaches the device and their reservations are returned.
     pub fn drop_range(&mut self, ino: u32, from: u64, to: u64) {
         // Counted even when nothing is cached: a reader may be about to cache a block.
-        self.drops += 1;
+        self.drops[ino as usize % DROP_BUCKETS] += 1;
         // And the published map goes with the pages: a reader that found no page must not
         // find the map of a file being deleted (its blocks about to be freed, its number
         // reused) and plan device reads from it.
@@ -641,7 +647,7 @@ mod tests {
             let mut page = [0u8; 8];
             assert!(c.copy_out(2, 0, &mut page, 8), "evicted at block {l}");
             assert_eq!(page, [7u8; 8]);
-            assert!(c.insert_read(2, l, vec![0u8; 8].into(), c.drops()));
+            assert!(c.insert_read(2, l, vec![0u8; 8].into(), c.drops(2)));
         }
         assert!(c.pages <= 64);
         c.drop_clean();
@@ -655,18 +661,22 @@ mod tests {
         // resurrect or double-count it. Method: the cache alone.
         let mut c = DataCache::new(64);
         c.insert(3, 0, vec![1u8; 8].into(), false);
-        let planned = c.drops();
+        let planned = c.drops(3);
         assert!(!c.insert_read(3, 0, vec![9u8; 8].into(), planned));
         assert_eq!(&c.get(3, 0).unwrap().bytes[..], &[1u8; 8]);
         assert!(c.insert_read(3, 1, vec![2u8; 8].into(), planned));
-        // A drop anywhere, even of a file with no pages, makes older fetches stale.
+        // A drop of another file leaves a fetch current; a drop of the file (even one with
+        // no pages: it may have been deleted) makes older fetches stale.
+        let planned = c.drops(7);
         c.drop_file(44);
-        assert!(!c.insert_read(3, 2, vec![3u8; 8].into(), planned));
-        assert!(c.get(3, 2).is_none());
+        assert!(c.insert_read(7, 0, vec![3u8; 8].into(), planned));
+        c.drop_file(7);
+        assert!(!c.insert_read(7, 1, vec![3u8; 8].into(), planned));
+        assert!(c.get(7, 1).is_none() && c.get(7, 0).is_none());
         // Inside an operation: the fetched page is not noted, so a rollback keeps it.
         c.begin_undo();
         c.insert(3, 5, vec![5u8; 8].into(), false);
-        assert!(c.insert_read(3, 6, vec![6u8; 8].into(), c.drops()));
+        assert!(c.insert_read(3, 6, vec![6u8; 8].into(), c.drops(3)));
         c.rollback();
         assert!(c.get(3, 5).is_none());
         assert_eq!(&c.get(3, 6).unwrap().bytes[..], &[6u8; 8]);

@@ -95,6 +95,10 @@ struct Counters {
 /// directory index without it).
 const READDIR_BATCH: usize = 256;
 
+/// Plans a read makes at most before it reads with the metadata lock held (`Fs::read`: a read
+/// is planned again when its file's pages were dropped under it).
+const MAX_READ_PLANS: usize = 8;
+
 /// Longest a commit waits for more fsyncs to join it (jbd2's max batch time is 15 ms; a
 /// user-space device round trip is shorter, so the cap is lower).
 const MAX_BATCH_WAIT: Duration = Duration::from_millis(2);
@@ -968,49 +972,29 @@ impl Fs {
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
         let n = self.inner.geo.ino32(ino)?;
         let _g = self.inner.data_locks.read(n);
-        let (mut plan, drops) = match self.inner.plan_read_unlocked(n, offset, size) {
-            Some(planned) => planned,
-            None => self.with_meta(false, |m, io| {
-                let plan = m.read_plan(io, n, offset, size)?;
-                let drops = m.data.lock().drops();
-                Ok((plan, drops))
-            })?,
-        };
-        // Bytes the pages answered whole are the answer as they are (no second copy).
-        if let [ReadSegment {
-            source: ReadSource::Bytes(bytes),
-            ..
-        }] = plan.as_mut_slice()
-        {
-            return Ok(std::mem::take(bytes));
-        }
-        let bs = self.inner.geo.bs();
-        let total: usize = plan.iter().map(|s| s.len).sum();
-        let mut out = vec![0u8; total];
-        let mut at = 0;
-        for s in plan {
-            match s.source {
-                ReadSource::Zeros => {}
-                ReadSource::Device {
-                    block,
-                    in_block,
-                    lblk,
-                } => {
-                    // Whole blocks, which the page cache keeps.
-                    let mut buf = vec![0u8; (in_block + s.len).div_ceil(bs) * bs];
-                    self.inner.io.dev.read_at(block * bs as u64, &mut buf)?;
-                    out[at..at + s.len].copy_from_slice(&buf[in_block..in_block + s.len]);
-                    let pages: Vec<Box<[u8]>> = buf.chunks(bs).map(Box::from).collect();
-                    let mut cache = self.inner.pages.lock();
-                    for (k, page) in (lblk..).zip(pages) {
-                        cache.insert_read(n, k, page, drops);
-                    }
-                }
-                ReadSource::Bytes(b) => out[at..at + s.len].copy_from_slice(&b),
+        for _ in 0..MAX_READ_PLANS {
+            let (plan, drops) = match self.inner.plan_read_unlocked(n, offset, size) {
+                Some(planned) => planned,
+                None => self.with_meta(false, |m, io| {
+                    let plan = m.read_plan(io, n, offset, size)?;
+                    let drops = m.data.lock().drops(n);
+                    Ok((plan, drops))
+                })?,
+            };
+            if let Some(out) = self.inner.read_planned(n, plan, drops)? {
+                return Ok(out);
             }
-            at += s.len;
         }
-        Ok(out)
+        // The file's pages kept being dropped under the reads (files of its drop bucket
+        // deleted again and again): read with the metadata lock held, which every drop takes.
+        self.with_meta(false, |m, io| {
+            let plan = m.read_plan(io, n, offset, size)?;
+            let drops = m.data.lock().drops(n);
+            Ok(self
+                .inner
+                .read_planned(n, plan, drops)?
+                .expect("no page is dropped while the metadata lock is held"))
+        })
     }
 
     /// Writes `data` at `offset`; returns the bytes written. Like the kernel's write, it
@@ -1500,7 +1484,7 @@ impl Inner {
             return None;
         }
         if offset >= attr.size || size == 0 {
-            return Some((Vec::new(), pages.drops()));
+            return Some((Vec::new(), pages.drops(n)));
         }
         let end = attr.size.min(offset + u64::from(size));
         let bs = self.geo.block_size;
@@ -1525,7 +1509,7 @@ impl Inner {
                 }]
             }
         };
-        Some((plan, pages.drops()))
+        Some((plan, pages.drops(n)))
     }
 
     /// A batch of [`Fs::readdir`] from the directory's published name index, without the
@@ -1551,6 +1535,61 @@ impl Inner {
                 })
             })
             .collect()
+    }
+
+    /// Carries out a read planned when the drop count of file `n` was `drops`: reads the
+    /// device where the plan says, keeps those blocks as clean pages, and returns the bytes;
+    /// `None` if pages of the file were dropped since the plan (`DataCache::drops`): the file
+    /// may have been deleted meanwhile (a truncate waits for the reader's data lock), its
+    /// blocks freed and, after a commit, written by another file, so the bytes read may not be
+    /// this file's, and the read must be planned again.
+    fn read_planned(
+        &self,
+        n: u32,
+        mut plan: Vec<ReadSegment>,
+        drops: u64,
+    ) -> Result<Option<Vec<u8>>> {
+        // Bytes the pages answered whole are the answer as they are (no second copy).
+        if let [ReadSegment {
+            source: ReadSource::Bytes(bytes),
+            ..
+        }] = plan.as_mut_slice()
+        {
+            return Ok(Some(std::mem::take(bytes)));
+        }
+        let bs = self.geo.bs();
+        let total: usize = plan.iter().map(|s| s.len).sum();
+        let mut out = vec![0u8; total];
+        let mut fetched: Vec<(u32, Box<[u8]>)> = Vec::new();
+        let mut at = 0;
+        for s in plan {
+            match s.source {
+                ReadSource::Zeros => {}
+                ReadSource::Device {
+                    block,
+                    in_block,
+                    lblk,
+                } => {
+                    // Whole blocks, which the page cache keeps.
+                    let mut buf = vec![0u8; (in_block + s.len).div_ceil(bs) * bs];
+                    self.io.dev.read_at(block * bs as u64, &mut buf)?;
+                    out[at..at + s.len].copy_from_slice(&buf[in_block..in_block + s.len]);
+                    fetched.extend((lblk..).zip(buf.chunks(bs).map(Box::from)));
+                }
+                ReadSource::Bytes(b) => out[at..at + s.len].copy_from_slice(&b),
+            }
+            at += s.len;
+        }
+        if !fetched.is_empty() {
+            let mut cache = self.pages.lock();
+            if cache.drops(n) != drops {
+                return Ok(None);
+            }
+            for (k, page) in fetched {
+                cache.insert_read(n, k, page, drops);
+            }
+        }
+        Ok(Some(out))
     }
 
     /// The extended attributes of `ino` published in the name cache (`fs/namecache.rs`), for
@@ -2427,6 +2466,79 @@ mod tests {
         ));
         let (quick, _) = lookup_while_held(b"nothing");
         assert!(matches!(quick, Ok(Err(FsError::NotFound))));
+        fs.unmount().unwrap();
+    }
+
+    /// A memory device that runs a hook before each read, once one is set.
+    struct HookedReads {
+        inner: Arc<MemDev>,
+        hook: Mutex<Option<Box<dyn Fn() + Send>>>,
+    }
+
+    impl BlockDevice for HookedReads {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            if let Some(hook) = &*self.hook.lock() {
+                hook();
+            }
+            self.inner.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            self.inner.write_at(offset, buf)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            self.inner.flush()
+        }
+        fn len_bytes(&self) -> u64 {
+            self.inner.len_bytes()
+        }
+    }
+
+    /// Goal: a read whose file's pages are dropped under every device read it makes (files
+    /// of its drop bucket deleted again and again) still ends: after `MAX_READ_PLANS` plans
+    /// it reads the device with the metadata lock held, which every drop takes, and returns
+    /// the file's bytes. Method: a hook on the device bumps the file's drop count at each of
+    /// the read's first `MAX_READ_PLANS` device reads, and notes whether the lock is held.
+    #[test]
+    fn a_read_whose_pages_keep_being_dropped_ends_with_the_lock_held() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let dev = Arc::new(HookedReads {
+            inner: mem,
+            hook: Mutex::new(None),
+        });
+        let fs = Arc::new(Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap());
+        let f = fs
+            .create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT)
+            .unwrap()
+            .ino;
+        fs.write(f, 0, &[b'z'; 8192]).unwrap();
+        fs.sync().unwrap();
+        fs.drop_caches().unwrap();
+        // Caches the attributes, the first block and the map.
+        assert_eq!(fs.read(f, 0, 4096).unwrap(), vec![b'z'; 4096]);
+        let seen: Arc<Mutex<Vec<bool>>> = Arc::default();
+        {
+            let (weak, seen) = (Arc::downgrade(&fs), seen.clone());
+            *dev.hook.lock() = Some(Box::new(move || {
+                let fs = weak.upgrade().expect("the file system is open");
+                let held = fs.inner.meta.try_lock().is_none();
+                let mut seen = seen.lock();
+                seen.push(held);
+                if seen.len() <= MAX_READ_PLANS {
+                    fs.inner.pages.lock().drop_range(f as u32, 0, 0);
+                }
+            }));
+        }
+        assert_eq!(fs.read(f, 4096, 4096).unwrap(), vec![b'z'; 4096]);
+        let mut want = vec![false; MAX_READ_PLANS];
+        want.push(true);
+        assert_eq!(
+            *seen.lock(),
+            want,
+            "device reads, and whether the lock was held"
+        );
+        *dev.hook.lock() = None;
         fs.unmount().unwrap();
     }
 

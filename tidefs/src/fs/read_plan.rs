@@ -146,7 +146,7 @@ mod tests {
     fn pieces_come_from_pages_then_newer_copies_then_home_and_merge_by_kind() {
         let mut pages = DataCache::new(64);
         // Block 2 is cached.
-        assert!(pages.insert_read(5, 2, vec![7u8; BS as usize].into(), pages.drops()));
+        assert!(pages.insert_read(5, 2, vec![7u8; BS as usize].into(), pages.drops(5)));
         let newer = |p: u64| (p == 200).then(|| Arc::from(vec![9u8; BS as usize]));
         let segs = plan(&map(), &mut pages, 5, 10, 7 * u64::from(BS), BS, newer);
         assert_eq!(
