@@ -169,14 +169,14 @@ impl Meta {
 
     /// The name index of directory `dir`, to change: withdrawn from the lookups that run
     /// without the metadata lock first (they read it only under the name cache's lock, so it
-    /// is then shared with nobody and changes in place).
+    /// is then shared with nobody and changes in place), and its record order forgotten.
     fn dir_index_mut(&mut self, io: &Io, dir: u32) -> Result<&mut DirIndex> {
         self.load_dir_index(io, dir)?;
         self.names.withdraw_dir(dir);
         // OK to unwrap: loaded above.
-        Ok(Arc::make_mut(
-            self.dirs.get_mut(&dir).expect("index present"),
-        ))
+        let idx = Arc::make_mut(self.dirs.get_mut(&dir).expect("index present"));
+        idx.changing();
+        Ok(idx)
     }
 
     /// Forgets the name index of `dir` (rebuilt on next use), here and where lookups find it.
@@ -211,11 +211,7 @@ impl Meta {
             let indexed = inode.flags() & flags::INDEX != 0;
             let generation = inode.generation();
             let nblocks = self.dir_blocks(io, dir, &inode)?;
-            let mut idx = DirIndex {
-                indexed,
-                space: vec![0; nblocks as usize],
-                ..DirIndex::default()
-            };
+            let mut idx = DirIndex::new(indexed, nblocks as usize);
             let mut next = 0;
             while let Some((lblk, pblk)) = self.dir_next_block(io, dir, &inode, next, nblocks)? {
                 next = lblk + 1;

@@ -76,8 +76,9 @@ const MAX_PUBLISHED_XATTR_SETS: usize = 16 * 1024;
 const MAX_PUBLISHED_XATTR_BYTES: usize = 512;
 
 /// Directories with more names than this are listed under the metadata lock, which reads
-/// only the blocks a call needs: from the index, every call would sort all the names.
-const MAX_LISTED_NAMES: usize = 4096;
+/// only the blocks a call needs: from the index, the first listing of each version of it
+/// copies and sorts every name (`DirIndex::in_order`).
+const MAX_LISTED_NAMES: usize = 65_536;
 
 /// Directory → name → inode, nested so that a lookup borrows the name instead of allocating
 /// a key; with the number of names held.
@@ -243,22 +244,14 @@ impl NameCache {
         max: usize,
         block_size: u32,
     ) -> Option<Vec<(u64, DirSlot, Vec<u8>)>> {
-        let mut out: Vec<(u64, DirSlot, Vec<u8>)> = {
-            let dirs = self.dirs.read();
-            let idx = dirs.get(&dir)?;
-            if idx.names.len() > MAX_LISTED_NAMES {
-                return None;
-            }
-            idx.names
-                .iter()
-                .map(|(name, s)| (s.position(block_size), *s, name))
-                .filter(|(pos, _, _)| *pos >= from)
-                .map(|(pos, s, name)| (pos, s, name.clone()))
-                .collect()
-        };
-        out.sort_unstable_by_key(|e| e.0);
-        out.truncate(max);
-        Some(out)
+        let dirs = self.dirs.read();
+        let idx = dirs.get(&dir)?;
+        if idx.names.len() > MAX_LISTED_NAMES {
+            return None;
+        }
+        let order = idx.in_order(block_size);
+        let first = order.partition_point(|e| e.0 < from);
+        Some(order[first..].iter().take(max).cloned().collect())
     }
 
     /// Looks `name` up in `dir` without the metadata lock, from the cached names, else the
