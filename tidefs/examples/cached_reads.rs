@@ -10,9 +10,10 @@
 //! ```
 //!
 //! THREADS (16) threads each append 125 bytes to their own file and fdatasync it, in a loop;
-//! meanwhile the main thread reads a cached 4 KiB file, stats it and asks for its
+//! meanwhile the main thread reads a cached 4 KiB file, stats it, asks for its
 //! `security.capability` (which it does not have: what the kernel asks before most writes
-//! through FUSE) every millisecond, 3 000 times, then reads 3 000 blocks of a 64 MiB file, each block once, in random order, one
+//! through FUSE), and appends 125 bytes to a file of its own and reads them back, every
+//! millisecond, 3 000 times, then reads 3 000 blocks of a 64 MiB file, each block once, in random order, one
 //! every millisecond (each from the device; the file was read once before the storm, so its
 //! block map is loaded), then looks up 3 000 names that do not exist, then lists the root
 //! directory (about twenty names) 3 000 times, one step every millisecond each, and prints
@@ -91,6 +92,9 @@ fn main() {
         .collect();
     std::thread::sleep(Duration::from_millis(200));
     let (mut reads, mut stats, mut caps) = (Vec::new(), Vec::new(), Vec::new());
+    let tail = root("tail");
+    let mut tail_at = fs.getattr(tail).expect("getattr").size;
+    let mut tail_reads = Vec::new();
     let started = Instant::now();
     for _ in 0..3000 {
         let t = Instant::now();
@@ -102,6 +106,11 @@ fn main() {
         let t = Instant::now();
         assert!(fs.getxattr(small, b"security.capability").is_err());
         caps.push(t.elapsed().as_micros());
+        fs.write(tail, tail_at, &[9u8; 125]).expect("append");
+        let t = Instant::now();
+        assert_eq!(fs.read(tail, tail_at, 125).expect("read"), [9u8; 125]);
+        tail_reads.push(t.elapsed().as_micros());
+        tail_at += 125;
         std::thread::sleep(Duration::from_millis(1));
     }
     // Blocks 1.. of the cold file in an order of their own (a multiplicative step that is odd,
@@ -144,6 +153,7 @@ fn main() {
         ("read 4 KiB cached", &mut reads),
         ("getattr", &mut stats),
         ("getxattr of a missing attribute", &mut caps),
+        ("read of 125 bytes just appended", &mut tail_reads),
         ("read 4 KiB from the device", &mut cold_reads),
         ("lookup of a missing name", &mut missing),
         ("readdir of the root", &mut listings),

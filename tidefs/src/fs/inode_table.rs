@@ -106,8 +106,14 @@ impl Meta {
         let isz = self.geo.inode_size as usize;
         let tid = self.tid;
         // Also when the bytes stay: the cached attributes count reserved blocks, which may
-        // have changed.
-        self.names.forget_attr(ino);
+        // have changed. Cached again as the operation leaves the inode when it ends well
+        // (every write of it noted once the first found them cached: the last one wins).
+        let was_cached = self.names.forget_attr(ino);
+        if let Some(u) = self.op_undo.as_mut() {
+            if was_cached || u.attrs.iter().any(|(n, _)| *n == ino) {
+                u.attrs.push((ino, inode.clone()));
+            }
+        }
         if self.block(io, nr)?[off..off + isz] == *inode.as_bytes() {
             // Nothing changed (a write that kept the times): no transaction needs it.
             return Ok(());

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::cache::BlockCache;
 use crate::dev::BlockDevice;
+use crate::format::ext4::inode::Inode;
 use crate::format::ext4::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE};
 use crate::journal::CommitLog;
 
@@ -86,6 +87,10 @@ pub(crate) struct OpUndo {
     /// rollback of metadata must forget (the others were derived from blocks the operation
     /// did not change).
     derived: Vec<Derived>,
+    /// Inodes whose cached attributes this operation forgot by writing them, as it last
+    /// wrote them: cached again if it ends well (`Meta::end_op`), so that a `getattr` or a read
+    /// after a write need not take the lock; a rollback leaves them forgotten.
+    pub(super) attrs: Vec<(u32, Inode)>,
 }
 
 /// The superblock's totals and free counts, readable without the metadata lock
@@ -348,6 +353,7 @@ impl Meta {
             freed_running_len: self.freed_running.len(),
             late_frees_len: self.late_frees.len(),
             derived: Vec::new(),
+            attrs: Vec::new(),
         });
     }
 
@@ -365,12 +371,24 @@ impl Meta {
         r
     }
 
-    /// Ends an operation that succeeded: its changes stay in the running transaction.
+    /// Ends an operation that succeeded: its changes stay in the running transaction, and the
+    /// attributes it forgot of inodes still in use are cached again as it left them.
     fn end_op(&mut self) {
         self.op_light = None;
         self.cache.end_undo();
         self.data.lock().end_undo();
-        self.op_undo = None;
+        let Some(u) = self.op_undo.take() else {
+            return;
+        };
+        // The last write of each inode is its state now (later entries win).
+        let mut last: HashMap<u32, Inode> = HashMap::new();
+        last.extend(u.attrs);
+        for (ino, i) in last {
+            if self.in_use(ino, &i) {
+                let attr = self.attr_unseen(ino, &i);
+                self.names.put_attr(&attr);
+            }
+        }
     }
 
     /// Ends an operation that failed: takes back every change it made, so the running

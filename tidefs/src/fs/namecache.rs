@@ -3,7 +3,8 @@
 //!
 //! Invariants (docs/DESIGN.md §2.5):
 //! - an entry is added only by a caller holding the metadata lock, from the state it just
-//!   read under that lock;
+//!   read under that lock, or, for attributes, by the end of an operation that wrote the
+//!   inode, from the bytes it last wrote (`Meta::end_op`; a rolled-back operation adds none);
 //! - every change that could make an entry wrong removes it under the same lock before the
 //!   change's operation returns: `Meta::write_inode` for attributes (the inode bytes, which
 //!   carry everything an `Attr` holds except the blocks reserved for cached data, and every
@@ -276,11 +277,9 @@ impl NameCache {
         }
     }
 
-    /// Inode `ino` is changing.
-    pub fn forget_attr(&self, ino: u32) {
-        if self.attrs.read().contains_key(&ino) {
-            self.attrs.write().remove(&ino);
-        }
+    /// Inode `ino` is changing; returns whether its attributes were cached.
+    pub fn forget_attr(&self, ino: u32) -> bool {
+        self.attrs.read().contains_key(&ino) && self.attrs.write().remove(&ino).is_some()
     }
 
     /// Directory `dir` is freed or its number handed out again: forgets every name cached in

@@ -136,16 +136,18 @@ impl Meta {
     /// Reads an inode that must be in use.
     pub(crate) fn live_inode(&mut self, io: &Io, ino: u32) -> Result<Inode> {
         let inode = self.read_inode(io, ino)?;
-        if inode.links_count() == 0
-            && !self.open.contains(ino)
-            && ino != super::api::ROOT_INO as u32
-        {
-            return Err(FsError::NotFound);
-        }
-        if inode.mode() == 0 {
+        if !self.in_use(ino, &inode) {
             return Err(FsError::NotFound);
         }
         Ok(inode)
+    }
+
+    /// Whether inode `ino`, whose bytes are `inode`, is in use: linked, or open, or the root.
+    pub(super) fn in_use(&self, ino: u32, inode: &Inode) -> bool {
+        let held = inode.links_count() > 0
+            || self.open.contains(ino)
+            || ino == super::api::ROOT_INO as u32;
+        held && inode.mode() != 0
     }
 
     /// The attributes of `ino` for a caller that hands them out: its times count as seen
