@@ -98,6 +98,20 @@ impl Meta {
         Ok(())
     }
 
+    /// Forgets the cached attributes of `ino`, which is changing; returns whether the running
+    /// operation has forgotten them, now or earlier (its writes of the inode are then noted,
+    /// to cache them again when it ends well). Outside an operation, `false`.
+    pub(super) fn forget_attr_in_op(&mut self, ino: u32) -> bool {
+        let was_cached = self.names.forget_attr(ino);
+        let Some(u) = self.op_undo.as_mut() else {
+            return false;
+        };
+        if was_cached {
+            u.forgot.insert(ino);
+        }
+        u.forgot.contains(&ino)
+    }
+
     /// Stores inode `ino` with a fresh checksum, and notes which transaction fsync and
     /// fdatasync of the inode must now wait for.
     pub fn write_inode(&mut self, io: &Io, ino: u32, inode: &mut Inode) -> Result<()> {
@@ -107,10 +121,9 @@ impl Meta {
         let tid = self.tid;
         // Also when the bytes stay: the cached attributes count reserved blocks, which may
         // have changed. Cached again as the operation leaves the inode when it ends well
-        // (every write of it noted once the first found them cached: the last one wins).
-        let was_cached = self.names.forget_attr(ino);
-        if let Some(u) = self.op_undo.as_mut() {
-            if was_cached || u.attrs.iter().any(|(n, _)| *n == ino) {
+        // (every write of it noted once they were found cached: the last one wins).
+        if self.forget_attr_in_op(ino) {
+            if let Some(u) = self.op_undo.as_mut() {
                 u.attrs.push((ino, inode.clone()));
             }
         }

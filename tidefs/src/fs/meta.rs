@@ -87,9 +87,11 @@ pub(crate) struct OpUndo {
     /// rollback of metadata must forget (the others were derived from blocks the operation
     /// did not change).
     derived: Vec<Derived>,
-    /// Inodes whose cached attributes this operation forgot by writing them, as it last
-    /// wrote them: cached again if it ends well (`Meta::end_op`), so that a `getattr` or a read
-    /// after a write need not take the lock; a rollback leaves them forgotten.
+    /// Inodes whose cached attributes this operation forgot (`Meta::forget_attr_in_op`).
+    pub(super) forgot: HashSet<u32>,
+    /// Those inodes as the operation wrote them, in order: cached again, as last written, if
+    /// it ends well (`Meta::end_op`), so that a `getattr` or a read after a write need not
+    /// take the lock; a rollback leaves them forgotten.
     pub(super) attrs: Vec<(u32, Inode)>,
 }
 
@@ -353,6 +355,7 @@ impl Meta {
             freed_running_len: self.freed_running.len(),
             late_frees_len: self.late_frees.len(),
             derived: Vec::new(),
+            forgot: HashSet::new(),
             attrs: Vec::new(),
         });
     }

@@ -2584,6 +2584,53 @@ mod tests {
         fs.unmount().unwrap();
     }
 
+    /// Goal: whoever was shown a file's times sees every later write as newer (multigrain
+    /// timestamps), also when `getattr` is answered from cached attributes without the
+    /// metadata lock while the file is written: two looks that show the same mtime show the
+    /// same size. Method: appends on one thread, `getattr`s on another, for a while.
+    #[test]
+    fn a_write_after_a_look_at_the_times_changes_them() {
+        use std::sync::atomic::AtomicBool;
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
+        let f = fs
+            .create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT)
+            .unwrap()
+            .ino;
+        fs.write(f, 0, b"x").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (fs, stop) = (fs.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut at = 1;
+                while !stop.load(Ordering::SeqCst) && at < 200_000 {
+                    fs.write(f, at, b"x").unwrap();
+                    at += 1;
+                }
+            })
+        };
+        let started = Instant::now();
+        let mut last = fs.getattr(f).unwrap();
+        let mut looks = 0u64;
+        while started.elapsed() < Duration::from_secs(2) {
+            let a = fs.getattr(f).unwrap();
+            looks += 1;
+            assert!(
+                a.mtime != last.mtime || a.size == last.size,
+                "after {looks} looks: size {} then {} under one mtime {:?}",
+                last.size,
+                a.size,
+                a.mtime
+            );
+            last = a;
+        }
+        stop.store(true, Ordering::SeqCst);
+        writer.join().unwrap();
+        fs.unmount().unwrap();
+    }
+
     /// A memory device that runs a hook before each read, once one is set.
     struct HookedReads {
         inner: Arc<MemDev>,
@@ -2677,11 +2724,14 @@ mod tests {
         let f = fs.create(d, b"f", 0o100644, 0, creds).unwrap().ino;
         fs.setxattr(f, b"user.a", b"1", XattrSetMode::Any).unwrap();
         fs.drop_caches().unwrap();
-        let read_while_held = |read: Read| {
+        // Patience: how long a read that should not wait is given (long, for a loaded
+        // machine), or how long one that should wait is watched before it is judged waiting.
+        let (answers, waits) = (Duration::from_secs(5), Duration::from_millis(300));
+        let read_while_held = |read: Read, patience: Duration| {
             let held = fs.inner.meta.lock();
             let fs2 = fs.clone();
             let rx = on_thread(move || read(&fs2, f));
-            let quick = rx.recv_timeout(Duration::from_millis(300));
+            let quick = rx.recv_timeout(patience);
             drop(held);
             (quick, rx)
         };
@@ -2690,14 +2740,14 @@ mod tests {
         let list: Read = |fs, f| fs.listxattr(f);
         let get_mode: Read = |fs, f| fs.getxattr(f, modes::MODE_ATTR).map(|v| vec![v]);
         // Not published yet: the first read waits, and publishes.
-        let (quick, rx) = read_while_held(get_a);
+        let (quick, rx) = read_while_held(get_a, waits);
         assert!(
             quick.is_err(),
             "a read of unpublished attributes did not wait"
         );
         assert_eq!(rx.recv().unwrap().unwrap(), [b"1"]);
         let answered = |read: Read| {
-            read_while_held(read)
+            read_while_held(read, answers)
                 .0
                 .expect("a read of published attributes waited for the lock")
         };
@@ -2705,7 +2755,7 @@ mod tests {
         assert!(matches!(answered(get_caps), Err(FsError::NoAttribute)));
         assert_eq!(answered(list).unwrap(), [b"user.a"]);
         // The inherited mode is the directory's: only the lock knows it.
-        let (quick, rx) = read_while_held(get_mode);
+        let (quick, rx) = read_while_held(get_mode, waits);
         assert!(
             quick.is_err(),
             "the mode attribute was answered without the lock"
@@ -2713,7 +2763,7 @@ mod tests {
         assert_eq!(rx.recv().unwrap().unwrap(), [b"journal"]);
         // A change withdraws them: the next read waits, and sees the change.
         fs.setxattr(f, b"user.b", b"2", XattrSetMode::Any).unwrap();
-        let (quick, rx) = read_while_held(list);
+        let (quick, rx) = read_while_held(list, waits);
         assert!(quick.is_err(), "a read used withdrawn attributes");
         assert_eq!(rx.recv().unwrap().unwrap(), [&b"user.a"[..], b"user.b"]);
         assert_eq!(answered(list).unwrap(), [&b"user.a"[..], b"user.b"]);

@@ -92,7 +92,11 @@ struct Names {
 impl NameCache {
     /// The cached attributes of `ino`, handed out: its times count as seen.
     pub fn attr(&self, ino: u32) -> Option<Attr> {
-        let attr = self.attr_unseen(ino);
+        // Marked seen before the read lock goes: a change of the times forgets the entry
+        // (under the write lock) before it asks whether they were seen (`Meta::change_time`),
+        // so it never misses this look.
+        let attrs = self.attrs.read();
+        let attr = attrs.get(&ino).cloned();
         if attr.is_some() {
             self.shown(ino);
         }

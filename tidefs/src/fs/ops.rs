@@ -1043,7 +1043,12 @@ impl Meta {
     /// clock, or the inode's ctime when the coarse clock is not after it. So a run of writes
     /// that nobody stats in between leaves the inode unchanged after the first, and an fsync
     /// then has no metadata to commit.
-    fn change_time(&self, ino: u32, i: &Inode) -> InodeTime {
+    fn change_time(&mut self, ino: u32, i: &Inode) -> InodeTime {
+        // First the cached attributes go (under the name cache's write lock): a reader that
+        // was handed them has marked the times seen by then (`NameCache::attr` does both
+        // under its read lock), so the test below sees that look; a later reader misses the
+        // cache and waits for this operation.
+        self.forget_attr_in_op(ino);
         let c = i.ctime();
         let t = if self.names.changed_unseen(ino) {
             let coarse = coarse_now();
