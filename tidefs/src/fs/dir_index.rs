@@ -62,6 +62,11 @@ impl DirIndex {
         })
     }
 
+    /// The names in record order, if a listing sorted this version of the index already.
+    pub fn ordered(&self) -> Option<&[(u64, DirSlot, Vec<u8>)]> {
+        self.order.get().map(Vec::as_slice)
+    }
+
     /// The index is about to change: forgets the record order.
     pub fn changing(&mut self) {
         self.order = OnceLock::new();

@@ -249,14 +249,30 @@ impl NameCache {
         max: usize,
         block_size: u32,
     ) -> Option<Vec<(u64, DirSlot, Vec<u8>)>> {
+        let window = |order: &[(u64, DirSlot, Vec<u8>)]| {
+            let first = order.partition_point(|e| e.0 < from);
+            order[first..].iter().take(max).cloned().collect()
+        };
+        let idx = {
+            let dirs = self.dirs.read();
+            let idx = dirs.get(&dir)?;
+            if idx.names.len() > MAX_LISTED_NAMES {
+                return None;
+            }
+            if let Some(order) = idx.ordered() {
+                return Some(window(order));
+            }
+            idx.clone()
+        };
+        // The first listing of this version of the index sorts it outside the table's lock,
+        // so a change of the directory (which withdraws the index under the metadata lock)
+        // waits for no sort; while this `Arc` is held such a change copies the index instead
+        // of editing it in place. Then the listing is answered if the sorted version is still
+        // the published one.
+        idx.in_order(block_size);
+        drop(idx);
         let dirs = self.dirs.read();
-        let idx = dirs.get(&dir)?;
-        if idx.names.len() > MAX_LISTED_NAMES {
-            return None;
-        }
-        let order = idx.in_order(block_size);
-        let first = order.partition_point(|e| e.0 < from);
-        Some(order[first..].iter().take(max).cloned().collect())
+        Some(window(dirs.get(&dir)?.ordered()?))
     }
 
     /// Looks `name` up in `dir` without the metadata lock, from the cached names, else the
