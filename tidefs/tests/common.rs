@@ -35,6 +35,23 @@ pub fn mkimage(dir: &Path, name: &str, size_mb: u64, extra: &[&str]) -> PathBuf 
     mkfs_raw(dir, name, size_mb, &args)
 }
 
+/// The bytes of a fresh 16 MiB image from [`mkimage`], made once per test binary (every call
+/// returns the first image, whatever `name`), for tests that mount many copies in memory;
+/// `None` without e2fsprogs.
+pub fn small_image_bytes(name: &str) -> Option<&'static Vec<u8>> {
+    static IMAGE: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            if !have_e2fsprogs() {
+                return None;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let img = mkimage(dir.path(), name, 16, &[]);
+            Some(std::fs::read(img).unwrap())
+        })
+        .as_ref()
+}
+
 /// Lightweight mode's check: `e2fsck -fn` may find leaked blocks and inodes (marked in use,
 /// used by nothing) but never a used one marked free; `e2fsck -fy` then leaves it clean.
 pub fn assert_fsck_clean_but_leaks(image: &Path) {

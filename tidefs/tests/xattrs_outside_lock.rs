@@ -15,7 +15,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use tidefs::dev::MemDev;
@@ -54,17 +54,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// A fresh 16 MiB image from the real mkfs, as bytes (made once); `None` without e2fsprogs.
 fn base_image() -> Option<&'static Vec<u8>> {
-    static IMAGE: OnceLock<Option<Vec<u8>>> = OnceLock::new();
-    IMAGE
-        .get_or_init(|| {
-            if !common::have_e2fsprogs() {
-                return None;
-            }
-            let dir = tempfile::tempdir().unwrap();
-            let img = common::mkimage(dir.path(), "xattrs.img", 16, &[]);
-            Some(std::fs::read(img).unwrap())
-        })
-        .as_ref()
+    common::small_image_bytes("xattrs.img")
 }
 
 fn file_name(f: usize) -> Vec<u8> {

@@ -2218,16 +2218,31 @@ mod tests {
         Some(Arc::new(MemDev::from_bytes(std::fs::read(&path).unwrap())))
     }
 
+    /// A fresh image from the real mkfs.ext4 mounted in memory with the default options, or
+    /// `None` (skipped) without e2fsprogs.
+    fn mounted() -> Option<Arc<Fs>> {
+        let mem = image()?;
+        Some(Arc::new(
+            Fs::open_devices(mem, None, &MountOptions::default()).unwrap(),
+        ))
+    }
+
+    /// Makes regular file `name` in the root; returns its inode number.
+    fn new_file(fs: &Fs, name: &[u8]) -> u64 {
+        fs.create(ROOT_INO, name, 0o100644, 0, Creds::ROOT)
+            .unwrap()
+            .ino
+    }
+
     /// Goal: a read the page cache answers whole never waits for the metadata lock (a commit's
     /// write-back, another file's operation), and a read that needs the block map does, so the
     /// test can see the difference. Method: the lock held by the test while reads run on
     /// another thread.
     #[test]
     fn a_cached_read_does_not_take_the_metadata_lock() {
-        let Some(mem) = image() else {
+        let Some(fs) = mounted() else {
             return;
         };
-        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
         let creds = Creds::ROOT;
         let file = fs
             .create(ROOT_INO, b"cached", 0o100644, 0, creds)
@@ -2358,10 +2373,9 @@ mod tests {
     /// allocation.
     #[test]
     fn statfs_does_not_take_the_metadata_lock_and_follows_every_change() {
-        let Some(mem) = image() else {
+        let Some(fs) = mounted() else {
             return;
         };
-        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
         let before = fs.statfs().unwrap();
         let file = fs
             .create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT)
@@ -2409,10 +2423,9 @@ mod tests {
     /// by the test while lookups and a listing run on other threads.
     #[test]
     fn lookups_in_a_published_directory_do_not_take_the_metadata_lock() {
-        let Some(mem) = image() else {
+        let Some(fs) = mounted() else {
             return;
         };
-        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
         let creds = Creds::ROOT;
         let d = fs.mkdir(ROOT_INO, b"d", 0o755, creds).unwrap().ino;
         let a = fs.create(d, b"a", 0o100644, 0, creds).unwrap().ino;
@@ -2477,10 +2490,9 @@ mod tests {
     #[test]
     fn a_large_published_directory_is_listed_without_the_metadata_lock() {
         const NAMES: usize = 5000;
-        let Some(mem) = image() else {
+        let Some(fs) = mounted() else {
             return;
         };
-        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
         let creds = Creds::ROOT;
         let d = fs.mkdir(ROOT_INO, b"d", 0o755, creds).unwrap().ino;
         let f = fs.create(d, b"f", 0o100644, 0, creds).unwrap().ino;
@@ -2532,14 +2544,10 @@ mod tests {
     /// operations run on the locked metadata for the rest.
     #[test]
     fn attributes_an_operation_changed_are_cached_again_when_it_ends() {
-        let Some(mem) = image() else {
+        let Some(fs) = mounted() else {
             return;
         };
-        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
-        let f = fs
-            .create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT)
-            .unwrap()
-            .ino;
+        let f = new_file(&fs, b"f");
         fs.write(f, 0, &[1u8; 100]).unwrap();
         fs.getattr(f).unwrap();
         fs.write(f, 100, &[2u8; 50]).unwrap();
@@ -2591,14 +2599,10 @@ mod tests {
     #[test]
     fn a_write_after_a_look_at_the_times_changes_them() {
         use std::sync::atomic::AtomicBool;
-        let Some(mem) = image() else {
+        let Some(fs) = mounted() else {
             return;
         };
-        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
-        let f = fs
-            .create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT)
-            .unwrap()
-            .ino;
+        let f = new_file(&fs, b"f");
         fs.write(f, 0, b"x").unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let writer = {
@@ -2670,10 +2674,7 @@ mod tests {
             hook: Mutex::new(None),
         });
         let fs = Arc::new(Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap());
-        let f = fs
-            .create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT)
-            .unwrap()
-            .ino;
+        let f = new_file(&fs, b"f");
         fs.write(f, 0, &[b'z'; 8192]).unwrap();
         fs.sync().unwrap();
         fs.drop_caches().unwrap();
@@ -2713,10 +2714,9 @@ mod tests {
     #[test]
     fn xattr_reads_do_not_take_the_metadata_lock_once_published() {
         type Read = fn(&Fs, u64) -> Result<Vec<Vec<u8>>>;
-        let Some(mem) = image() else {
+        let Some(fs) = mounted() else {
             return;
         };
-        let fs = Arc::new(Fs::open_devices(mem, None, &MountOptions::default()).unwrap());
         let creds = Creds::ROOT;
         let d = fs.mkdir(ROOT_INO, b"d", 0o755, creds).unwrap().ino;
         fs.setxattr(d, modes::MODE_ATTR, b"journal", XattrSetMode::Any)
