@@ -127,6 +127,11 @@ pub(crate) struct DataCache {
 /// its bucket plan again too, which costs only time.
 const DROP_BUCKETS: usize = 1024;
 
+/// The bucket of [`DataCache::drops`] that counts the drops of `ino`'s pages.
+fn drop_bucket(ino: u32) -> usize {
+    ino as usize % DROP_BUCKETS
+}
+
 /// Published block maps kept at most; the table is emptied when it passes this.
 const MAX_PUBLISHED_MAPS: usize = 16_384;
 
@@ -228,7 +233,7 @@ impl DataCache {
     /// How many drops of the pages of `ino` (or of a file sharing its bucket) there have
     /// been ([`DataCache::insert_read`]).
     pub fn drops(&self, ino: u32) -> u64 {
-        self.drops[ino as usize % DROP_BUCKETS]
+        self.drops[drop_bucket(ino)]
     }
 
     /// Keeps `bytes`, read from the device without the metadata lock, as the clean page
@@ -441,7 +446,7 @@ impl DataCache {
     /// delete): their data never reaches the device and their reservations are returned.
     pub fn drop_range(&mut self, ino: u32, from: u64, to: u64) {
         // Counted even when nothing is cached: a reader may be about to cache a block.
-        self.drops[ino as usize % DROP_BUCKETS] += 1;
+        self.drops[drop_bucket(ino)] += 1;
         // And the published map goes with the pages: a reader that found no page must not
         // find the map of a file being deleted (its blocks about to be freed, its number
         // reused) and plan device reads from it.

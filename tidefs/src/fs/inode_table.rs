@@ -98,18 +98,15 @@ impl Meta {
         Ok(())
     }
 
-    /// Forgets the cached attributes of `ino`, which is changing; returns whether the running
-    /// operation has forgotten them, now or earlier (its writes of the inode are then noted,
-    /// to cache them again when it ends well). Outside an operation, `false`.
-    pub(super) fn forget_attr_in_op(&mut self, ino: u32) -> bool {
-        let was_cached = self.names.forget_attr(ino);
-        let Some(u) = self.op_undo.as_mut() else {
-            return false;
-        };
-        if was_cached {
-            u.forgot.insert(ino);
+    /// Forgets the cached attributes of `ino`, which is changing; if they were cached, the
+    /// running operation notes it (`OpUndo::forgot`), and `write_inode` then notes each state
+    /// it writes, to cache them again when the operation ends well.
+    pub(super) fn forget_attr_in_op(&mut self, ino: u32) {
+        if self.names.forget_attr(ino) {
+            if let Some(u) = self.op_undo.as_mut() {
+                u.forgot.entry(ino).or_default();
+            }
         }
-        u.forgot.contains(&ino)
     }
 
     /// Stores inode `ino` with a fresh checksum, and notes which transaction fsync and
@@ -122,10 +119,9 @@ impl Meta {
         // Also when the bytes stay: the cached attributes count reserved blocks, which may
         // have changed. Cached again as the operation leaves the inode when it ends well
         // (every write of it noted once they were found cached: the last one wins).
-        if self.forget_attr_in_op(ino) {
-            if let Some(u) = self.op_undo.as_mut() {
-                u.attrs.push((ino, inode.clone()));
-            }
+        self.forget_attr_in_op(ino);
+        if let Some(last) = self.op_undo.as_mut().and_then(|u| u.forgot.get_mut(&ino)) {
+            *last = Some(inode.clone());
         }
         if self.block(io, nr)?[off..off + isz] == *inode.as_bytes() {
             // Nothing changed (a write that kept the times): no transaction needs it.

@@ -87,12 +87,11 @@ pub(crate) struct OpUndo {
     /// rollback of metadata must forget (the others were derived from blocks the operation
     /// did not change).
     derived: Vec<Derived>,
-    /// Inodes whose cached attributes this operation forgot (`Meta::forget_attr_in_op`).
-    pub(super) forgot: HashSet<u32>,
-    /// Those inodes as the operation wrote them, in order: cached again, as last written, if
-    /// it ends well (`Meta::end_op`), so that a `getattr` or a read after a write need not
-    /// take the lock; a rollback leaves them forgotten.
-    pub(super) attrs: Vec<(u32, Inode)>,
+    /// Inodes whose cached attributes this operation forgot (`Meta::forget_attr_in_op`), with
+    /// the inode as it last wrote it, if it did: cached again if it ends well (`Meta::end_op`),
+    /// so that a `getattr` or a read after a write need not take the lock; a rollback leaves
+    /// them forgotten.
+    pub(super) forgot: HashMap<u32, Option<Inode>>,
 }
 
 /// The superblock's totals and free counts, readable without the metadata lock
@@ -355,8 +354,7 @@ impl Meta {
             freed_running_len: self.freed_running.len(),
             late_frees_len: self.late_frees.len(),
             derived: Vec::new(),
-            forgot: HashSet::new(),
-            attrs: Vec::new(),
+            forgot: HashMap::new(),
         });
     }
 
@@ -383,11 +381,8 @@ impl Meta {
         let Some(u) = self.op_undo.take() else {
             return;
         };
-        // The last write of each inode is its state now (later entries win).
-        let mut last: HashMap<u32, Inode> = HashMap::new();
-        last.extend(u.attrs);
-        for (ino, i) in last {
-            if self.in_use(ino, &i) {
+        for (ino, i) in u.forgot {
+            if let Some(i) = i.filter(|i| self.in_use(ino, i)) {
                 let attr = self.attr_unseen(ino, &i);
                 self.names.put_attr(&attr);
             }

@@ -972,14 +972,16 @@ impl Fs {
     pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
         let n = self.inner.geo.ino32(ino)?;
         let _g = self.inner.data_locks.read(n);
+        // A plan under the lock, with the file's drop count as of the plan.
+        let plan_locked = |m: &mut Meta, io: &Io| {
+            let plan = m.read_plan(io, n, offset, size)?;
+            let drops = m.data.lock().drops(n);
+            Ok((plan, drops))
+        };
         for _ in 0..MAX_READ_PLANS {
             let (plan, drops) = match self.inner.plan_read_unlocked(n, offset, size) {
                 Some(planned) => planned,
-                None => self.with_meta(false, |m, io| {
-                    let plan = m.read_plan(io, n, offset, size)?;
-                    let drops = m.data.lock().drops(n);
-                    Ok((plan, drops))
-                })?,
+                None => self.with_meta(false, plan_locked)?,
             };
             if let Some(out) = self.inner.read_planned(n, plan, drops)? {
                 return Ok(out);
@@ -988,8 +990,7 @@ impl Fs {
         // The file's pages kept being dropped under the reads (files of its drop bucket
         // deleted again and again): read with the metadata lock held, which every drop takes.
         self.with_meta(false, |m, io| {
-            let plan = m.read_plan(io, n, offset, size)?;
-            let drops = m.data.lock().drops(n);
+            let (plan, drops) = plan_locked(m, io)?;
             Ok(self
                 .inner
                 .read_planned(n, plan, drops)?
@@ -1513,8 +1514,8 @@ impl Inner {
     }
 
     /// A batch of [`Fs::readdir`] from the directory's published name index, without the
-    /// metadata lock (docs/DESIGN.md §2.5): `None` when no index is published, it is too long
-    /// to sort on every call, or an entry has no file type (ext4 without `filetype`: its kind
+    /// metadata lock (docs/DESIGN.md §2.5): `None` when no index is published, it has more
+    /// names than listings take from an index (`NameCache::listing`), or an entry has no file type (ext4 without `filetype`: its kind
     /// needs the inode). A cookie is the position of the entry plus one, which continues after
     /// it as a cookie of the locked path (the end of the record) does.
     fn list_unlocked(&self, dir: u32, offset: u64) -> Option<Vec<DirEntry>> {
