@@ -39,6 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::api::DataMode;
+use super::cached_writes::{CachedWrites, PendingInode};
 use super::extent_map::ExtentMap;
 use crate::cache::ByteRanges;
 
@@ -95,6 +96,37 @@ pub(crate) struct DirtyPage {
     pub mode: DataMode,
 }
 
+/// One piece of a `write()` as it changes one page.
+struct PageWrite<'a> {
+    offset: usize,
+    data: &'a [u8],
+    /// The length of the whole `write()` (see [`Page::first_write`]).
+    request_len: usize,
+    mode: DataMode,
+    gen: u64,
+}
+
+impl PageWrite<'_> {
+    /// Writes into `p`; true if it was clean before.
+    fn apply(&self, p: &mut Page) -> bool {
+        p.bytes[self.offset..self.offset + self.data.len()].copy_from_slice(self.data);
+        p.referenced = true;
+        let newly_dirty = !p.dirty;
+        if newly_dirty {
+            p.first_write = self.request_len;
+            p.mode = self.mode;
+        } else {
+            p.mode = p.mode.stricter(self.mode);
+        }
+        p.dirty = true;
+        p.gen = self.gen;
+        // Offsets inside a block fit in u32.
+        p.changed
+            .add(self.offset as u32, (self.offset + self.data.len()) as u32);
+        newly_dirty
+    }
+}
+
 /// The pages of one file, with its counts.
 #[derive(Default)]
 struct FilePages {
@@ -121,6 +153,9 @@ pub(crate) struct DataCache {
     undo: Option<HashMap<(u32, u32), Option<Page>>>,
     /// Block maps published for reads without the metadata lock (shared with `Meta::maps`).
     maps: HashMap<u32, Arc<ExtentMap>>,
+    /// Writes without the metadata lock: which files may take them, and the size and times
+    /// they left for the metadata side (`fs/cached_writes.rs`).
+    writes: CachedWrites,
 }
 
 /// Buckets of [`DataCache::drops`]: a drop of one file makes reads of the files that share
@@ -149,6 +184,7 @@ impl DataCache {
             drops: vec![0; DROP_BUCKETS].into_boxed_slice(),
             undo: None,
             maps: HashMap::new(),
+            writes: CachedWrites::default(),
         }
     }
 
@@ -288,18 +324,38 @@ impl DataCache {
         })
     }
 
+    /// The dirty pages of `ino` and the size and times writes without the metadata lock
+    /// left for it, taken together: write-back stores exactly the size these pages hold.
+    pub fn dirty_pages_and_pending(&self, ino: u32) -> (Vec<DirtyPage>, Option<PendingInode>) {
+        (self.dirty_pages(ino), self.writes.pending(ino))
+    }
+
+    /// Writes without the metadata lock (`fs/cached_writes.rs`).
+    pub fn writes(&self) -> &CachedWrites {
+        &self.writes
+    }
+
+    /// Writes without the metadata lock, to change (under the metadata lock, except for
+    /// [`DataCache::write_cached`]'s caller noting a write).
+    pub fn writes_mut(&mut self) -> &mut CachedWrites {
+        &mut self.writes
+    }
+
     /// Starts recording the old state of every page the operation touches.
     pub fn begin_undo(&mut self) {
         self.undo = Some(HashMap::new());
+        self.writes.begin_undo();
     }
 
     /// Ends the operation, keeping its changes.
     pub fn end_undo(&mut self) {
         self.undo = None;
+        self.writes.end_undo();
     }
 
     /// Ends the operation and puts back every page it touched.
     pub fn rollback(&mut self) {
+        self.writes.rollback();
         let Some(undo) = self.undo.take() else {
             return;
         };
@@ -380,32 +436,82 @@ impl DataCache {
             return false;
         }
         self.note(ino, lblk);
-        let gen = self.next_gen;
+        let change = PageWrite {
+            offset,
+            data,
+            request_len,
+            mode,
+            gen: self.next_gen,
+        };
         self.next_gen += 1;
-        let Some(f) = self.files.get_mut(&ino) else {
+        self.apply_write(ino, lblk, &change);
+        true
+    }
+
+    /// Writes `data` at byte `offset` of file `ino` (blocks of `block_size` bytes) for a
+    /// `write()` without the metadata lock (`fs/cached_writes.rs`), if every block it covers
+    /// has a page; else changes nothing and returns false. Not the change of an operation, so
+    /// not noted for its undo: where an operation running meanwhile (a commit's write-back)
+    /// saved a page's old state, the write goes into that saved state too, so its rollback
+    /// keeps this write.
+    pub fn write_cached(
+        &mut self,
+        ino: u32,
+        offset: u64,
+        data: &[u8],
+        block_size: u32,
+        mode: DataMode,
+    ) -> bool {
+        let bs = u64::from(block_size);
+        let end = offset + data.len() as u64;
+        let (Ok(first), Ok(last)) = (u32::try_from(offset / bs), u32::try_from((end - 1) / bs))
+        else {
             return false;
+        };
+        let ready = (first..=last).all(|l| {
+            self.get(ino, l).is_some()
+                && !self
+                    .undo
+                    .as_ref()
+                    .is_some_and(|u| matches!(u.get(&(ino, l)), Some(None)))
+        });
+        if data.is_empty() || !ready {
+            return false;
+        }
+        let mut at = 0usize;
+        for lblk in first..=last {
+            let pos = offset + at as u64;
+            let in_block = (pos % bs) as usize;
+            let len = (block_size as usize - in_block).min(data.len() - at);
+            let change = PageWrite {
+                offset: in_block,
+                data: &data[at..at + len],
+                request_len: data.len(),
+                mode,
+                gen: self.next_gen,
+            };
+            self.next_gen += 1;
+            self.apply_write(ino, lblk, &change);
+            if let Some(Some(saved)) = self.undo.as_mut().and_then(|u| u.get_mut(&(ino, lblk))) {
+                change.apply(saved);
+            }
+            at += len;
+        }
+        true
+    }
+
+    /// Applies `change` to the cached page `(ino, lblk)`, keeping the counters right.
+    fn apply_write(&mut self, ino: u32, lblk: u32, change: &PageWrite<'_>) {
+        let Some(f) = self.files.get_mut(&ino) else {
+            return;
         };
         let Some(p) = f.pages.get_mut(&lblk) else {
-            return false;
+            return;
         };
-        p.bytes[offset..offset + data.len()].copy_from_slice(data);
-        p.referenced = true;
-        let newly_dirty = !p.dirty;
-        if newly_dirty {
-            p.first_write = request_len;
-            p.mode = mode;
-        } else {
-            p.mode = p.mode.stricter(mode);
-        }
-        p.dirty = true;
-        p.gen = gen;
-        // Offsets inside a block fit in u32.
-        p.changed.add(offset as u32, (offset + data.len()) as u32);
-        if newly_dirty {
+        if change.apply(p) {
             f.dirty.insert(lblk);
+            self.dirty += 1;
         }
-        self.dirty += usize::from(newly_dirty);
-        true
     }
 
     /// After write-back put the page's bytes of generation `gen` where they belong: the page
@@ -533,6 +639,38 @@ impl DataCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal: a write without the metadata lock is all or nothing (a missing page: nothing
+    /// written), and survives the rollback of an operation that touched the same page
+    /// meanwhile (a commit's write-back that failed): it went into the saved state too.
+    #[test]
+    fn a_write_without_the_lock_survives_a_rollback_of_the_page() {
+        let mut c = DataCache::new(64);
+        c.insert(5, 0, vec![0u8; 16].into(), true);
+        assert!(!c.write_cached(5, 10, &[1u8; 10], 16, DataMode::Ordered));
+        assert_eq!(
+            c.dirty_count(),
+            0,
+            "a write with a page missing changed nothing"
+        );
+        c.begin_undo();
+        c.allocated(5, 0);
+        assert!(c.write_cached(5, 2, b"ab", 16, DataMode::Ordered));
+        c.rollback();
+        let p = c.get(5, 0).unwrap();
+        assert_eq!(&p.bytes[..4], &[0, 0, b'a', b'b']);
+        assert!(
+            p.dirty && p.reserved,
+            "the page is as before the operation, written"
+        );
+        assert_eq!((c.dirty_count(), c.reserved()), (1, 1));
+        // A page the operation made (none before it) takes no write without the lock.
+        c.begin_undo();
+        c.insert(5, 1, vec![0u8; 16].into(), true);
+        assert!(!c.write_cached(5, 16, b"x", 16, DataMode::Ordered));
+        c.rollback();
+        assert!(c.get(5, 1).is_none());
+    }
 
     #[test]
     fn writes_count_dirty_pages_and_reservations() {

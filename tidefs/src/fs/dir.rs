@@ -192,6 +192,7 @@ impl Meta {
         self.names.forget_dir(ino);
         self.names.withdraw_xattrs(ino);
         self.dirs.remove(&ino);
+        self.data.lock().writes_mut().forget(ino);
     }
 
     /// Publishes the name index of `dir`, if built, for lookups without the metadata lock.

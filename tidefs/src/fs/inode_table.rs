@@ -4,6 +4,8 @@
 //! Invariant: no inode read through `read_inode` has a size past the format's limits.
 
 use crate::format::ext4::inode::Inode;
+use crate::fs::api::Attr;
+use crate::fs::cached_writes::PendingInode;
 use crate::journal::tid_geq;
 use crate::{FsError, Result};
 
@@ -59,16 +61,51 @@ impl Meta {
         ))
     }
 
-    /// Reads inode `ino` (checksum verified).
+    /// Reads inode `ino` (checksum verified), with the size and times that writes without
+    /// the lock left for it (`fs/cached_writes.rs`), which are its newest.
     pub fn read_inode(&mut self, io: &Io, ino: u32) -> Result<Inode> {
+        let pending = self.data.lock().writes().pending(ino);
+        self.read_inode_with(io, ino, pending)
+    }
+
+    /// Reads inode `ino` as stored, with `pending` (a record of writes without the lock taken
+    /// earlier) folded in: storing it removes that record (`Meta::write_inode`).
+    pub(super) fn read_inode_with(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        pending: Option<PendingInode>,
+    ) -> Result<Inode> {
         let (nr, off) = self.inode_location(ino)?;
         let isz = self.geo.inode_size as usize;
         let seed = self.geo.csum_seed;
         let b = self.block(io, nr)?;
-        let inode = Inode::from_bytes(&b[off..off + isz]);
+        let mut inode = Inode::from_bytes(&b[off..off + isz]);
         inode.verify(seed, ino)?;
+        if let Some(p) = pending {
+            p.apply(&mut inode);
+            self.pending_seen.entry(ino).or_insert(p.seq);
+        }
         self.check_inode_size(ino, &inode)?;
         Ok(inode)
+    }
+
+    /// Caches `attr` (built under this lock) in the name cache, with the size and times of
+    /// writes made without the lock since it was read: under the page cache's mutex, which
+    /// such a write holds while it updates both, so the cache never goes back to an older size.
+    pub(super) fn cache_attr(&self, attr: &Attr) {
+        let pages = self.data.lock();
+        let pending = u32::try_from(attr.ino)
+            .ok()
+            .and_then(|ino| pages.writes().pending(ino));
+        match pending {
+            Some(p) => {
+                let mut a = attr.clone();
+                p.apply_to_attr(&mut a);
+                self.names.put_attr(&a);
+            }
+            None => self.names.put_attr(attr),
+        }
     }
 
     /// Refuses sizes no valid inode has: a regular file past the format's maximum (the kernel's
@@ -122,6 +159,10 @@ impl Meta {
         self.forget_attr_in_op(ino);
         if let Some(last) = self.op_undo.as_mut().and_then(|u| u.forgot.get_mut(&ino)) {
             *last = Some(inode.clone());
+        }
+        // What writes without the lock left for this inode, as read, is in it now.
+        if let Some(&seq) = self.pending_seen.get(&ino) {
+            self.data.lock().writes_mut().stored(ino, seq);
         }
         if self.block(io, nr)?[off..off + isz] == *inode.as_bytes() {
             // Nothing changed (a write that kept the times): no transaction needs it.

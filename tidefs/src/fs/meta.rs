@@ -92,6 +92,9 @@ pub(crate) struct OpUndo {
     /// so that a `getattr` or a read after a write need not take the lock; a rollback leaves
     /// them forgotten.
     pub(super) forgot: HashMap<u32, Option<Inode>>,
+    /// A file this operation wrote, with its mode, found without capabilities to remove: it
+    /// may take writes without the lock once the operation ends well (`fs/cached_writes.rs`).
+    pub(super) publish_write: Option<(u32, super::api::DataMode)>,
 }
 
 /// The superblock's totals and free counts, readable without the metadata lock
@@ -235,6 +238,10 @@ pub(crate) struct Meta {
     /// Device reads of the running operation, deferred out of the lock inside
     /// `Inner::lock_meta_reading` (`fs/deferred_reads.rs`).
     pub reads: super::deferred_reads::DeferredReads,
+    /// For each inode read by the running operation with a record of writes without the lock
+    /// folded in (`fs/cached_writes.rs`), the sequence number of the first such record: when
+    /// the operation stores the inode, that record (or an older one) has reached it.
+    pub pending_seen: HashMap<u32, u64>,
 }
 
 /// Reads block `nr` (of `bs` bytes) from the fs device.
@@ -355,7 +362,9 @@ impl Meta {
             late_frees_len: self.late_frees.len(),
             derived: Vec::new(),
             forgot: HashMap::new(),
+            publish_write: None,
         });
+        self.pending_seen.clear();
     }
 
     /// Runs `f` as one operation: kept whole if it succeeds, taken back whole if it fails.
@@ -384,8 +393,11 @@ impl Meta {
         for (ino, i) in u.forgot {
             if let Some(i) = i.filter(|i| self.in_use(ino, i)) {
                 let attr = self.attr_unseen(ino, &i);
-                self.names.put_attr(&attr);
+                self.cache_attr(&attr);
             }
+        }
+        if let Some((ino, mode)) = u.publish_write {
+            self.data.lock().writes_mut().publish_mode(ino, mode);
         }
     }
 
@@ -518,6 +530,7 @@ impl Meta {
             || !self.freed_running.is_empty()
             || self.sb_dirty
             || self.data.lock().dirty_count() > 0
+            || self.data.lock().writes().pending_files().next().is_some()
             || !self.late_frees.is_empty()
     }
 

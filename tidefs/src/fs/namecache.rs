@@ -139,6 +139,24 @@ impl NameCache {
         self.names.read().dirs.get(&dir)?.get(name).copied()
     }
 
+    /// Changes the cached attributes of `ino` for a write without the metadata lock
+    /// (`Fs::write`, under the page cache's mutex): `f` gets them and whether their times
+    /// changed unseen since last shown (`Meta::change_time`'s rule), and changes them when it
+    /// returns `Some`; the times then count as changed. `None` when none are cached.
+    pub fn change_attr<T>(
+        &self,
+        ino: u32,
+        f: impl FnOnce(&mut Attr, bool) -> Option<T>,
+    ) -> Option<T> {
+        // Under the write lock: a reader marks the times seen under the read lock
+        // (`NameCache::attr`), so the test below sees every look before this change.
+        let mut attrs = self.attrs.write();
+        let attr = attrs.get_mut(&ino)?;
+        let r = f(attr, self.changed_unseen(ino))?;
+        self.times_changed(ino);
+        Some(r)
+    }
+
     /// Caches `attr` (the caller holds the metadata lock and read it under that lock).
     pub fn put_attr(&self, attr: &Attr) {
         let Ok(ino) = u32::try_from(attr.ino) else {

@@ -9,6 +9,8 @@ use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
 
 use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode};
+use super::cached_writes::to_ts;
+use super::datacache::DataCache;
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
 use super::modes;
@@ -30,16 +32,24 @@ fn coarse_now() -> InodeTime {
     }
 }
 
-pub(crate) fn now() -> InodeTime {
-    let t = Timestamp::now();
-    InodeTime {
-        sec: t.sec,
-        nsec: t.nsec,
+/// The time a change gives an inode whose ctime is `ctime` (multigrain timestamps, see
+/// `Meta::change_time`): the coarse clock (or `ctime` when the coarse clock is not after it)
+/// when nobody was shown its times since they last changed (`unseen`), else the fine clock.
+pub(crate) fn change_time_after(unseen: bool, ctime: InodeTime) -> InodeTime {
+    if !unseen {
+        return now();
+    }
+    let coarse = coarse_now();
+    if (coarse.sec, coarse.nsec) > (ctime.sec, ctime.nsec) {
+        coarse
+    } else {
+        ctime
     }
 }
 
-fn to_ts(t: InodeTime) -> Timestamp {
-    Timestamp {
+pub(crate) fn now() -> InodeTime {
+    let t = Timestamp::now();
+    InodeTime {
         sec: t.sec,
         nsec: t.nsec,
     }
@@ -153,24 +163,36 @@ impl Meta {
     /// The attributes of `ino` for a caller that hands them out: its times count as seen
     /// (multigrain timestamps, `Meta::change_time`).
     pub(crate) fn attr(&self, ino: u32, i: &Inode) -> Attr {
+        // Built and marked seen in one hold of the page cache's mutex, which a write without
+        // the lock holds while it changes the times (`Inner::write_cached`): that write comes
+        // before (its size and times are shown here) or after (it sees this look).
+        let pages = self.data.lock();
+        let attr = self.attr_with(ino, i, &pages);
         self.names.shown(ino);
-        self.attr_unseen(ino, i)
+        attr
     }
 
     /// The attributes of `ino` without counting its times as seen (see `Fs::refresh_attr`).
     pub(crate) fn attr_unseen(&self, ino: u32, i: &Inode) -> Attr {
+        let pages = self.data.lock();
+        self.attr_with(ino, i, &pages)
+    }
+
+    /// The attributes of `ino` from inode `i`, the blocks reserved for its cached pages and
+    /// the size and times writes without the lock left (`pages` is the locked page cache).
+    fn attr_with(&self, ino: u32, i: &Inode, pages: &DataCache) -> Attr {
         let kind = kind_of(i.mode());
         let rdev = if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
             inode::decode_rdev(i.i_block())
         } else {
             0
         };
-        Attr {
+        let mut attr = Attr {
             ino: u64::from(ino),
             size: i.size(),
             // Blocks reserved for cached data count already, as with ext4's delayed allocation.
             blocks: i.blocks_512(self.geo.block_size)
-                + self.data.lock().reserved_of(ino) * u64::from(self.geo.block_size / 512),
+                + pages.reserved_of(ino) * u64::from(self.geo.block_size / 512),
             atime: to_ts(i.atime()),
             mtime: to_ts(i.mtime()),
             ctime: to_ts(i.ctime()),
@@ -183,7 +205,11 @@ impl Meta {
             rdev,
             blksize: self.geo.block_size,
             generation: i.generation(),
+        };
+        if let Some(p) = pages.writes().pending(ino) {
+            p.apply_to_attr(&mut attr);
         }
+        attr
     }
 
     fn dir_inode(&mut self, io: &Io, ino: u32) -> Result<Inode> {
@@ -966,7 +992,7 @@ impl Meta {
             segs
         };
         // Later reads of this file may be served without the metadata lock (`Fs::read`).
-        self.names.put_attr(&self.attr_unseen(ino, &i));
+        self.cache_attr(&self.attr_unseen(ino, &i));
         Ok(segs)
     }
 
@@ -1033,6 +1059,16 @@ impl Meta {
         i.set_mtime(t);
         i.set_ctime(t);
         self.write_inode(io, ino, &mut i)?;
+        // The file has no capabilities left (`kill_caps` above): its next writes into cached
+        // pages need not take the lock (`Fs::write`), if its times round-trip exactly.
+        // Its attributes are cached when the operation ends, as such a write needs.
+        if i.is_reg() && i.keeps_nanoseconds() {
+            let mode = self.data_mode(io, ino)?;
+            if let Some(u) = self.op_undo.as_mut() {
+                u.publish_write = Some((ino, mode));
+                u.forgot.insert(ino, Some(i.clone()));
+            }
+        }
         // At most the request, itself at most u32::MAX from FUSE.
         Ok(written as u32)
     }
@@ -1049,17 +1085,7 @@ impl Meta {
         // under its read lock), so the test below sees that look; a later reader misses the
         // cache and waits for this operation.
         self.forget_attr_in_op(ino);
-        let c = i.ctime();
-        let t = if self.names.changed_unseen(ino) {
-            let coarse = coarse_now();
-            if (coarse.sec, coarse.nsec) > (c.sec, c.nsec) {
-                coarse
-            } else {
-                c
-            }
-        } else {
-            now()
-        };
+        let t = change_time_after(self.names.changed_unseen(ino), i.ctime());
         self.names.times_changed(ino);
         t
     }
@@ -1362,6 +1388,7 @@ impl Meta {
         attrs: &[Xattr],
     ) -> Result<()> {
         self.names.withdraw_xattrs(ino);
+        self.data.lock().writes_mut().withdraw_mode(ino);
         let area_len = i.xattr_area().len();
         let bs = self.geo.bs();
         // Greedy: as many as fit in the inode, the rest in one block.

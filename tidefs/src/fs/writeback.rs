@@ -54,7 +54,15 @@ impl Meta {
 
     fn writeback_pages(&mut self, io: &Io, scope: Scope) -> Result<Vec<HomeWrite>> {
         let files = match scope {
-            Scope::All => self.data.lock().dirty_files(),
+            Scope::All => {
+                // And the files whose size or times writes without the lock changed.
+                let pages = self.data.lock();
+                let mut files = pages.dirty_files();
+                files.extend(pages.writes().pending_files());
+                files.sort_unstable();
+                files.dedup();
+                files
+            }
             Scope::Overwrites(ino) => vec![ino],
         };
         let bs = u64::from(self.geo.block_size);
@@ -65,8 +73,11 @@ impl Meta {
                 // journal and wasteless: every page goes through the journal, none home.
                 continue;
             }
-            let pages = self.data.lock().dirty_pages(ino);
-            if pages.is_empty() {
+            // The size and times stored below are those of exactly these pages (a write
+            // without the lock may come in between the two otherwise).
+            let (pages, pending) = self.data.lock().dirty_pages_and_pending(ino);
+            let pending = pending.filter(|_| scope == Scope::All);
+            if pages.is_empty() && pending.is_none() {
                 continue;
             }
             // The blocks changed for this file follow its mode (and that of its pages).
@@ -75,7 +86,7 @@ impl Meta {
             for p in &pages {
                 self.act_in_mode(p.mode);
             }
-            let mut inode = self.read_inode(io, ino)?;
+            let mut inode = self.read_inode_with(io, ino, pending)?;
             let mut map = self.take_extent_map(io, ino, &inode)?;
             let mut goal = inode_goal(&map, self, ino);
             let mut new_blocks = 0u64;
@@ -157,6 +168,8 @@ impl Meta {
                 }
                 let blocks = inode.blocks_512(self.geo.block_size) + new_blocks * (bs / 512);
                 inode.set_blocks_512(blocks);
+            }
+            if map_changed || pending.is_some() {
                 self.write_inode(io, ino, &mut inode)?;
             }
             self.put_extent_map(ino, map);

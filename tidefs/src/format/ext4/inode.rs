@@ -336,6 +336,12 @@ impl Inode {
         &mut self.raw[start.min(len)..]
     }
 
+    /// Whether the inode keeps the nanoseconds (and epoch bits) of its change and
+    /// modification times: its extra part reaches `i_ctime_extra` and `i_mtime_extra`.
+    pub fn keeps_nanoseconds(&self) -> bool {
+        self.has_extra_field(I_CTIME_EXTRA) && self.has_extra_field(I_MTIME_EXTRA)
+    }
+
     fn has_extra_field(&self, off: usize) -> bool {
         self.raw.len() > GOOD_OLD_INODE_SIZE
             && off + 4 <= GOOD_OLD_INODE_SIZE + usize::from(self.extra_isize())
