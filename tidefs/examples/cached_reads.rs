@@ -12,7 +12,7 @@
 //! THREADS (16) threads each append 125 bytes to their own file and fdatasync it, in a loop;
 //! meanwhile the main thread reads a cached 4 KiB file, stats it, asks for its
 //! `security.capability` (which it does not have: what the kernel asks before most writes
-//! through FUSE), and appends 125 bytes to a file of its own and reads them back, every
+//! through FUSE), and appends 125 bytes to a file of its own (timed) and reads them back, every
 //! millisecond, 3 000 times, then reads 3 000 blocks of a 64 MiB file, each block once, in random order, one
 //! every millisecond (each from the device; the file was read once before the storm, so its
 //! block map is loaded), then looks up 3 000 names that do not exist, then lists the root
@@ -94,7 +94,7 @@ fn main() {
     let (mut reads, mut stats, mut caps) = (Vec::new(), Vec::new(), Vec::new());
     let tail = root("tail");
     let mut tail_at = fs.getattr(tail).expect("getattr").size;
-    let mut tail_reads = Vec::new();
+    let (mut tail_writes, mut tail_reads) = (Vec::new(), Vec::new());
     let started = Instant::now();
     for _ in 0..3000 {
         let t = Instant::now();
@@ -106,7 +106,9 @@ fn main() {
         let t = Instant::now();
         assert!(fs.getxattr(small, b"security.capability").is_err());
         caps.push(t.elapsed().as_micros());
+        let t = Instant::now();
         fs.write(tail, tail_at, &[9u8; 125]).expect("append");
+        tail_writes.push(t.elapsed().as_micros());
         let t = Instant::now();
         assert_eq!(fs.read(tail, tail_at, 125).expect("read"), [9u8; 125]);
         tail_reads.push(t.elapsed().as_micros());
@@ -153,6 +155,7 @@ fn main() {
         ("read 4 KiB cached", &mut reads),
         ("getattr", &mut stats),
         ("getxattr of a missing attribute", &mut caps),
+        ("append of 125 bytes", &mut tail_writes),
         ("read of 125 bytes just appended", &mut tail_reads),
         ("read 4 KiB from the device", &mut cold_reads),
         ("lookup of a missing name", &mut missing),

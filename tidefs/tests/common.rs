@@ -84,10 +84,20 @@ pub fn assert_fsck_clean_but_leaks(image: &Path) {
 
 /// Writes the bytes of an in-memory image to a temporary file and runs [`assert_fsck_clean`].
 pub fn assert_mem_fsck_clean(mem: &tidefs::dev::MemDev) {
+    check_mem_image(mem, assert_fsck_clean);
+}
+
+/// As [`assert_mem_fsck_clean`], with [`assert_fsck_clean_but_leaks`].
+pub fn assert_mem_fsck_clean_but_leaks(mem: &tidefs::dev::MemDev) {
+    check_mem_image(mem, assert_fsck_clean_but_leaks);
+}
+
+/// Runs `check` on the bytes of an in-memory image written to a temporary file.
+fn check_mem_image(mem: &tidefs::dev::MemDev, check: fn(&Path)) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("check.img");
     std::fs::write(&path, mem.to_bytes()).unwrap();
-    assert_fsck_clean(&path);
+    check(&path);
 }
 
 /// Runs `e2fsck -fn` and panics with its output unless the image is clean.

@@ -10,7 +10,8 @@
 //! `mkfs.ext4`, mounted in memory in each journaling mode; after every step both files are
 //! stat'ed and read twice against a model; at the end each file is fdatasync'ed, the file
 //! system stops as a power cut would, and the remounted image must hold the model's bytes
-//! and sizes, and be clean by the real `e2fsck -fn` after a clean unmount. (2) A writer
+//! and sizes, and be clean by the real `e2fsck -fn` after a clean unmount (but for blocks
+//! leaked in `lightweight` mode, which its promise allows). (2) A writer
 //! appending one byte at a time and rewriting the first (the path without the lock) while
 //! other threads change the file's mode and times, commit, and stat and read it: the size
 //! never goes back, every byte is there at the end, and after a remount.
@@ -172,7 +173,12 @@ fn run(mode: DataMode, ops: &[Op]) -> Result<(), TestCaseError> {
     check(&fs, &inos, &model, &format!("{mode:?}: after a crash"))?;
     fs.unmount().unwrap();
     drop(fs);
-    common::assert_mem_fsck_clean(&mem);
+    if mode == DataMode::Lightweight {
+        // Its promise after a crash: blocks freed in the last transaction may leak.
+        common::assert_mem_fsck_clean_but_leaks(&mem);
+    } else {
+        common::assert_mem_fsck_clean(&mem);
+    }
     Ok(())
 }
 
@@ -191,6 +197,23 @@ proptest! {
     ) {
         run(mode, &ops)?;
     }
+}
+
+/// A case CI's random sequences found: in `lightweight` mode a truncate's frees reach the
+/// bitmaps only in the commit after its own, so a power cut right after leaves them leaked
+/// (allowed), never a used block marked free.
+#[test]
+fn a_lightweight_truncate_before_a_power_cut_only_leaks() {
+    run(
+        DataMode::Lightweight,
+        &[
+            Op::Truncate(1, 5046),
+            Op::Write(1, 50, 155),
+            Op::Fsync(0, false),
+            Op::Truncate(1, 0),
+        ],
+    )
+    .unwrap();
 }
 
 /// Goal and method (2): see the module doc.
