@@ -19,9 +19,10 @@
 //!   (where its mode record and capabilities live) withdraws it first, as does freeing or
 //!   making the inode;
 //! - a record holds the newest size and times of its inode; it is removed only when the
-//!   inode is stored with it (`Meta::write_inode` removes the record it read, if no newer one
-//!   came since) or the inode is freed, and an operation rolled back puts back what it removed
-//!   (merged with anything newer), so no write's size or times are ever lost;
+//!   inode is stored with it (`Meta::write_inode` removes the record the operation's first
+//!   read of the inode saw, if no newer one came since: whatever copy it stores was read at or
+//!   after that read) or the inode is freed, and an operation rolled back puts back what it
+//!   removed (merged with anything newer), so no write's size or times are ever lost;
 //! - each record carries a sequence number that grows with every write, so the metadata side
 //!   removes only what it has folded in.
 

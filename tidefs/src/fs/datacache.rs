@@ -20,8 +20,10 @@
 //! - while an operation runs (`begin_undo`), the first change to each page saves its old state,
 //!   so a failed operation takes its data changes back with its metadata changes.
 //!
-//! The cache sits behind its own mutex, shared by `Meta` and `Fs::read`: operations change it
-//! under the metadata lock as before, and a read serves whole cached pages without that lock
+//! The cache sits behind its own mutex, shared by `Meta`, `Fs::read` and `Fs::write`:
+//! operations change it under the metadata lock, a write whose every block has a page changes
+//! those pages without that lock ([`DataCache::write_cached`], `fs/cached_writes.rs`), and a
+//! read serves whole cached pages without that lock
 //! ([`DataCache::copy_out`]) and keeps the blocks it read from the device as clean pages
 //! ([`DataCache::insert_read`]). The reader holds the file's data lock, which every change to
 //! the file's bytes or size takes too; what can still change a file's pages under a reader is

@@ -30,6 +30,9 @@ pub(super) enum SyncWork {
     Commit(u32),
     /// The file's cached pages that overwrite blocks on disk go home and are flushed.
     Overwrites(u32),
+    /// Transaction `.0`, closed and being committed, must be durable, and then the file
+    /// `.1`'s pages dirtied since its write-back must go home ([`SyncWork::Overwrites`]).
+    CommitThenOverwrites(u32, u32),
     /// Everything (sync, syncfs).
     All,
 }

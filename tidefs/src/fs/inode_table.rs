@@ -69,7 +69,8 @@ impl Meta {
     }
 
     /// Reads inode `ino` as stored, with `pending` (a record of writes without the lock taken
-    /// earlier) folded in: storing it removes that record (`Meta::write_inode`).
+    /// earlier) folded in: storing it removes that record (`Meta::write_inode`) if this is the
+    /// operation's first read of the inode.
     pub(super) fn read_inode_with(
         &mut self,
         io: &Io,
@@ -82,9 +83,14 @@ impl Meta {
         let b = self.block(io, nr)?;
         let mut inode = Inode::from_bytes(&b[off..off + isz]);
         inode.verify(seed, ino)?;
+        // The first read of the inode in the operation decides which record its stores may
+        // remove: one it saw (an operation may store the copy it read first, after a write
+        // without the lock left a record a later read folded in). 0: none seen, none removed.
+        self.pending_seen
+            .entry(ino)
+            .or_insert(pending.map_or(0, |p| p.seq));
         if let Some(p) = pending {
             p.apply(&mut inode);
-            self.pending_seen.entry(ino).or_insert(p.seq);
         }
         self.check_inode_size(ino, &inode)?;
         Ok(inode)

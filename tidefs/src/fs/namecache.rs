@@ -5,6 +5,10 @@
 //! - an entry is added only by a caller holding the metadata lock, from the state it just
 //!   read under that lock, or, for attributes, by the end of an operation that wrote the
 //!   inode, from the bytes it last wrote (`Meta::end_op`; a rolled-back operation adds none);
+//!   the one change made without that lock is a write into cached pages
+//!   ([`NameCache::change_attr`], under the page cache's mutex), which gives an entry already
+//!   there the size and times it also leaves in the page cache for the inode
+//!   (`fs/cached_writes.rs`);
 //! - every change that could make an entry wrong removes it under the same lock before the
 //!   change's operation returns: `Meta::write_inode` for attributes (the inode bytes, which
 //!   carry everything an `Attr` holds except the blocks reserved for cached data, and every
