@@ -6,10 +6,9 @@
 use crate::format::ext4::inode::Inode;
 use crate::fs::api::Attr;
 use crate::fs::cached_writes::PendingInode;
-use crate::journal::tid_geq;
 use crate::{FsError, Result};
 
-use super::meta::{InodeTids, Io, Meta, MAX_DIR_BYTES};
+use super::meta::{Io, Meta, MAX_DIR_BYTES};
 
 /// Byte ranges of an on-disk inode that hold only timestamps and the checksum (which follows
 /// them): a change confined to these needs no commit for fdatasync. Offsets from the ext4
@@ -36,12 +35,16 @@ fn only_times_differ(a: &[u8], b: &[u8]) -> bool {
 impl Meta {
     /// Forgets the inode tids that transaction `tid` made durable.
     pub fn forget_durable_tids(&mut self, tid: u32) {
-        self.ino_tids.retain(|_, t| {
-            if t.data.is_some_and(|d| tid_geq(tid, d)) {
-                t.data = None;
-            }
-            !tid_geq(tid, t.any)
-        });
+        self.sync.durable(tid);
+    }
+
+    /// Closes the running transaction: returns its tid, and the next one runs (published for
+    /// fsync planning without the lock).
+    pub fn close_running_tid(&mut self) -> u32 {
+        let tid = self.tid;
+        self.tid = tid.wrapping_add(1);
+        self.sync.set_running(self.tid);
+        tid
     }
 
     // ----- inodes -----
@@ -180,14 +183,7 @@ impl Meta {
         let b = self.block_mut(io, nr)?;
         let times_only = only_times_differ(&b[off..off + isz], inode.as_bytes());
         b[off..off + isz].copy_from_slice(inode.as_bytes());
-        let t = self.ino_tids.entry(ino).or_insert(InodeTids {
-            any: tid,
-            data: None,
-        });
-        t.any = tid;
-        if !times_only {
-            t.data = Some(tid);
-        }
+        self.sync.changed(ino, tid, times_only);
         Ok(())
     }
 }

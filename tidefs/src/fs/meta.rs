@@ -222,9 +222,11 @@ pub(crate) struct Meta {
     /// cached pages without this lock (`Inner::pages`). Taken after this lock; while it is
     /// held only the name cache's locks are taken (docs/DESIGN.md §2.5, lock order).
     pub data: Arc<parking_lot::Mutex<super::datacache::DataCache>>,
-    /// For each inode changed by a transaction not known durable yet, the tids of its last
-    /// change and of its last change that fdatasync must wait for (anything but timestamps).
-    pub ino_tids: HashMap<u32, InodeTids>,
+    /// The running tid (mirror of `tid`), commit write-back windows and, for each inode
+    /// changed by a transaction not known durable yet, the tids of its last change and of its
+    /// last change that fdatasync must wait for (anything but timestamps): what fsync planning
+    /// reads without this lock (`Inner::sync`).
+    pub sync: Arc<super::sync_view::SyncView>,
     /// What `lookup` and `getattr` serve without this lock; entries are dropped here, under
     /// the lock, as their inodes and names change.
     pub names: Arc<super::namecache::NameCache>,
@@ -249,15 +251,6 @@ pub(crate) fn read_block(io: &Io, nr: u64, bs: usize) -> Result<Box<[u8]>> {
     let mut buf = vec![0u8; bs].into_boxed_slice();
     io.dev.read_at(nr * bs as u64, &mut buf)?;
     Ok(buf)
-}
-
-/// The transactions that hold an inode's last changes (see [`Meta::ino_tids`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct InodeTids {
-    /// Last change of any kind (fsync waits for it).
-    pub any: u32,
-    /// Last change other than timestamps (fdatasync waits for it), if any.
-    pub data: Option<u32>,
 }
 
 impl Meta {

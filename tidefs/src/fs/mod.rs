@@ -35,6 +35,7 @@ mod namecache;
 mod open_files;
 mod ops;
 mod read_plan;
+mod sync_view;
 mod writeback;
 
 pub use api::*;
@@ -184,6 +185,8 @@ struct Inner {
     data_journaling: Arc<AtomicBool>,
     /// `Meta::free`: the free counts `statfs` reads without the metadata lock.
     free: Arc<meta::FreeCounts>,
+    /// `Meta::sync`: what fsync planning reads without the metadata lock.
+    sync: Arc<sync_view::SyncView>,
     meta: Mutex<Meta>,
     /// Serialises commits: at most one transaction is being committed at a time.
     gate: CommitGate,
@@ -564,7 +567,7 @@ impl Fs {
             late_frees: Vec::new(),
             layout: Arc::default(),
             data: Arc::new(Mutex::new(datacache::DataCache::new(cache_blocks))),
-            ino_tids: HashMap::new(),
+            sync: Arc::new(sync_view::SyncView::new(tid)),
             names: Arc::default(),
             free,
             blocks_changed: Vec::new(),
@@ -586,6 +589,7 @@ impl Fs {
             pages: meta.data.clone(),
             data_journaling: meta.modes.data_journaling_flag(),
             free: meta.free.clone(),
+            sync: meta.sync.clone(),
             meta: Mutex::new(meta),
             gate: CommitGate::default(),
             syncs: SyncQueue::default(),
@@ -1809,7 +1813,7 @@ impl Inner {
             blocks: vec![(nr, block.clone())],
             ..CommitRequest::default()
         })?;
-        m.tid = tid.wrapping_add(1);
+        m.close_running_tid();
         self.committed_tid.store(tid, Ordering::SeqCst);
         m.cache.forget(nr);
         m.cache.insert(nr, Box::from(&block[..]));
@@ -1851,44 +1855,56 @@ impl Inner {
             // Unmounted or crashed: nothing more reaches the device.
             return Err(FsError::ReadOnly);
         }
-        let (n, target, dirty, running) = {
-            let (m, live) = self.lock_meta_reading(|m| {
-                let n = m.ino32(ino)?;
-                m.live_inode(&self.io, n).map(|_| n)
-            })?;
-            let n = live?;
-            if self.errored.load(Ordering::SeqCst) {
-                // After an error nothing more becomes durable: every fsync reports it.
-                return Err(self.error_result());
-            }
-            if m.read_only && self.read_only {
-                return Ok(None);
-            }
-            let durable = self.committed_tid.load(Ordering::SeqCst);
-            let (dirty, pending) = {
-                let pages = m.data.lock();
-                (pages.dirty_count_of(n) > 0, pages.writes().pending(n))
-            };
-            // A size or times that writes without the lock left go into the inode at the
-            // running transaction's write-back (a change of times alone not for fdatasync).
-            let pending_tid = pending.filter(|p| p.grew || !datasync).map(|_| m.tid);
-            let target = pending_tid.or_else(|| {
-                m.ino_tids
-                    .get(&n)
-                    .and_then(|t| if datasync { t.data } else { Some(t.any) })
-                    .filter(|&t| !tid_geq(durable, t))
-            });
-            (n, target, dirty, m.tid)
+        if let Some(work) = self.fsync_plan_unlocked(self.geo.ino32(ino)?, datasync) {
+            return Ok(work);
+        }
+        let (m, live) = self.lock_meta_reading(|m| {
+            let n = m.ino32(ino)?;
+            m.live_inode(&self.io, n).map(|_| n)
+        })?;
+        let n = live?;
+        if self.errored.load(Ordering::SeqCst) {
+            // After an error nothing more becomes durable: every fsync reports it.
+            return Err(self.error_result());
+        }
+        if m.read_only && self.read_only {
+            return Ok(None);
+        }
+        let durable = self.committed_tid.load(Ordering::SeqCst);
+        let (dirty, pending) = {
+            let pages = m.data.lock();
+            (pages.dirty_count_of(n) > 0, pages.writes().pending(n))
         };
-        Ok(match target {
-            // A transaction already closed wrote back only the pages dirty at its close:
-            // those written since need their own write-back.
-            Some(t) if dirty && t != running => Some(SyncWork::CommitThenOverwrites(t, n)),
-            // The running transaction's commit writes every dirty page back as well.
-            Some(t) => Some(SyncWork::Commit(t)),
-            None if dirty => Some(SyncWork::Overwrites(n)),
-            None => None,
-        })
+        let tids = m.sync.tids(n);
+        Ok(sync_view::plan(
+            n, datasync, m.tid, durable, dirty, pending, tids,
+        ))
+    }
+
+    /// [`Inner::fsync_plan`] without the metadata lock (`fs/sync_view.rs`), for a file whose
+    /// attributes are cached (so it is in use) on a writable mount without errors, when no
+    /// commit's write-back ran while the plan read its inputs; `None` sends it to the lock.
+    fn fsync_plan_unlocked(&self, n: u32, datasync: bool) -> Option<Option<SyncWork>> {
+        if self.read_only || self.errored.load(Ordering::SeqCst) {
+            return None;
+        }
+        let window = self.sync.writeback_count();
+        if window % 2 == 1 || self.names.attr_unseen(n).is_none() {
+            return None;
+        }
+        let running = self.sync.running();
+        let durable = self.committed_tid.load(Ordering::SeqCst);
+        let (dirty, pending) = {
+            let pages = self.pages.lock();
+            (pages.dirty_count_of(n) > 0, pages.writes().pending(n))
+        };
+        let tids = self.sync.tids(n);
+        if self.sync.writeback_count() != window {
+            return None;
+        }
+        Some(sync_view::plan(
+            n, datasync, running, durable, dirty, pending, tids,
+        ))
     }
 
     /// Does what an fsync or sync needs, on the calling thread.
@@ -2043,6 +2059,8 @@ impl Inner {
             // Write-back: cached file data gets its blocks in this transaction (`None`:
             // nothing to commit, the timer fired on an idle file system; every closed
             // transaction is already durable, or the error state would have stopped us).
+            // Until the running tid moves on, fsync planning takes the lock (`fs/sync_view.rs`).
+            let window = self.sync.writeback_window();
             let written = self.lock_meta_reading(|m| {
                 m.has_uncommitted_changes()
                     .then(|| m.writeback(&self.io, Scope::All))
@@ -2092,8 +2110,8 @@ impl Inner {
                 .chain(in_place.iter().map(|(nr, b)| (*nr, b.clone())))
                 .collect();
             let late_frees = std::mem::take(&mut m.late_frees);
-            let tid = m.tid;
-            m.tid = m.tid.wrapping_add(1);
+            let tid = m.close_running_tid();
+            drop(window);
             *self.running_since.lock() = Instant::now();
             (
                 CommitRequest {
@@ -2863,6 +2881,50 @@ mod tests {
         let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
         assert_eq!(fs.read(f, 0, 100).unwrap(), b"hello!??+");
         assert_eq!(fs.getattr(f).unwrap().perm, 0o640);
+        fs.unmount().unwrap();
+    }
+
+    /// Goal: an fsync that finds nothing to wait for decides so without the metadata lock,
+    /// and takes the lock while a commit's write-back runs (whose transaction it cannot place)
+    /// or when the file's attributes are not cached. Method: the lock held by the test while
+    /// fdatasyncs run on another thread; a write-back window opened by hand.
+    #[test]
+    fn an_fsync_with_nothing_to_wait_for_does_not_take_the_metadata_lock() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let f = new_file(&fs, b"f");
+        fs.write(f, 0, b"data").unwrap();
+        fs.sync().unwrap();
+        fs.getattr(f).unwrap();
+        let (answers, waits) = (Duration::from_secs(20), Duration::from_millis(300));
+        let fsync_while_held = |window: bool, patience: Duration| {
+            let held = fs.inner.meta.lock();
+            let open = window.then(|| fs.inner.sync.writeback_window());
+            let fs2 = fs.clone();
+            let rx = on_thread(move || fs2.fsync(f, true));
+            let quick = rx.recv_timeout(patience);
+            drop(open);
+            drop(held);
+            (quick, rx)
+        };
+        let (quick, _) = fsync_while_held(false, answers);
+        quick
+            .expect("an fsync with nothing to do waited for the lock")
+            .unwrap();
+        let (quick, rx) = fsync_while_held(true, waits);
+        assert!(
+            quick.is_err(),
+            "planned without the lock during a write-back"
+        );
+        rx.recv().unwrap().unwrap();
+        fs.drop_caches().unwrap();
+        let (quick, rx) = fsync_while_held(false, waits);
+        assert!(
+            quick.is_err(),
+            "planned without the lock for an uncached file"
+        );
+        rx.recv().unwrap().unwrap();
         fs.unmount().unwrap();
     }
 
