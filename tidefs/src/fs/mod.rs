@@ -2307,6 +2307,26 @@ mod tests {
         rx
     }
 
+    /// What arrived from a thread run while the metadata lock was held.
+    type HeldAnswer<T> = (
+        std::result::Result<T, mpsc::RecvTimeoutError>,
+        mpsc::Receiver<T>,
+    );
+
+    /// Runs `f` on a new thread while the test holds the metadata lock: what it answered
+    /// within `patience` (then the lock is let go), and the channel of a later answer.
+    fn while_meta_held<T: Send + 'static>(
+        fs: &Fs,
+        patience: Duration,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> HeldAnswer<T> {
+        let held = fs.inner.meta.lock();
+        let rx = on_thread(f);
+        let quick = rx.recv_timeout(patience);
+        drop(held);
+        (quick, rx)
+    }
+
     /// An image from the real mkfs.ext4 in memory, or `None` (skipped) without e2fsprogs.
     fn image() -> Option<Arc<MemDev>> {
         let dir = tempfile::tempdir().unwrap();
@@ -2547,12 +2567,10 @@ mod tests {
         fs.lookup(d, b"b").unwrap();
         fs.getattr(a).unwrap();
         let lookup_while_held = |name: &'static [u8]| {
-            let held = fs.inner.meta.lock();
             let fs2 = fs.clone();
-            let rx = on_thread(move || fs2.lookup(d, name).map(|attr| attr.ino));
-            let quick = rx.recv_timeout(Duration::from_millis(300));
-            drop(held);
-            (quick, rx)
+            while_meta_held(&fs, Duration::from_millis(300), move || {
+                fs2.lookup(d, name).map(|attr| attr.ino)
+            })
         };
         for (name, want) in [(&b"a"[..], Some(a)), (b"nothing", None)] {
             let (quick, _) = lookup_while_held(name);
@@ -2762,15 +2780,11 @@ mod tests {
         fs.write(f, 0, b"hello").unwrap();
         let (answers, waits) = (Duration::from_secs(20), Duration::from_millis(300));
         let write_while_held = |offset: u64, bytes: &'static [u8], patience: Duration| {
-            let held = fs.inner.meta.lock();
             let fs2 = fs.clone();
-            let rx = on_thread(move || {
+            while_meta_held(&fs, patience, move || {
                 let n = fs2.write(f, offset, bytes);
                 (n, fs2.getattr(f).map(|a| a.size))
-            });
-            let quick = rx.recv_timeout(patience);
-            drop(held);
-            (quick, rx)
+            })
         };
         let (quick, _) = write_while_held(5, b" world", answers);
         let (n, size) = quick.expect("a write into a cached page waited for the metadata lock");
@@ -2905,14 +2919,9 @@ mod tests {
         fs.getattr(f).unwrap();
         let (answers, waits) = (Duration::from_secs(20), Duration::from_millis(300));
         let fsync_while_held = |window: bool, patience: Duration| {
-            let held = fs.inner.meta.lock();
-            let open = window.then(|| fs.inner.sync.writeback_window());
+            let _open = window.then(|| fs.inner.sync.writeback_window());
             let fs2 = fs.clone();
-            let rx = on_thread(move || fs2.fsync(f, true));
-            let quick = rx.recv_timeout(patience);
-            drop(open);
-            drop(held);
-            (quick, rx)
+            while_meta_held(&fs, patience, move || fs2.fsync(f, true))
         };
         let (quick, _) = fsync_while_held(false, answers);
         quick
@@ -3125,12 +3134,8 @@ mod tests {
         // machine), or how long one that should wait is watched before it is judged waiting.
         let (answers, waits) = (Duration::from_secs(5), Duration::from_millis(300));
         let read_while_held = |read: Read, patience: Duration| {
-            let held = fs.inner.meta.lock();
             let fs2 = fs.clone();
-            let rx = on_thread(move || read(&fs2, f));
-            let quick = rx.recv_timeout(patience);
-            drop(held);
-            (quick, rx)
+            while_meta_held(&fs, patience, move || read(&fs2, f))
         };
         let get_a: Read = |fs, f| fs.getxattr(f, b"user.a").map(|v| vec![v]);
         let get_caps: Read = |fs, f| fs.getxattr(f, b"security.capability").map(|v| vec![v]);
