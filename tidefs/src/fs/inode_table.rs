@@ -169,12 +169,10 @@ impl Meta {
         if let Some(last) = self.op_undo.as_mut().and_then(|u| u.forgot.get_mut(&ino)) {
             *last = Some(inode.clone());
         }
-        // What writes without the lock left for this inode, as read, is in it now.
-        if let Some(&seq) = self.pending_seen.get(&ino) {
-            self.data.lock().writes_mut().stored(ino, seq);
-        }
         if self.block(io, nr)?[off..off + isz] == *inode.as_bytes() {
-            // Nothing changed (a write that kept the times): no transaction needs it.
+            // Nothing changed (a write that kept the times): no transaction needs it (the
+            // transaction that holds these bytes is in the inode's tids already).
+            self.stored_pending(ino);
             return Ok(());
         }
         if !self.op_is_lightweight() {
@@ -183,7 +181,18 @@ impl Meta {
         let b = self.block_mut(io, nr)?;
         let times_only = only_times_differ(&b[off..off + isz], inode.as_bytes());
         b[off..off + isz].copy_from_slice(inode.as_bytes());
+        // The tids first: an fsync planned without the lock that no longer finds the record
+        // finds the transaction holding it (`fs/sync_view.rs`).
         self.sync.changed(ino, tid, times_only);
+        self.stored_pending(ino);
         Ok(())
+    }
+
+    /// What writes without the lock left for inode `ino`, as the running operation first read
+    /// it, is in the inode now: that record goes (`fs/cached_writes.rs`).
+    fn stored_pending(&mut self, ino: u32) {
+        if let Some(&seq) = self.pending_seen.get(&ino) {
+            self.data.lock().writes_mut().stored(ino, seq);
+        }
     }
 }

@@ -1916,11 +1916,17 @@ impl Inner {
                 self.commit_up_to(t)?;
                 // Pages counted dirty at the plan were mostly those of that commit, clean
                 // once it is durable: only pages still dirty need their own write-back (which
-                // waits for the commit gate, behind every commit other fsyncs start).
-                if self.pages.lock().dirty_count_of(n) == 0 {
-                    return Ok(());
+                // waits for the commit gate, behind every commit other fsyncs start). A page
+                // that turned clean by joining a later transaction as journaled data named
+                // that transaction in the file's tids first: wait for it.
+                if self.pages.lock().dirty_count_of(n) > 0 {
+                    return self.write_back_overwrites(n);
                 }
-                self.write_back_overwrites(n)
+                let durable = self.committed_tid.load(Ordering::SeqCst);
+                match self.sync.tids(n).and_then(|t| t.data) {
+                    Some(later) if !tid_geq(durable, later) => self.commit_up_to(later),
+                    _ => Ok(()),
+                }
             }
             SyncWork::All => self.sync_all(),
         }
@@ -2152,8 +2158,10 @@ impl Inner {
         m.committing.clear();
         match r {
             Ok(()) => {
-                self.committed_tid.store(tid, Ordering::SeqCst);
+                // Pages clean before the tid counts as durable: an fsync that waited for it
+                // finds its pages clean (`SyncWork::CommitThenOverwrites`).
                 m.finish_home_writes(&home);
+                self.committed_tid.store(tid, Ordering::SeqCst);
                 m.forget_durable_tids(tid);
                 for b in freed {
                     m.quarantine.remove(&b);
@@ -2984,18 +2992,36 @@ mod tests {
         }
     }
 
-    /// Runs two fdatasyncs of a file while the commit the first one starts is held at its
-    /// first flush, with `between` done to the file before the second; then cuts the power.
-    /// Returns the file's bytes after remount and the flushes made once the commit was let go.
-    fn fdatasync_behind_a_held_commit(between: impl Fn(&Fs, u64)) -> Option<(Vec<u8>, usize)> {
+    /// What [`fdatasync_behind_a_held_commit`] saw.
+    struct BehindHeldCommit {
+        /// The file's bytes after the power cut and a remount.
+        bytes: Vec<u8>,
+        /// Flushes made once the held commit was let go.
+        flushes: usize,
+        /// The second fdatasync returned while the commit was still held.
+        early: bool,
+    }
+
+    /// On a file of 4 096 bytes `a` (in data mode `mode`), `first` done, then an fdatasync
+    /// whose commit is held at its first flush; meanwhile `between` is done to the file and
+    /// a second fdatasync starts; then the commit is let go, and the power cut once both
+    /// returned.
+    fn fdatasync_behind_a_held_commit(
+        mode: DataMode,
+        first: impl Fn(&Fs, u64),
+        between: impl Fn(&Fs, u64),
+    ) -> Option<BehindHeldCommit> {
         let mem = image()?;
         let dev = Arc::new(HookedDev::new(mem.clone()));
-        let fs = Arc::new(Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap());
+        let opts = MountOptions {
+            data_mode: mode,
+            ..MountOptions::default()
+        };
+        let fs = Arc::new(Fs::open_devices(dev.clone(), None, &opts).unwrap());
         let f = new_file(&fs, b"f");
         fs.write(f, 0, &[b'a'; 4096]).unwrap();
         fs.sync().unwrap();
-        // A new block: a change the first fdatasync must commit.
-        fs.write(f, 4096, b"b").unwrap();
+        first(&fs, f);
         // (held, released, flushes after the release)
         let held = Arc::new((
             Mutex::new((false, false, 0usize)),
@@ -3016,7 +3042,7 @@ mod tests {
             }
         }));
         let fs1 = fs.clone();
-        let first = on_thread(move || fs1.fsync(f, true));
+        let first_sync = on_thread(move || fs1.fsync(f, true));
         let (state, cv) = &*held;
         {
             let mut s = state.lock();
@@ -3030,18 +3056,26 @@ mod tests {
         between(&fs, f);
         let fs2 = fs.clone();
         let second = on_thread(move || fs2.fsync(f, true));
-        std::thread::sleep(Duration::from_millis(50));
+        let answered = second.recv_timeout(Duration::from_millis(100));
+        let early = answered.is_ok();
         state.lock().1 = true;
         cv.notify_all();
-        first.recv().unwrap().unwrap();
-        second.recv().unwrap().unwrap();
+        first_sync.recv().unwrap().unwrap();
+        match answered {
+            Ok(r) => r.unwrap(),
+            Err(_) => second.recv().unwrap().unwrap(),
+        }
         let flushes = state.lock().2;
         fs.crash();
         drop(fs);
-        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
-        let got = fs.read(f, 0, 8192).unwrap();
+        let fs = Fs::open_devices(mem, None, &opts).unwrap();
+        let bytes = fs.read(f, 0, 8192).unwrap();
         fs.unmount().unwrap();
-        Some((got, flushes))
+        Some(BehindHeldCommit {
+            bytes,
+            flushes,
+            early,
+        })
     }
 
     /// Goal: an fdatasync that finds the file's last change in a transaction already being
@@ -3055,17 +3089,45 @@ mod tests {
     /// 16-thread storm.)
     #[test]
     fn an_fdatasync_behind_a_commit_in_flight_keeps_later_overwrites() {
-        let Some((got, _)) = fdatasync_behind_a_held_commit(|fs, f| {
+        // A new block: a change the first fdatasync must commit.
+        let grow = |fs: &Fs, f| {
+            fs.write(f, 4096, b"b").unwrap();
+        };
+        let Some(r) = fdatasync_behind_a_held_commit(DataMode::Ordered, grow, |fs, f| {
             fs.write(f, 0, b"C").unwrap();
         }) else {
             return;
         };
-        assert_eq!(got.len(), 4097);
-        assert_eq!((got[0], got[1], got[4096]), (b'C', b'a', b'b'));
-        let (got, flushes) = fdatasync_behind_a_held_commit(|_, _| {}).unwrap();
-        assert_eq!((got.len(), got[0]), (4097, b'a'));
+        assert!(!r.early, "the second fdatasync did not wait");
+        assert_eq!(r.bytes.len(), 4097);
+        assert_eq!((r.bytes[0], r.bytes[1], r.bytes[4096]), (b'C', b'a', b'b'));
+        let r = fdatasync_behind_a_held_commit(DataMode::Ordered, grow, |_, _| {}).unwrap();
+        assert!(!r.early, "the second fdatasync did not wait");
+        assert_eq!((r.bytes.len(), r.bytes[0]), (4097, b'a'));
         // The held commit's own flush of its commit record, and none for the second fsync.
-        assert_eq!(flushes, 1, "the second fdatasync flushed on its own");
+        assert_eq!(r.flushes, 1, "the second fdatasync flushed on its own");
+    }
+
+    /// Goal: in `journal` mode, an overwrite's page that a commit took into its transaction
+    /// (the page is clean from then on, its bytes in the journal's copy) is waited for by an
+    /// fdatasync of the file until that commit is durable. Method: the first fdatasync's
+    /// commit, which takes the page, held at its first flush while a second fdatasync runs.
+    /// (Before 2026-11-26 the second one saw no dirty page and no data change of the inode,
+    /// and returned at once: a power cut then lost the overwrite.)
+    #[test]
+    fn an_fdatasync_waits_for_the_commit_that_took_its_journaled_page() {
+        let overwrite = |fs: &Fs, f| {
+            fs.write(f, 0, b"C").unwrap();
+        };
+        let Some(r) = fdatasync_behind_a_held_commit(DataMode::Journal, overwrite, |_, _| {})
+        else {
+            return;
+        };
+        assert!(
+            !r.early,
+            "an fdatasync returned before the commit holding its data"
+        );
+        assert_eq!((r.bytes.len(), r.bytes[0]), (4096, b'C'));
     }
 
     /// Goal: a read whose file's pages are dropped under every device read it makes (files

@@ -11,7 +11,11 @@
 //!   pages, knows that no write-back ran in between: one that starts later takes whatever the
 //!   planner saw into the transaction it read as running;
 //! - an inode's tids are set by `Meta::write_inode` under the metadata lock before the
-//!   operation that changed it returns, so an fsync that starts after it sees them.
+//!   operation that changed it returns, so an fsync that starts after it sees them; and
+//!   before it removes the record of writes without the lock that the inode now holds, and
+//!   by write-back before a page that joins the transaction as journaled data turns clean,
+//!   so a planner that reads the pages and record first and the tids after never misses
+//!   both (any operation under the lock may fold a record, not only a commit's write-back).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

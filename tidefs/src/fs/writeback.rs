@@ -137,6 +137,10 @@ impl Meta {
                     } else {
                         self.log_data_ranges(pblk, &page.bytes, &page.changed);
                     }
+                    // The file's data is in this transaction now, no longer in a dirty page:
+                    // its fsync and fdatasync wait for this commit (noted before the page
+                    // turns clean, so a planner that sees it clean sees this too).
+                    self.sync.changed(ino, self.tid, false);
                     self.data.lock().written_back(ino, page.lblk, page.gen);
                 } else {
                     if !fresh {
