@@ -63,17 +63,21 @@ impl PendingInode {
     pub fn apply_to_attr(&self, a: &mut Attr) {
         a.size = self.size;
         a.mtime = to_ts(self.mtime);
-        let ctime = InodeTime {
-            sec: a.ctime.sec,
-            nsec: a.ctime.nsec,
-        };
-        a.ctime = to_ts(later(ctime, self.ctime));
+        a.ctime = to_ts(later(from_ts(a.ctime), self.ctime));
     }
 }
 
 /// An inode time as the API shows it.
 pub(crate) fn to_ts(t: InodeTime) -> Timestamp {
     Timestamp {
+        sec: t.sec,
+        nsec: t.nsec,
+    }
+}
+
+/// An API time as an inode stores it.
+pub(crate) fn from_ts(t: Timestamp) -> InodeTime {
+    InodeTime {
         sec: t.sec,
         nsec: t.nsec,
     }

@@ -332,6 +332,12 @@ impl DataCache {
         (self.dirty_pages(ino), self.writes.pending(ino))
     }
 
+    /// What an fsync of `ino` needs from here (`fs/sync_view.rs`): whether it has dirty
+    /// pages, and the record writes without the metadata lock left for it.
+    pub fn sync_inputs(&self, ino: u32) -> (bool, Option<PendingInode>) {
+        (self.dirty_count_of(ino) > 0, self.writes.pending(ino))
+    }
+
     /// Writes without the metadata lock (`fs/cached_writes.rs`).
     pub fn writes(&self) -> &CachedWrites {
         &self.writes

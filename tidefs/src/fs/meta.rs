@@ -240,9 +240,10 @@ pub(crate) struct Meta {
     /// Device reads of the running operation, deferred out of the lock inside
     /// `Inner::lock_meta_reading` (`fs/deferred_reads.rs`).
     pub reads: super::deferred_reads::DeferredReads,
-    /// For each inode read by the running operation with a record of writes without the lock
-    /// folded in (`fs/cached_writes.rs`), the sequence number of the first such record: when
-    /// the operation stores the inode, that record (or an older one) has reached it.
+    /// For each inode the running operation read, the sequence number of the record of writes
+    /// without the lock (`fs/cached_writes.rs`) its first read folded in, 0 if none: when the
+    /// operation stores the inode, that record (or an older one) has reached it, whatever
+    /// copy it stores (every copy was read at or after that first read).
     pub pending_seen: HashMap<u32, u64>,
 }
 
@@ -522,9 +523,15 @@ impl Meta {
             || !self.revoked.is_empty()
             || !self.freed_running.is_empty()
             || self.sb_dirty
-            || self.data.lock().dirty_count() > 0
-            || self.data.lock().writes().pending_files().next().is_some()
+            || self.data_pending()
             || !self.late_frees.is_empty()
+    }
+
+    /// Whether file data or the size and times of writes without the lock wait for a
+    /// commit's write-back (one hold of the page cache's mutex).
+    fn data_pending(&self) -> bool {
+        let pages = self.data.lock();
+        pages.dirty_count() > 0 || pages.writes().pending_files().next().is_some()
     }
 
     /// Drops block maps and directory indexes when too many have piled up. Both are derived

@@ -1507,16 +1507,12 @@ impl Inner {
                 if attr.kind != FileKind::File || !pages.write_cached(n, offset, data, bs, mode) {
                     return None;
                 }
-                let ctime = crate::format::ext4::inode::InodeTime {
-                    sec: attr.ctime.sec,
-                    nsec: attr.ctime.nsec,
-                };
+                let (ctime, mtime) = (
+                    cached_writes::from_ts(attr.ctime),
+                    cached_writes::from_ts(attr.mtime),
+                );
                 let t = ops::change_time_after(unseen, ctime);
                 let size = attr.size.max(end);
-                let mtime = crate::format::ext4::inode::InodeTime {
-                    sec: attr.mtime.sec,
-                    nsec: attr.mtime.nsec,
-                };
                 // A write that keeps the size and the (coarse) times leaves the inode as it
                 // is: nothing for an fsync to commit, as under the lock.
                 if size != attr.size || t != ctime || t != mtime {
@@ -1871,10 +1867,7 @@ impl Inner {
             return Ok(None);
         }
         let durable = self.committed_tid.load(Ordering::SeqCst);
-        let (dirty, pending) = {
-            let pages = m.data.lock();
-            (pages.dirty_count_of(n) > 0, pages.writes().pending(n))
-        };
+        let (dirty, pending) = m.data.lock().sync_inputs(n);
         let tids = m.sync.tids(n);
         Ok(sync_view::plan(
             n, datasync, m.tid, durable, dirty, pending, tids,
@@ -1894,10 +1887,7 @@ impl Inner {
         }
         let running = self.sync.running();
         let durable = self.committed_tid.load(Ordering::SeqCst);
-        let (dirty, pending) = {
-            let pages = self.pages.lock();
-            (pages.dirty_count_of(n) > 0, pages.writes().pending(n))
-        };
+        let (dirty, pending) = self.pages.lock().sync_inputs(n);
         let tids = self.sync.tids(n);
         if self.sync.writeback_count() != window {
             return None;

@@ -9,7 +9,7 @@ use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
 
 use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode};
-use super::cached_writes::to_ts;
+use super::cached_writes::{from_ts, later, to_ts};
 use super::datacache::DataCache;
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
@@ -39,20 +39,11 @@ pub(crate) fn change_time_after(unseen: bool, ctime: InodeTime) -> InodeTime {
     if !unseen {
         return now();
     }
-    let coarse = coarse_now();
-    if (coarse.sec, coarse.nsec) > (ctime.sec, ctime.nsec) {
-        coarse
-    } else {
-        ctime
-    }
+    later(ctime, coarse_now())
 }
 
 pub(crate) fn now() -> InodeTime {
-    let t = Timestamp::now();
-    InodeTime {
-        sec: t.sec,
-        nsec: t.nsec,
-    }
+    from_ts(Timestamp::now())
 }
 
 pub(crate) fn kind_of(m: u16) -> FileKind {
@@ -887,10 +878,7 @@ impl Meta {
         }
         let at = |s: SetTime| match s {
             SetTime::Now => t,
-            SetTime::At(ts) => InodeTime {
-                sec: ts.sec,
-                nsec: ts.nsec,
-            },
+            SetTime::At(ts) => from_ts(ts),
         };
         if let Some(a) = c.atime {
             i.set_atime(at(a));
@@ -898,13 +886,7 @@ impl Meta {
         if let Some(m) = c.mtime {
             i.set_mtime(at(m));
         }
-        i.set_ctime(match c.ctime {
-            Some(ts) => InodeTime {
-                sec: ts.sec,
-                nsec: ts.nsec,
-            },
-            None => t,
-        });
+        i.set_ctime(c.ctime.map_or(t, from_ts));
         self.write_inode(io, ino, &mut i)?;
         Ok(self.attr(ino, &i))
     }
