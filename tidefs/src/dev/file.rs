@@ -14,7 +14,7 @@
 //!
 //! Invariants:
 //! - in direct mode every `pread`/`pwrite` covers whole sectors at a sector-aligned offset from
-//!   memory aligned to [`MEMORY_ALIGN`];
+//!   memory aligned to [`MEMORY_ALIGN`](super::aligned::MEMORY_ALIGN);
 //! - a partial sector is only ever written back while its stripe lock is held, from a copy read
 //!   under that same lock;
 //! - with [`Barrier::None`] nothing is ever flushed: for benchmarks only.
@@ -29,12 +29,9 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::aligned::AlignedBuf;
 use super::uring::UringWriter;
 use super::{check_range, lock, Barrier, BlockDevice};
-
-/// Alignment of the memory of every direct transfer. 4096 covers every device's DMA alignment
-/// (`statx`'s `stx_dio_mem_align` is at most the page size).
-pub const MEMORY_ALIGN: usize = 4096;
 
 /// Number of lock stripes that serialise read-modify-write of partial sectors.
 const RMW_STRIPES: usize = 64;
@@ -45,39 +42,6 @@ const MAX_MERGED_BYTES: usize = 4 << 20;
 /// Most transfers `write_blocks` keeps in flight at once: the caller and the device's pool
 /// of writer threads.
 const PARALLEL_WRITES: usize = 8;
-
-/// A zeroed byte buffer whose first byte is aligned to [`MEMORY_ALIGN`]: an over-allocated
-/// `Vec` used from the first aligned position, so no `unsafe` is needed.
-pub struct AlignedBuf {
-    storage: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    /// `len` zero bytes, aligned.
-    pub fn zeroed(len: usize) -> AlignedBuf {
-        let storage = vec![0u8; len + MEMORY_ALIGN];
-        let start = storage.as_ptr().align_offset(MEMORY_ALIGN);
-        // align_offset on a u8 pointer always succeeds and is below the alignment.
-        assert!(start < MEMORY_ALIGN);
-        AlignedBuf {
-            storage,
-            start,
-            len,
-        }
-    }
-
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        &self.storage[self.start..self.start + self.len]
-    }
-
-    /// The bytes, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + self.len]
-    }
-}
 
 /// An image file or a block device node.
 pub struct FileDev {

@@ -20,13 +20,15 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+mod aligned;
 pub mod fault;
 mod file;
 pub mod lock;
 pub mod record;
 mod uring;
 
-pub use file::{AlignedBuf, FileDev};
+pub use aligned::AlignedBuf;
+pub use file::FileDev;
 
 /// A byte-addressed storage device with a volatile write cache that `flush` empties.
 pub trait BlockDevice: Send + Sync {

@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd as _;
 use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
 
-use super::file::AlignedBuf;
+use super::aligned::AlignedBuf;
 
 /// Entries per ring: the most runs in flight from one batch at a time.
 const RING_ENTRIES: u32 = 64;

@@ -192,7 +192,7 @@ pub(crate) struct Meta {
     /// The mode of directories without their own and of the files in them (`-o data=`).
     pub default_mode: DataMode,
     /// Mode records of inodes (`fs/modes.rs`).
-    pub modes: super::modes::ModeTable,
+    pub modes: super::mode_record::ModeTable,
     /// While an operation runs: whether every inode it acts for is `lightweight` (`None`:
     /// it named none yet). See [`Meta::op_is_lightweight`].
     pub op_light: Option<bool>,

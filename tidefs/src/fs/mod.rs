@@ -30,6 +30,7 @@ mod inode_locks;
 mod inode_table;
 mod layout;
 mod meta;
+mod mode_record;
 mod modes;
 mod namecache;
 mod open_files;
@@ -45,7 +46,7 @@ pub use fsync_queue::SyncDone;
 /// Told, after the fact, which inodes' block counts (`st_blocks`) changed without an operation
 /// on them asking for it; see [`Fs::on_blocks_changed`].
 pub type BlocksListener = dyn Fn(&[Ino]) + Send + Sync;
-pub use modes::MODE_ATTR as JOURNAL_MODE_XATTR;
+pub use mode_record::MODE_ATTR as JOURNAL_MODE_XATTR;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
@@ -556,7 +557,7 @@ impl Fs {
             next_generation: ops::now().nsec,
             committing: HashMap::new(),
             default_mode: opts.data_mode,
-            modes: modes::ModeTable::new(opts.data_mode),
+            modes: mode_record::ModeTable::new(opts.data_mode),
             op_light: None,
             strict_blocks: HashSet::new(),
             strict_inodes: HashSet::new(),
@@ -1247,7 +1248,7 @@ impl Fs {
         if let Some(attrs) = self.inner.published_xattrs(ino) {
             // The journaling-mode attribute may be inherited: only the lock knows it.
             match xattr::split_name(name) {
-                Some((index, suffix)) if !modes::is_mode_attr(index, suffix) => {
+                Some((index, suffix)) if !mode_record::is_mode_attr(index, suffix) => {
                     return ops::xattr_value(&attrs, index, suffix);
                 }
                 _ => {}
@@ -3177,7 +3178,7 @@ mod tests {
         };
         let creds = Creds::ROOT;
         let d = fs.mkdir(ROOT_INO, b"d", 0o755, creds).unwrap().ino;
-        fs.setxattr(d, modes::MODE_ATTR, b"journal", XattrSetMode::Any)
+        fs.setxattr(d, mode_record::MODE_ATTR, b"journal", XattrSetMode::Any)
             .unwrap();
         let f = fs.create(d, b"f", 0o100644, 0, creds).unwrap().ino;
         fs.setxattr(f, b"user.a", b"1", XattrSetMode::Any).unwrap();
@@ -3192,7 +3193,7 @@ mod tests {
         let get_a: Read = |fs, f| fs.getxattr(f, b"user.a").map(|v| vec![v]);
         let get_caps: Read = |fs, f| fs.getxattr(f, b"security.capability").map(|v| vec![v]);
         let list: Read = |fs, f| fs.listxattr(f);
-        let get_mode: Read = |fs, f| fs.getxattr(f, modes::MODE_ATTR).map(|v| vec![v]);
+        let get_mode: Read = |fs, f| fs.getxattr(f, mode_record::MODE_ATTR).map(|v| vec![v]);
         // Not published yet: the first read waits, and publishes.
         let (quick, rx) = read_while_held(get_a, waits);
         assert!(

@@ -13,7 +13,7 @@ use super::cached_writes::{from_ts, later, to_ts};
 use super::datacache::DataCache;
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
-use super::modes;
+use super::mode_record;
 use super::read_plan::{self, ReadSegment};
 
 /// Most hard links an inode may have (and subdirectories before `dir_nlink` takes over).
@@ -1432,10 +1432,10 @@ impl Meta {
     pub(crate) fn getxattr(&mut self, io: &Io, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
         let i = self.live_inode(io, ino)?;
         let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
-        if modes::is_mode_attr(index, suffix) {
+        if mode_record::is_mode_attr(index, suffix) {
             // The mode the inode obeys, whether its own or inherited (see `fs/modes.rs`).
             let rec = self.mode_record(io, ino)?;
-            if rec.kind == modes::RecordKind::Other {
+            if rec.kind == mode_record::RecordKind::Other {
                 return Err(FsError::NoAttribute);
             }
             return Ok(rec.effective(self.default_mode).name().as_bytes().to_vec());
@@ -1479,11 +1479,11 @@ impl Meta {
         if value.len() > self.geo.bs() - 64 {
             return Err(FsError::NoSpace);
         }
-        if modes::is_linked_attr(index, suffix) {
+        if mode_record::is_linked_attr(index, suffix) {
             return Err(FsError::NotPermitted);
         }
-        if modes::is_mode_attr(index, suffix) {
-            let mode = modes::parse_user_mode(value)?;
+        if mode_record::is_mode_attr(index, suffix) {
+            let mode = mode_record::parse_user_mode(value)?;
             self.live_inode(io, ino)?;
             match (self.mode_record(io, ino)?.own, how) {
                 (Some(_), XattrSetMode::Create) => return Err(FsError::Exists),
@@ -1514,10 +1514,10 @@ impl Meta {
 
     pub(crate) fn removexattr(&mut self, io: &Io, ino: u32, name: &[u8]) -> Result<()> {
         let (index, suffix) = xattr::split_name(name).ok_or(FsError::NotSupported)?;
-        if modes::is_linked_attr(index, suffix) {
+        if mode_record::is_linked_attr(index, suffix) {
             return Err(FsError::NotPermitted);
         }
-        if modes::is_mode_attr(index, suffix) {
+        if mode_record::is_mode_attr(index, suffix) {
             self.live_inode(io, ino)?;
             if self.mode_record(io, ino)?.own.is_none() {
                 return Err(FsError::NoAttribute);
@@ -1540,7 +1540,7 @@ impl Meta {
 /// The value of stored attribute `index`/`suffix` among `attrs`, as `getxattr` answers it
 /// (the journaling-mode attribute, not stored as such, is answered by the caller).
 pub(super) fn xattr_value(attrs: &[Xattr], index: u8, suffix: &[u8]) -> Result<Vec<u8>> {
-    if modes::is_linked_attr(index, suffix) {
+    if mode_record::is_linked_attr(index, suffix) {
         return Err(FsError::NoAttribute);
     }
     attrs
@@ -1554,7 +1554,7 @@ pub(super) fn xattr_value(attrs: &[Xattr], index: u8, suffix: &[u8]) -> Result<V
 pub(super) fn xattr_names(attrs: &[Xattr]) -> Vec<Vec<u8>> {
     attrs
         .iter()
-        .filter(|a| !modes::is_linked_attr(a.index, &a.name))
+        .filter(|a| !mode_record::is_linked_attr(a.index, &a.name))
         .map(|a| xattr::full_name(a.index, &a.name))
         .collect()
 }
