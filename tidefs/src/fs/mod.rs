@@ -29,6 +29,7 @@ mod geometry;
 mod inode_locks;
 mod inode_table;
 mod layout;
+mod lifecycle;
 mod meta;
 mod mode_record;
 mod modes;
@@ -74,6 +75,7 @@ use crate::{FsError, Result};
 
 use fsync_queue::{SyncJob, SyncQueue, SyncWork};
 use layout::Layout;
+use lifecycle::{Lifecycle, Running};
 use meta::{Geometry, Io, Meta};
 use read_plan::{ReadSegment, ReadSource};
 use writeback::{write_home, Scope};
@@ -211,7 +213,8 @@ struct Inner {
     blocks_listener: Mutex<Option<Arc<BlocksListener>>>,
     counters: Counters,
     read_only: bool,
-    closed: AtomicBool,
+    /// Open or closed, and the changing operations running (`fs/lifecycle.rs`).
+    life: Lifecycle,
     /// Wakes the background thread early (unmount).
     wake: (Mutex<bool>, Condvar),
     commit_interval: Duration,
@@ -603,7 +606,7 @@ impl Fs {
             blocks_listener: Mutex::new(None),
             counters: Counters::default(),
             read_only: ro,
-            closed: AtomicBool::new(false),
+            life: Lifecycle::default(),
             wake: (Mutex::new(false), Condvar::new()),
             commit_interval: opts.commit_interval.max(Duration::from_millis(10)),
             recovery,
@@ -674,7 +677,7 @@ impl Fs {
     /// Stops as a power cut would: no final commit, no checkpoint, nothing more written. Later
     /// calls fail. For crash tests on a recording device; the image needs recovery afterwards.
     pub fn crash(&self) {
-        if self.inner.closed.swap(true, Ordering::SeqCst) {
+        if !self.inner.life.close() {
             return;
         }
         // Nothing queued from now on is written: it fails.
@@ -694,9 +697,12 @@ impl Fs {
 
     /// Clean unmount: final commit, checkpoint, empty journal, clean state. Later calls fail.
     pub fn unmount(&self) -> Result<()> {
-        if self.inner.closed.swap(true, Ordering::SeqCst) {
+        if !self.inner.life.close() {
             return Ok(());
         }
+        // Operations that entered before the close end first: what they change is in the
+        // final commit.
+        self.inner.life.wait_idle();
         // What is queued is served before the final commit; nothing more is queued.
         self.inner.syncs.stop(false);
         {
@@ -734,8 +740,18 @@ impl Fs {
     /// Operations check for space before they change anything; when they fail with `NoSpace`
     /// while blocks freed by the running transaction wait for its commit, the transaction is
     /// committed and the operation runs once more (as ext4 retries allocations after a commit).
-    fn with_meta<T>(
+    fn with_meta<T>(&self, write: bool, f: impl FnMut(&mut Meta, &Io) -> Result<T>) -> Result<T> {
+        let Some(running) = self.inner.life.enter() else {
+            return Err(FsError::ReadOnly);
+        };
+        self.with_meta_running(&running, write, f)
+    }
+
+    /// [`Fs::with_meta`] for an operation already counted as running (`fs/lifecycle.rs`),
+    /// which ends before unmount's final commit even when the file system closes meanwhile.
+    fn with_meta_running<T>(
         &self,
+        _running: &Running<'_>,
         write: bool,
         mut f: impl FnMut(&mut Meta, &Io) -> Result<T>,
     ) -> Result<T> {
@@ -743,9 +759,6 @@ impl Fs {
         let mut retries = 0;
         let mut orphan_deadline = None;
         loop {
-            if inner.closed.load(Ordering::SeqCst) {
-                return Err(FsError::ReadOnly);
-            }
             let orphans_freed = inner.orphans_freed_so_far();
             let (r, big, waiting_frees) = {
                 let (mut m, r) = inner.lock_meta_reading(|m| {
@@ -795,7 +808,7 @@ impl Fs {
     /// Finds `name` in directory `parent`.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         let inner = &self.inner;
-        if !inner.closed.load(Ordering::SeqCst) && name.len() <= dirent::NAME_MAX {
+        if !inner.life.is_closed() && name.len() <= dirent::NAME_MAX {
             let p = inner.geo.ino32(parent)?;
             // A cached name, else the directory's published index (which knows the names
             // that do not exist too), with the inode's cached attributes.
@@ -845,7 +858,7 @@ impl Fs {
     /// metadata lock when it holds them.
     fn attributes(&self, ino: Ino, seen: bool) -> Result<Attr> {
         let inner = &self.inner;
-        if !inner.closed.load(Ordering::SeqCst) {
+        if !inner.life.is_closed() {
             let n = inner.geo.ino32(ino)?;
             let cached = if seen {
                 inner.names.attr(n)
@@ -1010,6 +1023,10 @@ impl Fs {
     /// [`Fs::kill_suidgid`]'s, for callers that lack the privilege to keep them.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
         let n = self.inner.geo.ino32(ino)?;
+        // Unmount's final commit waits for this write to end (`fs/lifecycle.rs`).
+        let Some(running) = self.inner.life.enter() else {
+            return Err(FsError::ReadOnly);
+        };
         let _g = self.inner.data_locks.write(n);
         if self.inner.write_cached(n, offset, data) {
             // At most `data.len()`, which FUSE bounds far below u32::MAX.
@@ -1021,7 +1038,7 @@ impl Fs {
             let rest = &data[done..];
             let at = offset + done as u64;
             let orphans_freed = self.inner.orphans_freed_so_far();
-            let n_written = self.with_meta(true, |m, io| {
+            let n_written = self.with_meta_running(&running, true, |m, io| {
                 m.acts_for(io, n)?;
                 m.write(io, n, at, rest)
             });
@@ -1103,6 +1120,9 @@ impl Fs {
     /// it. Cached data that overwrites blocks already on disk goes home without a commit.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
         let inner = &self.inner;
+        let Some(_running) = inner.life.enter() else {
+            return Err(FsError::ReadOnly);
+        };
         let start = inner.counters.fsync_started();
         let r = inner
             .fsync_plan(ino, datasync)
@@ -1118,6 +1138,10 @@ impl Fs {
     /// threads must not wait for the device.
     pub fn fsync_then(&self, ino: Ino, datasync: bool, done: SyncDone) {
         let inner = &self.inner;
+        // Queued before unmount stops the queue, which it serves first.
+        let Some(_running) = inner.life.enter() else {
+            return done(Err(FsError::ReadOnly));
+        };
         let start = inner.counters.fsync_started();
         match inner.fsync_plan(ino, datasync) {
             Ok(Some(work)) => inner.queue_or_run(SyncJob {
@@ -1135,9 +1159,9 @@ impl Fs {
 
     /// Makes everything durable.
     pub fn sync(&self) -> Result<()> {
-        if self.inner.closed.load(Ordering::SeqCst) {
+        let Some(_running) = self.inner.life.enter() else {
             return Err(FsError::ReadOnly);
-        }
+        };
         self.inner.sync_all()
     }
 
@@ -1164,9 +1188,9 @@ impl Fs {
     /// [`Fs::sync`] without blocking the caller; `done` gets the result as for
     /// [`Fs::fsync_then`].
     pub fn sync_then(&self, done: SyncDone) {
-        if self.inner.closed.load(Ordering::SeqCst) {
+        let Some(_running) = self.inner.life.enter() else {
             return done(Err(FsError::ReadOnly));
-        }
+        };
         self.inner.queue_or_run(SyncJob {
             work: SyncWork::All,
             fsync_start: None,
@@ -1225,7 +1249,7 @@ impl Fs {
     /// operation or a commit's write-back.
     pub fn statfs(&self) -> Result<StatFs> {
         let inner = &self.inner;
-        if inner.closed.load(Ordering::SeqCst) {
+        if inner.life.is_closed() {
             return Err(FsError::ReadOnly);
         }
         let counts = &inner.free;
@@ -1340,7 +1364,7 @@ impl Fs {
     pub fn open_inode(&self, ino: Ino) -> Result<()> {
         let inner = &self.inner;
         let n = inner.geo.ino32(ino)?;
-        if !inner.closed.load(Ordering::SeqCst) && inner.open.open_linked(n, &inner.names) {
+        if !inner.life.is_closed() && inner.open.open_linked(n, &inner.names) {
             return Ok(());
         }
         self.with_meta(false, |m, io| {
@@ -1360,8 +1384,7 @@ impl Fs {
     pub fn forget_inode(&self, ino: Ino, count: u64) -> Result<()> {
         let inner = &self.inner;
         let n = inner.geo.ino32(ino)?;
-        if !inner.closed.load(Ordering::SeqCst) && inner.open.release_linked(n, count, &inner.names)
-        {
+        if !inner.life.is_closed() && inner.open.release_linked(n, count, &inner.names) {
             return Ok(());
         }
         // Two operations: the release changes the open table, which no rollback takes back, so
@@ -1479,7 +1502,7 @@ impl Inner {
     fn write_cached(&self, n: u32, offset: u64, data: &[u8]) -> bool {
         if data.is_empty()
             || self.read_only
-            || self.closed.load(Ordering::SeqCst)
+            || self.life.is_closed()
             || self.errored.load(Ordering::SeqCst)
         {
             return false;
@@ -1549,7 +1572,7 @@ impl Inner {
         offset: u64,
         size: u32,
     ) -> Option<(Vec<ReadSegment>, u64)> {
-        if self.closed.load(Ordering::SeqCst) {
+        if self.life.is_closed() {
             return None;
         }
         let mut pages = self.pages.lock();
@@ -1592,7 +1615,7 @@ impl Inner {
     /// needs the inode). A cookie is the position of the entry plus one, which continues after
     /// it as a cookie of the locked path (the end of the record) does.
     fn list_unlocked(&self, dir: u32, offset: u64) -> Option<Vec<DirEntry>> {
-        if self.closed.load(Ordering::SeqCst) {
+        if self.life.is_closed() {
             return None;
         }
         let listed = self
@@ -1670,7 +1693,7 @@ impl Inner {
     /// `getxattr` and `listxattr` without the metadata lock; `None` when none are published or
     /// the file system is closed.
     fn published_xattrs(&self, ino: Ino) -> Option<Arc<[xattr::Xattr]>> {
-        if self.closed.load(Ordering::SeqCst) {
+        if self.life.is_closed() {
             return None;
         }
         self.names.xattrs(self.geo.ino32(ino).ok()?)
@@ -1847,11 +1870,9 @@ impl Inner {
 
     /// What an fsync/fdatasync of `ino` needs from the device (see [`Fs::fsync`]); `None`
     /// when everything it covers is durable already.
+    /// The caller counts as running (`fs/lifecycle.rs`): the file system was open when it
+    /// started.
     fn fsync_plan(&self, ino: Ino, datasync: bool) -> Result<Option<SyncWork>> {
-        if self.closed.load(Ordering::SeqCst) {
-            // Unmounted or crashed: nothing more reaches the device.
-            return Err(FsError::ReadOnly);
-        }
         if let Some(work) = self.fsync_plan_unlocked(self.geo.ino32(ino)?, datasync) {
             return Ok(work);
         }
@@ -1879,7 +1900,7 @@ impl Inner {
     /// attributes are cached (so it is in use) on a writable mount without errors, when no
     /// commit's write-back ran while the plan read its inputs; `None` sends it to the lock.
     fn fsync_plan_unlocked(&self, n: u32, datasync: bool) -> Option<Option<SyncWork>> {
-        if self.read_only || self.errored.load(Ordering::SeqCst) {
+        if self.read_only {
             return None;
         }
         let window = self.sync.writeback_count();
@@ -1890,7 +1911,9 @@ impl Inner {
         let durable = self.committed_tid.load(Ordering::SeqCst);
         let (dirty, pending) = self.pages.lock().sync_inputs(n);
         let tids = self.sync.tids(n);
-        if self.sync.writeback_count() != window {
+        // The error state is read after the inputs: an fsync that starts after a failure
+        // reports it (under the lock), even when its own change was durable before.
+        if self.sync.writeback_count() != window || self.errored.load(Ordering::SeqCst) {
             return None;
         }
         Some(sync_view::plan(
@@ -2362,6 +2385,52 @@ mod tests {
         fs.create(ROOT_INO, name, 0o100644, 0, Creds::ROOT)
             .unwrap()
             .ino
+    }
+
+    /// Goal: a write that started before unmount ends before unmount's final commit, so what
+    /// it returned Ok for is on disk after the unmount; the unmount waits for it. Method: the
+    /// test holds the file's data lock, so the write has entered but cannot finish; unmount
+    /// must not return meanwhile; then the image mounts again with the bytes there.
+    #[test]
+    fn unmount_waits_for_a_write_in_flight() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Arc::new(Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap());
+        let file = new_file(&fs, b"late");
+        fs.write(file, 0, b"early").unwrap();
+        // The fast path (cached pages) applies: the write needs no metadata lock.
+        fs.getattr(file).unwrap();
+        let n = fs.inner.geo.ino32(file).unwrap();
+        let held = fs.inner.data_locks.write(n);
+        let writer = {
+            let fs = fs.clone();
+            on_thread(move || fs.write(file, 5, b" late"))
+        };
+        // The writer has entered; it waits for the data lock.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fs.inner.life.running() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the writer never reached the data lock"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let unmounted = {
+            let fs = fs.clone();
+            on_thread(move || fs.unmount())
+        };
+        assert!(
+            unmounted.recv_timeout(Duration::from_millis(200)).is_err(),
+            "unmount returned while a write was in flight"
+        );
+        drop(held);
+        assert_eq!(writer.recv().unwrap().unwrap(), 5);
+        unmounted.recv().unwrap().unwrap();
+        let again = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        let attr = again.lookup(ROOT_INO, b"late").unwrap();
+        assert_eq!(again.read(attr.ino, 0, 100).unwrap(), b"early late");
+        again.unmount().unwrap();
     }
 
     /// Goal: a read the page cache answers whole never waits for the metadata lock (a commit's
