@@ -19,6 +19,7 @@ use crate::{FsError, Result};
 
 use std::sync::Arc;
 
+use super::cached_writes::SPARE_BLOCKS;
 use super::layout::{FixedRun, Layout};
 use super::meta::{GroupInfo, Io, LateFree, Meta};
 
@@ -325,11 +326,40 @@ impl Meta {
     }
 
     /// Free blocks that may be promised now: free, less those freed by transactions that have
-    /// not committed yet and those reserved for file data not yet written back.
+    /// not committed yet, those reserved for file data not yet written back and those set
+    /// aside for writes without the metadata lock.
     pub fn allocatable_blocks(&self) -> u64 {
+        let promised = {
+            let pages = self.data.lock();
+            pages.reserved() + pages.spare()
+        };
         self.free_blocks()
             .saturating_sub(self.quarantine.len() as u64)
-            .saturating_sub(self.data.lock().reserved())
+            .saturating_sub(promised)
+    }
+
+    /// [`Meta::allocatable_blocks`], after giving back the blocks set aside for writes without
+    /// the metadata lock if fewer than `need` are allocatable with them set aside: the spare
+    /// never makes an operation fail for lack of space.
+    pub fn allocatable_blocks_for(&self, need: u64) -> u64 {
+        let room = self.allocatable_blocks();
+        if room >= need {
+            return room;
+        }
+        self.data.lock().release_spare();
+        self.allocatable_blocks()
+    }
+
+    /// Sets blocks aside for writes without the metadata lock (`fs/cached_writes.rs`) up to
+    /// [`SPARE_BLOCKS`], when that leaves at least four times as many allocatable beyond
+    /// `margin`: a file system close to full keeps none.
+    pub fn top_up_spare(&self, margin: u64) {
+        let room = self.allocatable_blocks();
+        let mut pages = self.data.lock();
+        let want = SPARE_BLOCKS.saturating_sub(pages.spare());
+        if want > 0 && room >= margin + want + 4 * SPARE_BLOCKS {
+            pages.add_spare(want);
+        }
     }
 
     /// Allocates one block, searching from `goal`. Fails with `NoSpace`.

@@ -3,7 +3,10 @@
 //!
 //! A `write()` whose every block already has a page in the cache needs no allocation, no
 //! device read and no reservation; what it changes in metadata is the file's size and its
-//! times. Such a write copies its bytes into the pages and records the inode's new size and
+//! times. A block that is a hole of the file's published block map (an append past the last
+//! block, typically) needs no device read either, only a reservation: the metadata side sets
+//! a few free blocks aside ([`SPARE_BLOCKS`], `DataCache::spare`) that such writes turn into
+//! page reservations, and takes them back when space runs short (`Meta::allocatable_blocks_for`). Such a write copies its bytes into the pages and records the inode's new size and
 //! times here, as a [`PendingInode`], without the metadata lock; the metadata side folds the
 //! record into the inode later: every read of the inode under that lock sees it
 //! (`Meta::read_inode`), and the commit's write-back stores it into the inode-table block in
@@ -30,6 +33,10 @@ use std::collections::HashMap;
 
 use super::api::{Attr, DataMode, Timestamp};
 use crate::format::ext4::inode::{Inode, InodeTime};
+
+/// Blocks the metadata side keeps set aside for pages that writes without the lock make over
+/// holes (256 KiB of 4 KiB blocks): refilled by the next write under the lock once used up.
+pub(crate) const SPARE_BLOCKS: u64 = 64;
 
 /// Files whose mode is published at most; the table is emptied when it passes this.
 const MAX_PUBLISHED_MODES: usize = 16_384;

@@ -14,15 +14,16 @@
 //!   page read or written since the last eviction passed it a second chance);
 //! - every dirty page over a hole carries one reserved block (`reserved`), and the allocator
 //!   never hands out reserved blocks to anything else (`Meta::allocatable_blocks` subtracts
-//!   them), so write-back cannot run out of space;
+//!   them, and the spare blocks set aside for writes without the metadata lock too), so
+//!   write-back cannot run out of space;
 //! - a page's `gen` changes with every change, so write-back marks a page clean only if nothing
 //!   wrote to it while its bytes were on their way to the device;
 //! - while an operation runs (`begin_undo`), the first change to each page saves its old state,
 //!   so a failed operation takes its data changes back with its metadata changes.
 //!
 //! The cache sits behind its own mutex, shared by `Meta`, `Fs::read` and `Fs::write`:
-//! operations change it under the metadata lock, a write whose every block has a page changes
-//! those pages without that lock ([`DataCache::write_cached`], `fs/cached_writes.rs`), and a
+//! operations change it under the metadata lock, a write whose every block has a page (or is
+//! a hole it can reserve a spare block for) changes those pages without that lock ([`DataCache::write_cached`], `fs/cached_writes.rs`), and a
 //! read serves whole cached pages without that lock
 //! ([`DataCache::copy_out`]) and keeps the blocks it read from the device as clean pages
 //! ([`DataCache::insert_read`]). The reader holds the file's data lock, which every change to
@@ -31,9 +32,10 @@
 //! if it is still the file's content (docs/DESIGN.md §2.5, "Reads without the lock").
 //!
 //! Behind the same mutex sit the block maps published for such reads
-//! ([`DataCache::publish_map`]): a read planned under the metadata lock leaves its file's map
-//! here, and later reads of blocks no page holds find them on the device through it without
-//! that lock. Every change to a file's map withdraws it first (`Meta::take_extent_map`), and
+//! ([`DataCache::publish_map`]): a read planned under the metadata lock, a write under it and
+//! the commit's write-back of a file leave its map here, and later reads of blocks no page
+//! holds find them on the device through it without that lock, and writes without it find
+//! the holes they may fill with pages (reserving blocks set aside, [`DataCache::spare`]). Every change to a file's map withdraws it first (`Meta::take_extent_map`), and
 //! so does every drop of the file's pages ([`DataCache::drop_range`]), so a published map is
 //! always the file's current one.
 
@@ -145,6 +147,11 @@ pub(crate) struct DataCache {
     pages: usize,
     dirty: usize,
     reserved: u64,
+    /// Blocks set aside for pages that writes without the metadata lock make over holes
+    /// (`fs/cached_writes.rs`): taken from the allocator's room under that lock, and turned
+    /// into page reservations without it, so the two together never promise more blocks
+    /// than are free.
+    spare: u64,
     max_pages: usize,
     next_gen: u64,
     /// Bumped by every drop of a file's pages (truncate, punch, zero range, a deleted file),
@@ -181,6 +188,7 @@ impl DataCache {
             pages: 0,
             dirty: 0,
             reserved: 0,
+            spare: 0,
             max_pages: max_pages.max(64),
             next_gen: 1,
             drops: vec![0; DROP_BUCKETS].into_boxed_slice(),
@@ -190,9 +198,10 @@ impl DataCache {
         }
     }
 
-    /// Publishes `map`, the current block map of `ino`, for reads without the metadata lock.
-    /// Called under the metadata lock, only while no mode of the mount journals file data
-    /// (a block's newest copy could then be in the buffer cache, which such a read cannot see).
+    /// Publishes `map`, the current block map of `ino`, for reads and writes without the
+    /// metadata lock; called under that lock. Reads use it only while no mode of the mount
+    /// journals file data (a block's newest copy could then be in the buffer cache, which
+    /// such a read cannot see); writes only to find the holes they may fill.
     pub fn publish_map(&mut self, ino: u32, map: Arc<ExtentMap>) {
         if self.maps.len() >= MAX_PUBLISHED_MAPS {
             self.maps.clear();
@@ -229,6 +238,22 @@ impl DataCache {
     /// Blocks reserved for pages over holes.
     pub fn reserved(&self) -> u64 {
         self.reserved
+    }
+
+    /// Blocks set aside for writes without the metadata lock (see the field).
+    pub fn spare(&self) -> u64 {
+        self.spare
+    }
+
+    /// Sets `n` more blocks aside for writes without the metadata lock; the caller holds that
+    /// lock and found them free and unpromised.
+    pub fn add_spare(&mut self, n: u64) {
+        self.spare += n;
+    }
+
+    /// Gives the blocks set aside back to the allocator (space is short).
+    pub fn release_spare(&mut self) {
+        self.spare = 0;
     }
 
     /// Blocks reserved for the pages of `ino` (counted in its `st_blocks`, as ext4 counts
@@ -458,10 +483,12 @@ impl DataCache {
 
     /// Writes `data` at byte `offset` of file `ino` (blocks of `block_size` bytes) for a
     /// `write()` without the metadata lock (`fs/cached_writes.rs`), if every block it covers
-    /// has a page; else changes nothing and returns false. Not the change of an operation, so
-    /// not noted for its undo: where an operation running meanwhile (a commit's write-back)
-    /// saved a page's old state, the write goes into that saved state too, so its rollback
-    /// keeps this write.
+    /// has a page or is a hole of the file's published map that a spare block can reserve;
+    /// else changes nothing and returns `None`. Returns the pages it made over holes. Not the
+    /// change of an operation, so not noted for its undo: where an operation running
+    /// meanwhile (a commit's write-back) saved a page's old state, the write goes into that
+    /// saved state too, so its rollback keeps this write; a block whose page that operation
+    /// made or dropped is left to the lock (its rollback would drop or replace the page).
     pub fn write_cached(
         &mut self,
         ino: u32,
@@ -469,25 +496,38 @@ impl DataCache {
         data: &[u8],
         block_size: u32,
         mode: DataMode,
-    ) -> bool {
+    ) -> Option<u64> {
         let bs = u64::from(block_size);
         let end = offset + data.len() as u64;
         let (Ok(first), Ok(last)) = (u32::try_from(offset / bs), u32::try_from((end - 1) / bs))
         else {
-            return false;
+            return None;
         };
-        let ready = (first..=last).all(|l| {
-            self.get(ino, l).is_some()
-                && !self
-                    .undo
-                    .as_ref()
-                    .is_some_and(|u| matches!(u.get(&(ino, l)), Some(None)))
-        });
-        if data.is_empty() || !ready {
-            return false;
+        if data.is_empty() {
+            return None;
         }
+        let map = self.maps.get(&ino);
+        let mut holes = 0u64;
+        for l in first..=last {
+            let saved = self.undo.as_ref().and_then(|u| u.get(&(ino, l)));
+            match (self.get(ino, l), saved) {
+                (Some(_), Some(None)) => return None,
+                (Some(_), _) => {}
+                (None, None) if map.is_some_and(|m| m.map(l).is_none()) => holes += 1,
+                (None, _) => return None,
+            }
+        }
+        // No eviction here: it could take a page this write just found.
+        if holes > self.spare || (holes > 0 && self.pages + holes as usize > self.max_pages) {
+            return None;
+        }
+        self.spare -= holes;
         let mut at = 0usize;
         for lblk in first..=last {
+            if self.get(ino, lblk).is_none() {
+                let zeros = vec![0u8; block_size as usize].into_boxed_slice();
+                self.put_page(ino, lblk, Page::clean(zeros, true));
+            }
             let pos = offset + at as u64;
             let in_block = (pos % bs) as usize;
             let len = (block_size as usize - in_block).min(data.len() - at);
@@ -505,7 +545,7 @@ impl DataCache {
             }
             at += len;
         }
-        true
+        Some(holes)
     }
 
     /// Applies `change` to the cached page `(ino, lblk)`, keeping the counters right.
@@ -655,7 +695,9 @@ mod tests {
     fn a_write_without_the_lock_survives_a_rollback_of_the_page() {
         let mut c = DataCache::new(64);
         c.insert(5, 0, vec![0u8; 16].into(), true);
-        assert!(!c.write_cached(5, 10, &[1u8; 10], 16, DataMode::Ordered));
+        assert!(c
+            .write_cached(5, 10, &[1u8; 10], 16, DataMode::Ordered)
+            .is_none());
         assert_eq!(
             c.dirty_count(),
             0,
@@ -663,7 +705,7 @@ mod tests {
         );
         c.begin_undo();
         c.allocated(5, 0);
-        assert!(c.write_cached(5, 2, b"ab", 16, DataMode::Ordered));
+        assert_eq!(c.write_cached(5, 2, b"ab", 16, DataMode::Ordered), Some(0));
         c.rollback();
         let p = c.get(5, 0).unwrap();
         assert_eq!(&p.bytes[..4], &[0, 0, b'a', b'b']);
@@ -675,9 +717,50 @@ mod tests {
         // A page the operation made (none before it) takes no write without the lock.
         c.begin_undo();
         c.insert(5, 1, vec![0u8; 16].into(), true);
-        assert!(!c.write_cached(5, 16, b"x", 16, DataMode::Ordered));
+        assert!(c.write_cached(5, 16, b"x", 16, DataMode::Ordered).is_none());
         c.rollback();
         assert!(c.get(5, 1).is_none());
+    }
+
+    /// Goal: a write without the metadata lock makes pages over holes of the file's published
+    /// map, one spare block each turned into a page reservation, and only then: no map, a
+    /// mapped block, too few spare blocks, or a block whose page the running operation
+    /// dropped leave the write to the lock, changing nothing. A rollback of that operation
+    /// keeps the new page.
+    #[test]
+    fn a_write_without_the_lock_fills_holes_from_the_spare() {
+        let mut c = DataCache::new(64);
+        c.insert(5, 0, vec![0u8; 16].into(), true);
+        c.add_spare(2);
+        let append = |c: &mut DataCache| c.write_cached(5, 14, b"abcd", 16, DataMode::Ordered);
+        assert!(append(&mut c).is_none(), "no published map");
+        let mut map = ExtentMap::default();
+        map.insert(3, 100, false);
+        c.publish_map(5, Arc::new(map));
+        c.begin_undo();
+        assert_eq!(append(&mut c), Some(1));
+        c.rollback();
+        let p = c.get(5, 1).expect("the page over the hole stays");
+        assert_eq!(&p.bytes[..2], b"cd");
+        assert!(p.dirty && p.reserved);
+        assert_eq!((c.spare(), c.reserved(), c.reserved_of(5)), (1, 2, 2));
+        // Block 3 is mapped (its content is on disk): left to the lock.
+        assert!(c.write_cached(5, 48, b"x", 16, DataMode::Ordered).is_none());
+        // Two holes, one spare block: nothing written.
+        assert!(c
+            .write_cached(5, 32, &[7u8; 17], 16, DataMode::Ordered)
+            .is_none());
+        assert!(c.get(5, 2).is_none());
+        assert_eq!(c.spare(), 1);
+        // A block whose page the running operation dropped: a rollback would bring it back.
+        c.insert(5, 4, vec![0u8; 16].into(), true);
+        c.begin_undo();
+        c.drop_range(5, 4, 5);
+        c.publish_map(5, Arc::new(ExtentMap::default()));
+        assert!(c.write_cached(5, 64, b"y", 16, DataMode::Ordered).is_none());
+        c.rollback();
+        c.release_spare();
+        assert!(c.write_cached(5, 32, b"z", 16, DataMode::Ordered).is_none());
     }
 
     #[test]

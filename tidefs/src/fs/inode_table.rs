@@ -99,22 +99,20 @@ impl Meta {
         Ok(inode)
     }
 
-    /// Caches `attr` (built under this lock) in the name cache, with the size and times of
-    /// writes made without the lock since it was read: under the page cache's mutex, which
-    /// such a write holds while it updates both, so the cache never goes back to an older size.
-    pub(super) fn cache_attr(&self, attr: &Attr) {
+    /// The attributes of `ino` from inode `i` (read under this lock), cached in the name cache
+    /// and returned; `seen`: the caller hands them out, so its times count as seen. Built,
+    /// marked and cached in one hold of the page cache's mutex, which a write without the
+    /// lock holds while it changes the cached size, times and blocks (`Inner::write_cached`):
+    /// such a write comes wholly before (what is cached shows it) or after (it changes what
+    /// is cached, and sees the look), so the cache never goes back to an older state.
+    pub(super) fn attr_cached(&self, ino: u32, i: &Inode, seen: bool) -> Attr {
         let pages = self.data.lock();
-        let pending = u32::try_from(attr.ino)
-            .ok()
-            .and_then(|ino| pages.writes().pending(ino));
-        match pending {
-            Some(p) => {
-                let mut a = attr.clone();
-                p.apply_to_attr(&mut a);
-                self.names.put_attr(&a);
-            }
-            None => self.names.put_attr(attr),
+        let attr = self.attr_with(ino, i, &pages);
+        if seen {
+            self.names.shown(ino);
         }
+        self.names.put_attr(&attr);
+        attr
     }
 
     /// Refuses sizes no valid inode has: a regular file past the format's maximum (the kernel's

@@ -386,8 +386,7 @@ impl Meta {
         };
         for (ino, i) in u.forgot {
             if let Some(i) = i.filter(|i| self.in_use(ino, i)) {
-                let attr = self.attr_unseen(ino, &i);
-                self.cache_attr(&attr);
+                self.attr_cached(ino, &i, false);
             }
         }
         if let Some((ino, mode)) = u.publish_write {
@@ -477,6 +476,15 @@ impl Meta {
         // Nothing to withdraw from reads without the lock: a changed map was taken out
         // (`Meta::take_extent_map` withdrew it), and a freed number's map went with its pages.
         self.maps.insert(ino, Arc::new(map));
+    }
+
+    /// Publishes the cached block map of `ino` (the current one: a change takes it out of the
+    /// cache first) for reads and writes without the metadata lock (`DataCache::publish_map`).
+    /// A rollback of the running operation withdraws it if the operation loaded or changed it.
+    pub(crate) fn publish_extent_map(&self, ino: u32) {
+        if let Some(map) = self.maps.get(&ino) {
+            self.data.lock().publish_map(ino, Arc::clone(map));
+        }
     }
 
     /// Group `g`'s summary for modification (its old value is saved for a rollback).

@@ -832,9 +832,8 @@ impl Fs {
             m.publish_dir_index(p);
             let slot = slot.ok_or(FsError::NotFound)?;
             let i = m.live_inode(io, slot.ino)?;
-            let attr = m.attr(slot.ino, &i);
+            let attr = m.attr_cached(slot.ino, &i, true);
             m.names.put_name(p, name, slot.ino);
-            m.cache_attr(&attr);
             Ok(attr)
         })
     }
@@ -872,13 +871,7 @@ impl Fs {
         self.with_meta(false, |m, io| {
             let n = m.ino32(ino)?;
             let i = m.live_inode(io, n)?;
-            let attr = if seen {
-                m.attr(n, &i)
-            } else {
-                m.attr_unseen(n, &i)
-            };
-            m.cache_attr(&attr);
-            Ok(attr)
+            Ok(m.attr_cached(n, &i, seen))
         })
     }
 
@@ -1492,7 +1485,9 @@ impl Io {
 impl Inner {
     /// Serves [`Fs::write`] without the metadata lock (docs/DESIGN.md §2.5, "Writes without
     /// the lock") when the file's mode is published, its attributes are cached, and every
-    /// block the write covers has a page: copies the bytes into the pages, gives the cached
+    /// block the write covers has a page or is a hole that a spare block can reserve (the
+    /// file's block map published, `DataCache::write_cached`): copies the bytes into the
+    /// pages, gives the cached
     /// attributes the new size and times, and leaves both for the metadata side
     /// (`fs/cached_writes.rs`). All of it in one hold of the page cache's mutex and the name
     /// cache's attribute lock, so a reader sees the write whole or not at all. The caller
@@ -1528,9 +1523,12 @@ impl Inner {
         }
         self.names
             .change_attr(n, |attr, unseen| {
-                if attr.kind != FileKind::File || !pages.write_cached(n, offset, data, bs, mode) {
+                if attr.kind != FileKind::File {
                     return None;
                 }
+                let holes = pages.write_cached(n, offset, data, bs, mode)?;
+                // Pages over holes hold a block each, counted as ext4 counts delayed blocks.
+                attr.blocks += holes * u64::from(bs / 512);
                 let (ctime, mtime) = (
                     cached_writes::from_ts(attr.ctime),
                     cached_writes::from_ts(attr.mtime),
@@ -2523,8 +2521,8 @@ mod tests {
                 // Plans under the lock: caches the attributes and publishes the map.
                 assert_eq!(fs.read(ino, 0, 30_000).unwrap().len(), want.len());
             }
-            // The second file's map changes (a block allocated at write-back): withdrawn.
-            fs.write(files[1], 8192, &[6u8; 10]).unwrap();
+            // The second file's map changes (an unwritten extent in its hole): withdrawn.
+            fs.fallocate(files[1], 8192, 4096, true).unwrap();
             fs.sync().unwrap();
             fs.inner.pages.lock().drop_clean();
 
@@ -2552,7 +2550,6 @@ mod tests {
                 let mut want = want.clone();
                 if ino == files[1] {
                     want.iter_mut().filter(|b| **b == 5).for_each(|b| *b = 6);
-                    want[8192..8202].copy_from_slice(&[6u8; 10]);
                 }
                 assert_eq!(r.unwrap(), want[100..].to_vec());
             }
@@ -2832,9 +2829,10 @@ mod tests {
         fs.unmount().unwrap();
     }
 
-    /// Goal: a write whose blocks all have pages does not wait for the metadata lock (a
-    /// commit's write-back, another file's operation), and shows at once in the size and the
-    /// bytes; a write that needs a new block, and the first write after the file's extended
+    /// Goal: a write whose blocks all have pages or are holes of the file's published map
+    /// (with a spare block each) does not wait for the metadata lock (a commit's write-back,
+    /// another file's operation), and shows at once in the size, the blocks and the bytes; a
+    /// write into an unwritten extent, and the first write after the file's extended
     /// attributes change (capabilities to remove), do wait. Method: the lock held by the test
     /// while writes run on another thread; a remount shows what reached the device.
     #[test]
@@ -2858,10 +2856,31 @@ mod tests {
         let (n, size) = quick.expect("a write into a cached page waited for the metadata lock");
         assert_eq!((n.unwrap(), size.unwrap()), (6, 11));
         assert_eq!(fs.read(f, 0, 100).unwrap(), b"hello world");
-        // A new block needs a reservation: under the lock.
-        let (quick, rx) = write_while_held(8192, b"!", waits);
-        assert!(quick.is_err(), "a write of a new block did not wait");
-        assert_eq!(rx.recv().unwrap().1.unwrap(), 8193);
+        // A new block past the end: a hole of the published map, reserved from the spare.
+        let spare = fs.inner.pages.lock().spare();
+        assert!(spare > 0, "the write under the lock set blocks aside");
+        let (quick, _) = write_while_held(8192, b"!", answers);
+        let (n, size) = quick.expect("a write of a hole waited for the metadata lock");
+        assert_eq!((n.unwrap(), size.unwrap()), (1, 8193));
+        assert_eq!(fs.inner.pages.lock().spare(), spare - 1);
+        assert_eq!(fs.getattr(f).unwrap().blocks, 16, "two blocks reserved");
+        // A block of an unwritten extent needs its extent changed at write-back: the map is
+        // withdrawn by the fallocate, so the write waits.
+        fs.fallocate(f, 16384, 4096, true).unwrap();
+        let (quick, rx) = write_while_held(16384, b"u", waits);
+        assert!(
+            quick.is_err(),
+            "a write into an unwritten extent did not wait"
+        );
+        assert_eq!(rx.recv().unwrap().1.unwrap(), 16385);
+        fs.setattr(
+            f,
+            &SetAttr {
+                size: Some(8193),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
         // Capabilities set: the next write must remove them, under the lock.
         fs.setxattr(f, b"security.capability", b"caps", XattrSetMode::Any)
             .unwrap();
@@ -2887,6 +2906,48 @@ mod tests {
         assert_eq!(got.len(), 8194);
         assert_eq!(&got[..11], b"HEllo world");
         assert_eq!(&got[8192..], b"!?");
+        fs.unmount().unwrap();
+    }
+
+    /// Goal: the blocks set aside for writes without the metadata lock never make a write
+    /// fail for lack of space: a file system filled by writes (most of them without the lock,
+    /// into holes) runs out only when the free blocks are used up, the spare given back.
+    /// Method: 12 KiB appends to a few files until NoSpace, then the free count and the spare.
+    #[test]
+    fn the_spare_never_causes_no_space() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let files: Vec<u64> = (0..4)
+            .map(|k| new_file(&fs, format!("f{k}").as_bytes()))
+            .collect();
+        let mut size = 0u64;
+        let mut took_spare = false;
+        'fill: loop {
+            for &f in &files {
+                let spare = fs.inner.pages.lock().spare();
+                match fs.write(f, size, &[7u8; 12 << 10]) {
+                    Ok(n) if n == 12 << 10 => {}
+                    Ok(_) | Err(FsError::NoSpace) => break 'fill,
+                    Err(e) => panic!("write: {e}"),
+                }
+                took_spare |= fs.inner.pages.lock().spare() < spare;
+                // Attributes cached, as through FUSE, so the next write may skip the lock.
+                fs.getattr(f).unwrap();
+            }
+            size += 12 << 10;
+        }
+        assert!(took_spare, "no write filled holes from the spare");
+        assert_eq!(fs.inner.pages.lock().spare(), 0, "the spare was given back");
+        let free = fs.statfs().unwrap().blocks_free;
+        let reserved = fs.inner.pages.lock().reserved();
+        // What is left: the write-back margin (8 + 1/64 of the reservations) and at most one
+        // write's worth of blocks below it.
+        assert!(
+            free <= 8 + reserved / 64 + 3,
+            "NoSpace with {free} blocks free ({reserved} reserved)"
+        );
+        fs.sync().unwrap();
         fs.unmount().unwrap();
     }
 

@@ -163,15 +163,9 @@ impl Meta {
         attr
     }
 
-    /// The attributes of `ino` without counting its times as seen (see `Fs::refresh_attr`).
-    pub(crate) fn attr_unseen(&self, ino: u32, i: &Inode) -> Attr {
-        let pages = self.data.lock();
-        self.attr_with(ino, i, &pages)
-    }
-
     /// The attributes of `ino` from inode `i`, the blocks reserved for its cached pages and
     /// the size and times writes without the lock left (`pages` is the locked page cache).
-    fn attr_with(&self, ino: u32, i: &Inode, pages: &DataCache) -> Attr {
+    pub(super) fn attr_with(&self, ino: u32, i: &Inode, pages: &DataCache) -> Attr {
         let kind = kind_of(i.mode());
         let rdev = if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
             inode::decode_rdev(i.i_block())
@@ -257,7 +251,7 @@ impl Meta {
     /// Blocks an operation may need beyond data: inode-table and bitmap blocks are already
     /// allocated, so this covers a new directory block plus extent-tree growth.
     fn ensure_space(&self, blocks: u64) -> Result<()> {
-        if self.allocatable_blocks() < blocks + 8 {
+        if self.allocatable_blocks_for(blocks + 8) < blocks + 8 {
             return Err(FsError::NoSpace);
         }
         Ok(())
@@ -974,7 +968,7 @@ impl Meta {
             segs
         };
         // Later reads of this file may be served without the metadata lock (`Fs::read`).
-        self.cache_attr(&self.attr_unseen(ino, &i));
+        self.attr_cached(ino, &i, false);
         Ok(segs)
     }
 
@@ -1007,7 +1001,9 @@ impl Meta {
         // Blocks that may still be promised, keeping a margin for extent-tree growth at
         // write-back.
         let margin = 8 + self.data.lock().reserved() / 64;
-        let mut room = self.allocatable_blocks().saturating_sub(margin);
+        let mut room = self
+            .allocatable_blocks_for(margin + u64::from(last - first) + 1)
+            .saturating_sub(margin);
         let mut pos = offset;
         let mut written = 0usize;
         for (k, home) in homes.into_iter().enumerate() {
@@ -1044,12 +1040,16 @@ impl Meta {
         // The file has no capabilities left (`kill_caps` above): its next writes into cached
         // pages need not take the lock (`Fs::write`), if its times round-trip exactly.
         // Its attributes are cached when the operation ends, as such a write needs.
+        // Its block map is published so those writes find the holes they may fill, with
+        // spare blocks to reserve for them.
         if i.is_reg() && i.keeps_nanoseconds() {
             let mode = self.data_mode(io, ino)?;
             if let Some(u) = self.op_undo.as_mut() {
                 u.publish_write = Some((ino, mode));
                 u.forgot.insert(ino, Some(i.clone()));
             }
+            self.publish_extent_map(ino);
+            self.top_up_spare(margin);
         }
         // At most the request, itself at most u32::MAX from FUSE.
         Ok(written as u32)

@@ -177,6 +177,9 @@ impl Meta {
                 self.write_inode(io, ino, &mut inode)?;
             }
             self.put_extent_map(ino, map);
+            // Writes without the lock find its holes again (appends past the blocks just
+            // allocated).
+            self.publish_extent_map(ino);
         }
         out.sort_unstable_by_key(|w| w.at);
         Ok(out)
