@@ -19,9 +19,10 @@ use crate::{FsError, Result};
 
 use std::sync::Arc;
 
+use super::alloc_state::{GroupInfo, LateFree};
 use super::cached_writes::SPARE_BLOCKS;
 use super::layout::{FixedRun, Layout};
-use super::meta::{GroupInfo, Io, LateFree, Meta};
+use super::meta::{Io, Meta};
 
 /// `GroupInfo::verified` bit: the block bitmap matched its descriptor checksum.
 const VERIFIED_BLOCK_BITMAP: u8 = 1;
@@ -133,11 +134,11 @@ impl Meta {
         }
         let layout = Layout::build(self.geo.first_data_block, self.geo.blocks_count, runs)?;
         self.layout = Arc::new(layout);
-        self.bitmap_blocks = groups
+        self.alloc.bitmap_blocks = groups
             .iter()
             .flat_map(|g| [g.block_bitmap, g.inode_bitmap])
             .collect();
-        self.groups = groups;
+        self.alloc.groups = groups;
         Ok(())
     }
 
@@ -145,8 +146,9 @@ impl Meta {
     /// are journaled with every allocation: the superblock's own counts are stale after any
     /// crash (they are written only at mount and unmount), as the kernel also assumes.
     pub fn sum_free_counts(&mut self) {
-        let blocks: u64 = self.groups.iter().map(|g| u64::from(g.free_blocks)).sum();
-        let inodes: u64 = self.groups.iter().map(|g| u64::from(g.free_inodes)).sum();
+        let groups = &self.alloc.groups;
+        let blocks: u64 = groups.iter().map(|g| u64::from(g.free_blocks)).sum();
+        let inodes: u64 = groups.iter().map(|g| u64::from(g.free_inodes)).sum();
         if self.sb.free_blocks_count() != blocks {
             self.set_free_blocks(blocks);
             self.sb_dirty = true;
@@ -178,7 +180,7 @@ impl Meta {
         bb_csum: Option<u32>,
         ib_csum: Option<u32>,
     ) -> Result<()> {
-        let info = self.groups[g as usize];
+        let info = self.alloc.groups[g as usize];
         let (nr, off) = self.geo.desc_location(g);
         let ds = self.geo.desc_size as usize;
         let seed = self.geo.csum_seed;
@@ -231,7 +233,7 @@ impl Meta {
             mark(b);
         }
         let itable_blocks = self.geo.itable_blocks();
-        for h in &self.groups {
+        for h in &self.alloc.groups {
             mark(h.block_bitmap);
             mark(h.inode_bitmap);
             for b in h.inode_table..h.inode_table + itable_blocks {
@@ -258,7 +260,7 @@ impl Meta {
     /// needs no check. A mismatch marks the group bad: it is skipped by the allocators from
     /// then on, and this call fails with a message naming the group and block.
     fn verify_bitmap(&mut self, io: &Io, g: u32, inode: bool) -> Result<()> {
-        let info = self.groups[g as usize];
+        let info = self.alloc.groups[g as usize];
         let (bit, uninit, nr, stored, len, what) = if inode {
             (
                 VERIFIED_INODE_BITMAP,
@@ -290,7 +292,7 @@ impl Meta {
             let mask = self.geo.bitmap_csum_mask();
             let computed = bitmap_checksum(seed, self.block(io, nr)?, len) & mask;
             if computed != stored {
-                self.groups[g as usize].bad = true;
+                self.alloc.groups[g as usize].bad = true;
                 return Err(FsError::corrupt(format!(
                     "group {g}: {what} bitmap at block {nr} fails its checksum (stored \
                      {stored:#x}, computed {computed:#x}); the group is no longer used for \
@@ -298,13 +300,13 @@ impl Meta {
                 )));
             }
         }
-        self.groups[g as usize].verified |= bit;
+        self.alloc.groups[g as usize].verified |= bit;
         Ok(())
     }
 
     /// Makes sure group `g`'s block bitmap is initialised in the cache and verified.
     fn prepare_block_bitmap(&mut self, io: &Io, g: u32) -> Result<()> {
-        let info = self.groups[g as usize];
+        let info = self.alloc.groups[g as usize];
         if info.flags & BG_BLOCK_UNINIT == 0 {
             return self.verify_bitmap(io, g, false);
         }
@@ -334,7 +336,7 @@ impl Meta {
             pages.reserved() + pages.spare()
         };
         self.free_blocks()
-            .saturating_sub(self.quarantine.len() as u64)
+            .saturating_sub(self.alloc.quarantine.len() as u64)
             .saturating_sub(promised)
     }
 
@@ -368,7 +370,7 @@ impl Meta {
             return Err(FsError::ReadOnly);
         }
         let goal = if goal < self.geo.first_data_block || goal >= self.geo.blocks_count {
-            self.block_cursor
+            self.alloc.block_cursor
         } else {
             goal
         };
@@ -379,7 +381,7 @@ impl Meta {
         let mut damaged = None;
         for step in 0..=groups {
             let g = (start_group + step) % groups;
-            if self.groups[g as usize].free_blocks == 0 || self.groups[g as usize].bad {
+            if self.alloc.groups[g as usize].free_blocks == 0 || self.alloc.groups[g as usize].bad {
                 continue;
             }
             let first = self.geo.group_first_block(g);
@@ -390,17 +392,17 @@ impl Meta {
                 0
             };
             match self.prepare_block_bitmap(io, g) {
-                Err(FsError::Corrupt(c)) if self.groups[g as usize].bad => {
+                Err(FsError::Corrupt(c)) if self.alloc.groups[g as usize].bad => {
                     log::error!("{c}");
                     damaged = Some(c);
                     continue;
                 }
                 r => r?,
             }
-            let bb = self.groups[g as usize].block_bitmap;
+            let bb = self.alloc.groups[g as usize].block_bitmap;
             let found = {
                 self.load(io, bb)?;
-                let quarantine = &self.quarantine;
+                let quarantine = &self.alloc.quarantine;
                 // OK to unwrap: loaded just above.
                 let bm = self.cache.get(bb).expect("bitmap loaded");
                 let mut found = None;
@@ -435,7 +437,7 @@ impl Meta {
             // fixed metadata (the kernel's "allocating blocks which overlap fs metadata").
             let b = first + i as u64;
             if let Err(why) = self.layout.check_run(b, 1) {
-                self.groups[g as usize].bad = true;
+                self.alloc.groups[g as usize].bad = true;
                 let c = crate::Corrupt::new(format!(
                     "group {g}: the block bitmap marks block {b} free, but {why}; the group is \
                      no longer used for allocation"
@@ -453,7 +455,7 @@ impl Meta {
             self.store_group(io, g, c, None)?;
             let free = self.sb.free_blocks_count().saturating_sub(1);
             self.set_free_blocks(free);
-            self.block_cursor = b + 1;
+            self.alloc.block_cursor = b + 1;
             // Whatever the block held before is gone: no cached copy may shadow its new use.
             self.cache.forget(b);
             return Ok(b);
@@ -472,7 +474,9 @@ impl Meta {
         if self.op_is_lightweight() {
             let journaled = journaled || self.cache.is_dirty(b) || self.committing.contains_key(&b);
             self.cache.forget(b);
-            self.late_frees.push(LateFree::Block { nr: b, journaled });
+            self.alloc
+                .late_frees
+                .push(LateFree::Block { nr: b, journaled });
             return Ok(());
         }
         self.free_block_now(io, b, journaled)
@@ -482,7 +486,7 @@ impl Meta {
     fn free_block_now(&mut self, io: &Io, b: u64, journaled: bool) -> Result<()> {
         let g = self.geo.group_of_block(b);
         self.prepare_block_bitmap(io, g)?;
-        let bb = self.groups[g as usize].block_bitmap;
+        let bb = self.alloc.groups[g as usize].block_bitmap;
         let i = (b - self.geo.group_first_block(g)) as usize;
         let len = self.block_bitmap_len();
         let seed = self.geo.csum_seed;
@@ -513,12 +517,12 @@ impl Meta {
         if in_journal {
             self.revoke(b);
         }
-        if self.quarantine.insert(b) {
+        if self.alloc.quarantine.insert(b) {
             if let Some(u) = &mut self.op_undo {
                 u.quarantined.push(b);
             }
         }
-        self.freed_running.push(b);
+        self.alloc.freed_running.push(b);
         Ok(())
     }
 
@@ -533,7 +537,7 @@ impl Meta {
             (0..groups)
                 .max_by_key(|g| {
                     (
-                        self.groups[*g as usize].free_inodes,
+                        self.alloc.groups[*g as usize].free_inodes,
                         u32::MAX - g.abs_diff(near),
                     )
                 })
@@ -544,11 +548,11 @@ impl Meta {
         let ipg = self.geo.inodes_per_group;
         for step in 0..groups {
             let g = (start + step) % groups;
-            if self.groups[g as usize].free_inodes == 0 || self.groups[g as usize].bad {
+            if self.alloc.groups[g as usize].free_inodes == 0 || self.alloc.groups[g as usize].bad {
                 continue;
             }
             self.verify_bitmap(io, g, true)?;
-            let info = self.groups[g as usize];
+            let info = self.alloc.groups[g as usize];
             let len = self.inode_bitmap_len();
             let seed = self.geo.csum_seed;
             if info.flags & BG_INODE_UNINIT != 0 {
@@ -596,7 +600,7 @@ impl Meta {
     /// Frees inode `ino`.
     pub fn free_inode(&mut self, io: &Io, ino: u32, is_dir: bool) -> Result<()> {
         if self.op_is_lightweight() {
-            self.late_frees.push(LateFree::Inode { ino, is_dir });
+            self.alloc.late_frees.push(LateFree::Inode { ino, is_dir });
             return Ok(());
         }
         self.free_inode_now(io, ino, is_dir)
@@ -608,7 +612,7 @@ impl Meta {
         let g = (ino - 1) / ipg;
         let i = ((ino - 1) % ipg) as usize;
         self.verify_bitmap(io, g, true)?;
-        let info = self.groups[g as usize];
+        let info = self.alloc.groups[g as usize];
         let len = self.inode_bitmap_len();
         let seed = self.geo.csum_seed;
         let bm = self.block_mut(io, info.inode_bitmap)?;

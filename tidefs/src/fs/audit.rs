@@ -76,7 +76,7 @@ impl Meta {
         }
         let ipg = self.geo.inodes_per_group;
         for g in 0..self.geo.groups {
-            let info = self.groups[g as usize];
+            let info = self.alloc.groups[g as usize];
             let bitmap = if info.flags & BG_INODE_UNINIT != 0 {
                 Vec::new()
             } else {
@@ -129,7 +129,7 @@ impl Meta {
             }
         }
         for g in 0..self.geo.groups {
-            let info = self.groups[g as usize];
+            let info = self.alloc.groups[g as usize];
             let bitmap = if info.flags & BG_BLOCK_UNINIT != 0 {
                 self.init_block_bitmap(g)
             } else {

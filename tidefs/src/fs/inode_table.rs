@@ -59,7 +59,7 @@ impl Meta {
         let byte = idx * u64::from(self.geo.inode_size);
         let bs = u64::from(self.geo.block_size);
         Ok((
-            self.groups[g as usize].inode_table + byte / bs,
+            self.alloc.groups[g as usize].inode_table + byte / bs,
             (byte % bs) as usize,
         ))
     }

@@ -1,8 +1,9 @@
 //! The metadata state guarded by the file-system lock (`Meta`) and its buffer access: the
-//! superblock, group summaries, the buffer cache and page cache, the running transaction's
-//! revokes and freed blocks, and the operation undo record (the operation's handle: pre-images
-//! of everything it changes, so a failure takes it back whole). The allocator lives in
-//! `alloc.rs` and the inode table in `inode_table.rs`; both work on this state.
+//! superblock, the allocator's state (`alloc_state.rs`), the buffer cache and page cache, the
+//! running transaction's revokes, and the operation undo record (the operation's handle:
+//! pre-images of everything it changes, so a failure takes it back whole). The allocator's
+//! logic lives in `alloc.rs` and the inode table in `inode_table.rs`; both work on this
+//! state.
 //!
 //! Invariant: every modified metadata block is marked dirty in the cache in the same critical
 //! section that modified it, with its checksum already updated.
@@ -17,6 +18,7 @@ use crate::format::ext4::inode::Inode;
 use crate::format::ext4::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE};
 use crate::journal::CommitLog;
 
+use super::alloc_state::{AllocState, GroupInfo};
 use super::api::DataMode;
 use super::layout::Layout;
 
@@ -32,38 +34,6 @@ pub(crate) struct Io {
     pub counted: Arc<crate::dev::CountingDevice>,
     /// Whether the journal lives on the fs device (its writes are then counted there too).
     pub internal_journal: bool,
-}
-
-/// In-memory summary of one group descriptor.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct GroupInfo {
-    pub block_bitmap: u64,
-    pub inode_bitmap: u64,
-    pub inode_table: u64,
-    pub free_blocks: u32,
-    pub free_inodes: u32,
-    pub used_dirs: u32,
-    pub flags: u16,
-    pub itable_unused: u32,
-    /// Bitmap checksums as the descriptor stores them (masked by `bitmap_csum_mask`).
-    pub block_bitmap_csum: u32,
-    pub inode_bitmap_csum: u32,
-    /// `VERIFIED_*` bits: the bitmap in the cache is known to match its checksum (read and
-    /// verified, or written by tidefs). Set once per mount.
-    pub verified: u8,
-    /// A bitmap of this group failed its checksum: the group is no longer used for
-    /// allocation, and frees in it fail with `Corrupt`.
-    pub bad: bool,
-}
-
-/// A free that lightweight mode holds back: the bitmaps learn of it only once the in-place
-/// writes of the transaction that made it (the inode or extent block that stopped pointing at
-/// it) are durable. Until then a crash leaks it, which lightweight allows; the other order could
-/// leave a block in use that the bitmap calls free.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum LateFree {
-    Block { nr: u64, journaled: bool },
-    Inode { ino: u32, is_dir: bool },
 }
 
 /// What one operation changed outside the buffer cache, kept while it runs so that a failure
@@ -162,18 +132,13 @@ pub(crate) enum Derived {
 pub(crate) struct Meta {
     pub geo: Geometry,
     pub sb: Superblock,
-    pub groups: Vec<GroupInfo>,
+    /// The allocator's state (`fs/alloc_state.rs`).
+    pub alloc: AllocState,
     pub cache: BlockCache,
     /// Tid of the running transaction.
     pub tid: u32,
     /// Blocks freed by the running transaction that need revoke records.
     pub revoked: BTreeSet<u64>,
-    /// Blocks freed by the running transaction (released from quarantine after its commit).
-    pub freed_running: Vec<u64>,
-    /// Blocks that must not be allocated yet.
-    pub quarantine: HashSet<u64>,
-    /// Where the next block search starts, per flow of allocation.
-    pub block_cursor: u64,
     pub read_only: bool,
     /// The superblock's free counts changed and must be copied into its block.
     pub sb_dirty: bool,
@@ -210,12 +175,6 @@ pub(crate) struct Meta {
     pub tx_ranges: bool,
     /// While an operation runs: what it changed outside the buffer cache (see [`OpUndo`]).
     pub op_undo: Option<OpUndo>,
-    /// Lightweight mode: frees made by the running transaction, applied to the bitmaps once
-    /// its in-place writes are durable (see [`LateFree`]).
-    pub late_frees: Vec<LateFree>,
-    /// Block and inode bitmap blocks: with the GDT and the superblock, what lightweight mode
-    /// journals.
-    pub bitmap_blocks: HashSet<u64>,
     /// The blocks file data may use; set from the group descriptors by `load_groups`.
     pub layout: Arc<Layout>,
     /// The page cache of file data (delayed allocation). Shared with `Fs::read`, which serves
@@ -347,13 +306,13 @@ impl Meta {
         self.op_undo = Some(OpUndo {
             sb: self.sb.clone(),
             sb_dirty: self.sb_dirty,
-            block_cursor: self.block_cursor,
+            block_cursor: self.alloc.block_cursor,
             next_generation: self.next_generation,
             groups: Vec::new(),
             revoked: Vec::new(),
             quarantined: Vec::new(),
-            freed_running_len: self.freed_running.len(),
-            late_frees_len: self.late_frees.len(),
+            freed_running_len: self.alloc.freed_running.len(),
+            late_frees_len: self.alloc.late_frees.len(),
             derived: Vec::new(),
             forgot: HashMap::new(),
             publish_write: None,
@@ -412,8 +371,8 @@ impl Meta {
             || !u.groups.is_empty()
             || !u.revoked.is_empty()
             || !u.quarantined.is_empty()
-            || self.freed_running.len() != u.freed_running_len
-            || self.late_frees.len() != u.late_frees_len;
+            || self.alloc.freed_running.len() != u.freed_running_len
+            || self.alloc.late_frees.len() != u.late_frees_len;
         if !metadata_changed {
             // A failure before any change of metadata (a lookup that finds nothing, a refused
             // argument, a write that stopped for the old bytes of its last block after filling
@@ -428,13 +387,13 @@ impl Meta {
         self.sb = u.sb;
         self.free.publish(&self.sb);
         self.sb_dirty = u.sb_dirty;
-        self.block_cursor = u.block_cursor;
+        self.alloc.block_cursor = u.block_cursor;
         self.next_generation = u.next_generation;
         for (g, info) in u.groups.into_iter().rev() {
             // A group found bad stays bad: the failure that is being rolled back found it.
-            let bad = self.groups[g as usize].bad;
-            self.groups[g as usize] = info;
-            self.groups[g as usize].bad |= bad;
+            let bad = self.alloc.groups[g as usize].bad;
+            self.alloc.groups[g as usize] = info;
+            self.alloc.groups[g as usize].bad |= bad;
         }
         for (nr, was) in u.revoked.into_iter().rev() {
             if was {
@@ -444,10 +403,10 @@ impl Meta {
             }
         }
         for b in u.quarantined {
-            self.quarantine.remove(&b);
+            self.alloc.quarantine.remove(&b);
         }
-        self.freed_running.truncate(u.freed_running_len);
-        self.late_frees.truncate(u.late_frees_len);
+        self.alloc.freed_running.truncate(u.freed_running_len);
+        self.alloc.late_frees.truncate(u.late_frees_len);
         for d in u.derived {
             match d {
                 Derived::DirIndex(dir) => self.forget_dir_index(dir),
@@ -491,10 +450,10 @@ impl Meta {
     pub(super) fn group_mut(&mut self, g: u32) -> &mut GroupInfo {
         if let Some(u) = &mut self.op_undo {
             if !u.groups.iter().any(|(h, _)| *h == g) {
-                u.groups.push((g, self.groups[g as usize]));
+                u.groups.push((g, self.alloc.groups[g as usize]));
             }
         }
-        &mut self.groups[g as usize]
+        &mut self.alloc.groups[g as usize]
     }
 
     /// The running transaction revokes block `nr`: replay will not write any copy the log
@@ -520,8 +479,8 @@ impl Meta {
     /// allocated again, or cached data holds reservations (with their margin for extent-tree
     /// growth) that write-back turns into exact allocations.
     pub fn frees_pending(&self) -> bool {
-        !self.quarantine.is_empty()
-            || !self.late_frees.is_empty()
+        !self.alloc.quarantine.is_empty()
+            || !self.alloc.late_frees.is_empty()
             || self.data.lock().reserved() > 0
     }
 
@@ -529,10 +488,10 @@ impl Meta {
     pub fn has_uncommitted_changes(&self) -> bool {
         self.cache.dirty_count() > 0
             || !self.revoked.is_empty()
-            || !self.freed_running.is_empty()
+            || !self.alloc.freed_running.is_empty()
             || self.sb_dirty
             || self.data_pending()
-            || !self.late_frees.is_empty()
+            || !self.alloc.late_frees.is_empty()
     }
 
     /// Whether file data or the size and times of writes without the lock wait for a
@@ -566,7 +525,7 @@ impl Meta {
         let gdt_first = self.geo.first_data_block + 1;
         nr == self.sb_location().0
             || (gdt_first..gdt_first + self.sb.gdt_blocks()).contains(&nr)
-            || self.bitmap_blocks.contains(&nr)
+            || self.alloc.bitmap_blocks.contains(&nr)
     }
 
     /// The newest copy of block `nr` that is not yet at home, if any: dirty or cached in memory,

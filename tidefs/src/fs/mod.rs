@@ -15,6 +15,7 @@
 //! fsync not yet durable, the error recorded in both superblocks).
 
 mod alloc;
+mod alloc_state;
 mod api;
 mod audit;
 mod cached_writes;
@@ -545,13 +546,10 @@ impl Fs {
         let mut meta = Meta {
             geo,
             sb,
-            groups: Vec::new(),
+            alloc: alloc_state::AllocState::default(),
             cache: BlockCache::new(cache_blocks),
             tid,
             revoked: BTreeSet::new(),
-            freed_running: Vec::new(),
-            quarantine: HashSet::new(),
-            block_cursor: 0,
             read_only: false,
             sb_dirty: false,
             maps: HashMap::new(),
@@ -566,9 +564,7 @@ impl Fs {
             strict_inodes: HashSet::new(),
             tx_light: false,
             tx_ranges: false,
-            bitmap_blocks: HashSet::new(),
             op_undo: None,
-            late_frees: Vec::new(),
             layout: Arc::default(),
             data: Arc::new(Mutex::new(datacache::DataCache::new(cache_blocks))),
             sync: Arc::new(sync_view::SyncView::new(tid)),
@@ -2126,14 +2122,14 @@ impl Inner {
             let (blocks, mut ranges) = split_by_record(dirty, ranges_ok);
             ranges.extend(shared);
             let revoked: Vec<u64> = std::mem::take(&mut m.revoked).into_iter().collect();
-            let freed = std::mem::take(&mut m.freed_running);
+            let freed = std::mem::take(&mut m.alloc.freed_running);
             m.committing = blocks
                 .iter()
                 .map(|(nr, b)| (*nr, b.clone()))
                 .chain(ranges.iter().map(|r| (r.home, r.data.clone())))
                 .chain(in_place.iter().map(|(nr, b)| (*nr, b.clone())))
                 .collect();
-            let late_frees = std::mem::take(&mut m.late_frees);
+            let late_frees = std::mem::take(&mut m.alloc.late_frees);
             let tid = m.close_running_tid();
             drop(window);
             *self.running_since.lock() = Instant::now();
@@ -2176,7 +2172,7 @@ impl Inner {
                 self.committed_tid.store(tid, Ordering::SeqCst);
                 m.forget_durable_tids(tid);
                 for b in freed {
-                    m.quarantine.remove(&b);
+                    m.alloc.quarantine.remove(&b);
                 }
                 if let Err(e) = m.apply_late_frees(&self.io, late_frees) {
                     return Err(self.fail(&mut m, "applying lightweight frees", e));
