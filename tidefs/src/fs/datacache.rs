@@ -39,7 +39,7 @@
 //! so does every drop of the file's pages ([`DataCache::drop_range`]), so a published map is
 //! always the file's current one.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::api::DataMode;
@@ -165,7 +165,15 @@ pub(crate) struct DataCache {
     /// Writes without the metadata lock: which files may take them, and the size and times
     /// they left for the metadata side (`fs/cached_writes.rs`).
     writes: CachedWrites,
+    /// Files written under a mode that may journal data since mount: only their blocks can
+    /// have a newest copy in the buffer cache rather than at home (a page that joins a
+    /// transaction turns clean at once), so only their reads without the metadata lock must
+    /// stay off the device. `None`: too many to list, every file counts.
+    journaled_files: Option<HashSet<u32>>,
 }
+
+/// Files [`DataCache::journaled_files`] lists at most.
+const MAX_JOURNALED_FILES: usize = 16_384;
 
 /// Buckets of [`DataCache::drops`]: a drop of one file makes reads of the files that share
 /// its bucket plan again too, which costs only time.
@@ -195,6 +203,7 @@ impl DataCache {
             undo: None,
             maps: HashMap::new(),
             writes: CachedWrites::default(),
+            journaled_files: Some(HashSet::new()),
         }
     }
 
@@ -207,6 +216,14 @@ impl DataCache {
             self.maps.clear();
         }
         self.maps.insert(ino, map);
+    }
+
+    /// Whether `ino` had a page written under a mode that may journal data since mount (see
+    /// the field): a read without the metadata lock must not read its blocks from the device.
+    pub fn may_hold_journaled(&self, ino: u32) -> bool {
+        self.journaled_files
+            .as_ref()
+            .is_none_or(|set| set.contains(&ino))
     }
 
     /// The published block map of `ino`, if any.
@@ -550,6 +567,14 @@ impl DataCache {
 
     /// Applies `change` to the cached page `(ino, lblk)`, keeping the counters right.
     fn apply_write(&mut self, ino: u32, lblk: u32, change: &PageWrite<'_>) {
+        if change.mode.may_journal_data() {
+            if let Some(set) = &mut self.journaled_files {
+                set.insert(ino);
+                if set.len() > MAX_JOURNALED_FILES {
+                    self.journaled_files = None;
+                }
+            }
+        }
         let Some(f) = self.files.get_mut(&ino) else {
             return;
         };

@@ -185,7 +185,8 @@ struct Inner {
     /// `Meta::data`: the page cache, read without the metadata lock by `Fs::read`.
     pages: Arc<Mutex<datacache::DataCache>>,
     /// `Meta::modes`' flag: file data may be journaled on this mount, so reads without the
-    /// metadata lock do not go to the device (`Inner::plan_read_unlocked`).
+    /// metadata lock of files whose data was journaled do not go to the device
+    /// (`Inner::plan_read_unlocked`).
     data_journaling: Arc<AtomicBool>,
     /// `Meta::free`: the free counts `statfs` reads without the metadata lock.
     free: Arc<meta::FreeCounts>,
@@ -1579,7 +1580,9 @@ impl Inner {
         }
         let end = attr.size.min(offset + u64::from(size));
         let bs = self.geo.block_size;
-        let map = if self.data_journaling.load(Ordering::SeqCst) {
+        // On a mount where some files' data is journaled, those files' blocks may have a
+        // newer copy than home's in the buffer cache; other files' blocks do not.
+        let map = if self.data_journaling.load(Ordering::SeqCst) && pages.may_hold_journaled(n) {
             None
         } else {
             pages.published_map(n)
@@ -2557,6 +2560,55 @@ mod tests {
             );
             fs.unmount().unwrap();
         }
+    }
+
+    /// Goal: on a mount where one directory journals file data, a read from the device of a
+    /// file whose data was never journaled still skips the metadata lock, and a read of a file
+    /// whose data was journaled waits for it (its blocks' newest copy may be in the buffer
+    /// cache). Method: both files written, made durable and read once (maps published), their
+    /// clean pages dropped, then read on other threads while the test holds the lock.
+    #[test]
+    fn only_files_whose_data_was_journaled_keep_device_reads_under_the_lock() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let creds = Creds::ROOT;
+        let d = fs.mkdir(ROOT_INO, b"j", 0o755, creds).unwrap().ino;
+        fs.setxattr(d, mode_record::MODE_ATTR, b"journal", XattrSetMode::Any)
+            .unwrap();
+        let plain = new_file(&fs, b"plain");
+        let journaled = fs.create(d, b"jf", 0o100644, 0, creds).unwrap().ino;
+        for (ino, byte) in [(plain, 1u8), (journaled, 2)] {
+            fs.write(ino, 0, &[byte; 6000]).unwrap();
+        }
+        fs.sync().unwrap();
+        fs.inner.io.journal.checkpoint().unwrap();
+        for ino in [plain, journaled] {
+            assert_eq!(fs.read(ino, 0, 8192).unwrap().len(), 6000);
+        }
+        assert!(fs.inner.data_journaling.load(Ordering::SeqCst));
+        fs.inner.pages.lock().drop_clean();
+
+        let held = fs.inner.meta.lock();
+        let (tx, rx) = mpsc::channel();
+        for ino in [plain, journaled] {
+            let (fs, tx) = (fs.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let _ = tx.send((ino, fs.read(ino, 0, 8192)));
+            });
+        }
+        let (first, got) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a read of a file never journaled waited for the metadata lock");
+        assert_eq!((first, got.unwrap()), (plain, vec![1u8; 6000]));
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a read of a journaled file's blocks did not wait"
+        );
+        drop(held);
+        let (second, got) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert_eq!((second, got.unwrap()), (journaled, vec![2u8; 6000]));
+        fs.unmount().unwrap();
     }
 
     /// Goal: `statfs` never waits for the metadata lock and follows every change of the free

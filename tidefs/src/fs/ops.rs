@@ -962,9 +962,7 @@ impl Meta {
                 self.geo.block_size,
                 |p| self.unsettled_copy(io, p),
             );
-            if !self.modes.data_journaling_seen() {
-                pages.publish_map(ino, map);
-            }
+            pages.publish_map(ino, map);
             segs
         };
         // Later reads of this file may be served without the metadata lock (`Fs::read`).
