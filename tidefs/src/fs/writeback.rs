@@ -92,14 +92,19 @@ impl Meta {
             let mut new_blocks = 0u64;
             let mut map_changed = false;
             for page in pages {
-                // `fresh`: nothing of this block's file content is at home or in the log.
-                let (pblk, fresh) = match map.map(page.lblk) {
-                    Some((p, false)) => (p, false),
+                // `fresh`: nothing of this block's file content is at home or in the log (a
+                // block just allocated). A block of an unwritten extent has no content at
+                // home, but the log may still hold a copy journaled before the extent was
+                // made unwritten (`zero_range`): `logged_before` (found by review: such a
+                // copy, neither revoked nor superseded, came back over the data by replay
+                // or checkpoint).
+                let (pblk, fresh, logged_before) = match map.map(page.lblk) {
+                    Some((p, false)) => (p, false, true),
                     _ if scope != Scope::All => continue,
                     Some((p, true)) => {
                         map.mark_written(page.lblk);
                         map_changed = true;
-                        (p, true)
+                        (p, true, true)
                     }
                     None => {
                         let near = page
@@ -112,7 +117,7 @@ impl Meta {
                         goal = p + 1;
                         new_blocks += 1;
                         map_changed = true;
-                        (p, true)
+                        (p, true, false)
                     }
                 };
                 // A page follows the strictest mode it was written under (a switch of mode
@@ -122,7 +127,7 @@ impl Meta {
                 // checkpoint never writes an older journaled copy over newer data in place.
                 let mode = page.mode;
                 let journaled = mode.journals_data(page.first_write)
-                    || (!fresh
+                    || (logged_before
                         && (self.cache.is_dirty(pblk) || io.journal.pending(pblk).is_some()));
                 if journaled && scope != Scope::All {
                     continue;
@@ -143,7 +148,7 @@ impl Meta {
                     self.sync.changed(ino, self.tid, false);
                     self.data.lock().written_back(ino, page.lblk, page.gen);
                 } else {
-                    if !fresh {
+                    if logged_before {
                         // An older journaled sequence of this block may still be in the log
                         // (this mode's, or the file's mode before a switch): revoke it, or
                         // replay would write it over this data.
