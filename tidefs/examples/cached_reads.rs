@@ -6,10 +6,12 @@
 //! metadata_csum,64bit img`):
 //!
 //! ```text
-//! cargo run --release -p tidefs --example cached_reads -- IMAGE [THREADS]
+//! cargo run --release -p tidefs --example cached_reads -- IMAGE [THREADS [STREAM_MODE]]
 //! ```
 //!
-//! THREADS (16) threads each append 125 bytes to their own file and fdatasync it, in a loop;
+//! THREADS (16) threads each append 125 bytes to their own file and fdatasync it, in a loop
+//! (with STREAM_MODE, e.g. `wasteless`, the files are in a directory of that journaling mode,
+//! the other files in the root, which keeps the mount's `ordered`);
 //! meanwhile the main thread reads a cached 4 KiB file, stats it, asks for its
 //! `security.capability` (which it does not have: what the kernel asks before most writes
 //! through FUSE), and appends 125 bytes to a file of its own (timed) and reads them back, every
@@ -25,12 +27,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidefs::fs::{Creds, Fs, MountOptions, ROOT_INO};
+use tidefs::fs::{Creds, Fs, MountOptions, XattrSetMode, JOURNAL_MODE_XATTR, ROOT_INO};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(image) = args.get(1).map(std::path::Path::new) else {
-        eprintln!("usage: cached_reads IMAGE [THREADS]");
+        eprintln!("usage: cached_reads IMAGE [THREADS [STREAM_MODE]]");
         std::process::exit(2);
     };
     let threads: u64 = match args.get(2).map(|s| s.parse()) {
@@ -41,6 +43,7 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let stream_mode = args.get(3);
     let creds = Creds::ROOT;
     let opts = MountOptions {
         cache_size_bytes: 128 << 20,
@@ -75,9 +78,33 @@ fn main() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let appends = Arc::new(AtomicU64::new(0));
+    let stream_dir = match stream_mode {
+        None => ROOT_INO,
+        Some(mode) => {
+            let dir = match fs.lookup(ROOT_INO, b"streams") {
+                Ok(a) => a.ino,
+                Err(_) => {
+                    fs.mkdir(ROOT_INO, b"streams", 0o755, creds)
+                        .expect("mkdir")
+                        .ino
+                }
+            };
+            fs.setxattr(dir, JOURNAL_MODE_XATTR, mode.as_bytes(), XattrSetMode::Any)
+                .expect("set the streams' journaling mode");
+            dir
+        }
+    };
     let storm: Vec<_> = (0..threads)
         .map(|t| {
-            let file = root(&format!("stream{t}"));
+            let name = format!("stream{t}");
+            let file = match fs.lookup(stream_dir, name.as_bytes()) {
+                Ok(a) => a.ino,
+                Err(_) => {
+                    fs.create(stream_dir, name.as_bytes(), 0o100644, 0, creds)
+                        .expect("create")
+                        .ino
+                }
+            };
             let (fs, stop, appends) = (fs.clone(), stop.clone(), appends.clone());
             std::thread::spawn(move || {
                 let mut at = fs.getattr(file).expect("getattr").size;
