@@ -414,6 +414,20 @@ pub fn check_atomic_writes(
             })
             .min()
             .unwrap_or(u64::MAX);
+        // Bytes a later zero-range issued before the crash may have zeroed.
+        let zeroed_later = rec
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Zeroed { pos, fid, len }
+                    if *fid == w.fid && *pos > w.pos && *pos < crash_pos =>
+                {
+                    Some(*len)
+                }
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         let others: Vec<_> = rec
             .writes
             .iter()
@@ -421,7 +435,7 @@ pub fn check_atomic_writes(
             .collect();
         let (mut shows, mut lacks) = (0usize, 0usize);
         for off in w.offset..w.offset + w.len as u64 {
-            if off >= later_cut {
+            if off >= later_cut || off < zeroed_later {
                 continue;
             }
             let covered_later = others
