@@ -96,6 +96,9 @@ pub enum Op {
     /// Zero the file's first [`ZERO_LEN`] bytes, keeping its size (`zero_range`): its whole
     /// blocks there become unwritten extents, still allocated.
     ZeroRange(&'static str),
+    /// Punch a hole over the file's first [`ZERO_LEN`] bytes (`punch_hole`): its whole blocks
+    /// there are freed, the size stays.
+    PunchHole(&'static str),
     /// Rename source to target (replacing a file target).
     Rename(&'static str, &'static str),
     /// Hard link: existing file, new name.
@@ -142,6 +145,7 @@ impl std::fmt::Display for Op {
             Op::TruncateShrink(p) => write!(f, "truncate-shrink {p}"),
             Op::TruncateGrow(p) => write!(f, "truncate-grow {p}"),
             Op::ZeroRange(p) => write!(f, "zero-range {p}"),
+            Op::PunchHole(p) => write!(f, "punch-hole {p}"),
             Op::Fallocate(p, keep) => {
                 write!(f, "fallocate {p}{}", if *keep { " keep-size" } else { "" })
             }
@@ -382,6 +386,7 @@ impl Model {
             | Op::TruncateGrow(p)
             | Op::Fallocate(p, _)
             | Op::ZeroRange(p)
+            | Op::PunchHole(p)
             | Op::SetXattr(p, _, _)
             | Op::Fsync(p)
             | Op::Fdatasync(p)
@@ -519,8 +524,8 @@ pub enum Event {
         /// New size.
         size: u64,
     },
-    /// Bytes `[0, len)` of `fid` were zeroed by an op that started at `pos` (for the
-    /// atomicity check).
+    /// Bytes `[0, len)` of `fid` were zeroed (zero-range, punch-hole) by an op that started at
+    /// `pos` (for the atomicity check).
     Zeroed {
         /// Log position.
         pos: usize,
@@ -1019,7 +1024,7 @@ fn run_op(
                 mf.data.resize(off as usize + 8192, 0);
             }
         }
-        Op::ZeroRange(p) => {
+        Op::ZeroRange(p) | Op::PunchHole(p) => {
             let fid = model.file(p).ok_or(tidefs::FsError::NotFound)?;
             let ino = resolve(fs, p)?;
             let mf = model.files.get_mut(&fid).expect("OK to unwrap: live file");
@@ -1029,7 +1034,11 @@ fn run_op(
                 fid,
                 len: ZERO_LEN,
             });
-            fs.zero_range(ino, 0, ZERO_LEN, true)?;
+            if matches!(op, Op::ZeroRange(_)) {
+                fs.zero_range(ino, 0, ZERO_LEN, true)?;
+            } else {
+                fs.punch_hole(ino, 0, ZERO_LEN)?;
+            }
             zero_front(&mut mf.data);
         }
         Op::Rename(a, b) => {
@@ -1186,6 +1195,7 @@ pub fn ace_ops() -> Vec<Op> {
         v.push(Op::Fallocate(f, false));
         v.push(Op::Fallocate(f, true));
         v.push(Op::ZeroRange(f));
+        v.push(Op::PunchHole(f));
         v.push(Op::SetXattr(f, "user.a", 40));
         v.push(Op::SetXattr(f, "user.b", 600));
         v.push(Op::RemoveXattr(f, "user.a"));
@@ -1219,6 +1229,7 @@ pub fn persistence_after(op: &Op) -> Vec<Op> {
         | Op::TruncateGrow(p)
         | Op::Fallocate(p, _)
         | Op::ZeroRange(p)
+        | Op::PunchHole(p)
         | Op::SetXattr(p, _, _)
         | Op::RemoveXattr(p, _) => file(p, &mut v),
         Op::Unlink(p) | Op::Symlink(p, _) | Op::Mkdir(p) | Op::Rmdir(p) => {
@@ -1249,6 +1260,15 @@ pub fn regression_workloads() -> Vec<Vec<Op>> {
             Op::Write("foo", WriteKind::OverwriteSub),
             Op::Fsync("foo"),
             Op::ZeroRange("foo"),
+            Op::Fsync("foo"),
+            Op::Write("foo", WriteKind::OverwriteMulti),
+            Op::Fsync("foo"),
+        ],
+        // The same with the block freed and allocated again (its journaled copy revoked).
+        vec![
+            Op::Write("foo", WriteKind::OverwriteSub),
+            Op::Fsync("foo"),
+            Op::PunchHole("foo"),
             Op::Fsync("foo"),
             Op::Write("foo", WriteKind::OverwriteMulti),
             Op::Fsync("foo"),
@@ -1325,7 +1345,7 @@ impl Model {
                     mf.data.resize(n, 0);
                 }
             }
-            Op::ZeroRange(p) => {
+            Op::ZeroRange(p) | Op::PunchHole(p) => {
                 if let Some(f) = self.file(p) {
                     zero_front(&mut self.files.get_mut(&f).expect("live file").data);
                 }
