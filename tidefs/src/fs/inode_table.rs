@@ -174,7 +174,7 @@ impl Meta {
             return Ok(());
         }
         if !self.op_is_lightweight() {
-            self.strict_inodes.insert(ino);
+            self.tx.strict_inodes.insert(ino);
         }
         let b = self.block_mut(io, nr)?;
         let times_only = only_times_differ(&b[off..off + isz], inode.as_bytes());

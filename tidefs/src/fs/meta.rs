@@ -1,14 +1,14 @@
 //! The metadata state guarded by the file-system lock (`Meta`) and its buffer access: the
 //! superblock, the allocator's state (`alloc_state.rs`), the buffer cache and page cache, the
-//! running transaction's revokes, and the operation undo record (the operation's handle:
-//! pre-images of everything it changes, so a failure takes it back whole). The allocator's
-//! logic lives in `alloc.rs` and the inode table in `inode_table.rs`; both work on this
-//! state.
+//! running transaction's revokes and logging decisions (`tx_changes.rs`), and the operation
+//! undo record (the operation's handle: pre-images of everything it changes, so a failure
+//! takes it back whole). The allocator's logic lives in `alloc.rs` and the inode table in
+//! `inode_table.rs`; both work on this state.
 //!
 //! Invariant: every modified metadata block is marked dirty in the cache in the same critical
 //! section that modified it, with its checksum already updated.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -21,6 +21,7 @@ use crate::journal::CommitLog;
 use super::alloc_state::{AllocState, GroupInfo};
 use super::api::DataMode;
 use super::layout::Layout;
+use super::tx_changes::TxChanges;
 
 pub(crate) use super::geometry::{Geometry, MAX_DIR_BYTES};
 use crate::{FsError, Result};
@@ -137,8 +138,8 @@ pub(crate) struct Meta {
     pub cache: BlockCache,
     /// Tid of the running transaction.
     pub tid: u32,
-    /// Blocks freed by the running transaction that need revoke records.
-    pub revoked: BTreeSet<u64>,
+    /// The running transaction's revokes and logging decisions (`fs/tx_changes.rs`).
+    pub tx: TxChanges,
     pub read_only: bool,
     /// The superblock's free counts changed and must be copied into its block.
     pub sb_dirty: bool,
@@ -161,18 +162,6 @@ pub(crate) struct Meta {
     /// While an operation runs: whether every inode it acts for is `lightweight` (`None`:
     /// it named none yet). See [`Meta::op_is_lightweight`].
     pub op_light: Option<bool>,
-    /// Blocks the running transaction changed for an operation that is not lightweight:
-    /// they are journaled even when a lightweight operation changed them too.
-    pub strict_blocks: HashSet<u64>,
-    /// Inodes whose bytes an operation that is not lightweight changed in the running
-    /// transaction: in an inode-table block that lightweight operations changed too, only
-    /// their slots are journaled (`Meta::sort_for_lightweight`).
-    pub strict_inodes: HashSet<u32>,
-    /// A lightweight operation changed blocks in the running transaction.
-    pub tx_light: bool,
-    /// An operation of the running transaction acted for an inode whose mode logs byte ranges:
-    /// its changed metadata blocks may be logged as ranges.
-    pub tx_ranges: bool,
     /// While an operation runs: what it changed outside the buffer cache (see [`OpUndo`]).
     pub op_undo: Option<OpUndo>,
     /// The blocks file data may use; set from the group descriptors by `load_groups`.
@@ -260,9 +249,9 @@ impl Meta {
     /// Notes which kind of operation changed block `nr` (see [`Meta::strict_blocks`]).
     fn note_changed(&mut self, nr: u64) {
         if self.op_is_lightweight() {
-            self.tx_light = true;
+            self.tx.light = true;
         } else {
-            self.strict_blocks.insert(nr);
+            self.tx.strict_blocks.insert(nr);
         }
     }
 
@@ -397,9 +386,9 @@ impl Meta {
         }
         for (nr, was) in u.revoked.into_iter().rev() {
             if was {
-                self.revoked.insert(nr);
+                self.tx.revoked.insert(nr);
             } else {
-                self.revoked.remove(&nr);
+                self.tx.revoked.remove(&nr);
             }
         }
         for b in u.quarantined {
@@ -459,7 +448,7 @@ impl Meta {
     /// The running transaction revokes block `nr`: replay will not write any copy the log
     /// holds of it from earlier transactions.
     pub fn revoke(&mut self, nr: u64) {
-        if self.revoked.insert(nr) {
+        if self.tx.revoked.insert(nr) {
             if let Some(u) = &mut self.op_undo {
                 u.revoked.push((nr, false));
             }
@@ -468,7 +457,7 @@ impl Meta {
 
     /// Block `nr` is metadata of the running transaction again: no revoke record for it.
     fn unrevoke(&mut self, nr: u64) {
-        if self.revoked.remove(&nr) {
+        if self.tx.revoked.remove(&nr) {
             if let Some(u) = &mut self.op_undo {
                 u.revoked.push((nr, true));
             }
@@ -487,7 +476,7 @@ impl Meta {
     /// Whether the running transaction holds anything a commit must write.
     pub fn has_uncommitted_changes(&self) -> bool {
         self.cache.dirty_count() > 0
-            || !self.revoked.is_empty()
+            || !self.tx.revoked.is_empty()
             || !self.alloc.freed_running.is_empty()
             || self.sb_dirty
             || self.data_pending()

@@ -39,6 +39,7 @@ mod open_files;
 mod ops;
 mod read_plan;
 mod sync_view;
+mod tx_changes;
 mod writeback;
 
 pub use api::*;
@@ -50,7 +51,7 @@ pub use fsync_queue::SyncDone;
 pub type BlocksListener = dyn Fn(&[Ino]) + Send + Sync;
 pub use mode_record::MODE_ATTR as JOURNAL_MODE_XATTR;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -550,7 +551,7 @@ impl Fs {
             alloc: alloc_state::AllocState::default(),
             cache: BlockCache::new(cache_blocks),
             tid,
-            revoked: BTreeSet::new(),
+            tx: tx_changes::TxChanges::default(),
             read_only: false,
             sb_dirty: false,
             maps: HashMap::new(),
@@ -561,10 +562,6 @@ impl Fs {
             default_mode: opts.data_mode,
             modes: mode_record::ModeTable::new(opts.data_mode),
             op_light: None,
-            strict_blocks: HashSet::new(),
-            strict_inodes: HashSet::new(),
-            tx_light: false,
-            tx_ranges: false,
             op_undo: None,
             layout: Arc::default(),
             data: Arc::new(Mutex::new(datacache::DataCache::new(cache_blocks))),
@@ -778,7 +775,7 @@ impl Fs {
                 } else {
                     0
                 };
-                let big = m.cache.dirty_count() + m.revoked.len() + journaled_pages
+                let big = m.cache.dirty_count() + m.tx.revoked.len() + journaled_pages
                     >= inner.io.journal.max_transaction_blocks() / 2
                     || dirty_pages >= dirty_limit;
                 (r, big, m.frees_pending())
@@ -2107,24 +2104,27 @@ impl Inner {
             }
             let dirty = m.cache.take_dirty();
             let changed: u64 = dirty.iter().map(|d| d.changed.bytes()).sum();
-            let ranges_ok = m.tx_ranges || m.default_mode.logs_byte_ranges();
-            m.tx_ranges = false;
-            let strict = std::mem::take(&mut m.strict_blocks);
-            let strict_inodes = std::mem::take(&mut m.strict_inodes);
-            let light = std::mem::take(&mut m.tx_light);
+            let tx = std::mem::take(&mut m.tx);
+            let ranges_ok = tx.ranges || m.default_mode.logs_byte_ranges();
             // Lightweight mode journals only the allocation structures; the other metadata
             // that only lightweight operations changed goes home in place once the commit is
             // durable, and an inode-table block shared with stricter inodes journals only
             // their bytes (docs/DESIGN.md §3.2). Lightweight frees reach the bitmaps only
             // after that, in the next transaction.
-            let (dirty, in_place, shared) = if light {
-                m.sort_for_lightweight(&self.io, dirty, &strict, &strict_inodes, ranges_ok)
+            let (dirty, in_place, shared) = if tx.light {
+                m.sort_for_lightweight(
+                    &self.io,
+                    dirty,
+                    &tx.strict_blocks,
+                    &tx.strict_inodes,
+                    ranges_ok,
+                )
             } else {
                 (dirty, Vec::new(), Vec::new())
             };
             let (blocks, mut ranges) = split_by_record(dirty, ranges_ok);
             ranges.extend(shared);
-            let revoked: Vec<u64> = std::mem::take(&mut m.revoked).into_iter().collect();
+            let revoked: Vec<u64> = tx.revoked.into_iter().collect();
             let freed = std::mem::take(&mut m.alloc.freed_running);
             m.committing = blocks
                 .iter()

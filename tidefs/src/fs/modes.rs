@@ -161,7 +161,7 @@ impl Meta {
         let light = mode == DataMode::Lightweight;
         self.op_light = Some(self.op_light.unwrap_or(true) && light);
         if mode.logs_byte_ranges() {
-            self.tx_ranges = true;
+            self.tx.ranges = true;
         }
     }
 

@@ -137,7 +137,7 @@ impl Meta {
                     // The page joins the transaction; the buffer cache owns it from here, so
                     // the page is clean at once. Only the written bytes are logged when the
                     // block's committed content is known (at home or in the log).
-                    if fresh || !(mode.logs_byte_ranges() || self.tx_ranges) {
+                    if fresh || !(mode.logs_byte_ranges() || self.tx.ranges) {
                         self.new_block_mut(pblk).copy_from_slice(&page.bytes);
                     } else {
                         self.log_data_ranges(pblk, &page.bytes, &page.changed);
