@@ -401,33 +401,23 @@ pub fn check_atomic_writes(
             continue;
         };
         let Some(data) = &o.data else { continue };
-        let later_cut = rec
-            .events
-            .iter()
-            .filter_map(|e| match e {
-                Event::Truncate { pos, fid, size }
-                    if *fid == w.fid && *pos > w.pos && *pos < crash_pos =>
-                {
-                    Some(*size)
-                }
-                _ => None,
-            })
-            .min()
-            .unwrap_or(u64::MAX);
-        // Bytes a later zero-range issued before the crash may have zeroed.
-        let zeroed_later = rec
-            .events
-            .iter()
-            .filter_map(|e| match e {
-                Event::Zeroed { pos, fid, len }
-                    if *fid == w.fid && *pos > w.pos && *pos < crash_pos =>
-                {
-                    Some(*len)
-                }
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
+        // Bytes a later truncate (from `later_cut` on) or zero-range / punch-hole (up to
+        // `zeroed_later`) of this file, issued before the crash, may have taken away.
+        let (mut later_cut, mut zeroed_later) = (u64::MAX, 0);
+        for e in &rec.events {
+            let (pos, fid) = match e {
+                Event::Truncate { pos, fid, .. } | Event::Zeroed { pos, fid, .. } => (*pos, *fid),
+                _ => continue,
+            };
+            if fid != w.fid || pos <= w.pos || pos >= crash_pos {
+                continue;
+            }
+            match e {
+                Event::Truncate { size, .. } => later_cut = later_cut.min(*size),
+                Event::Zeroed { len, .. } => zeroed_later = zeroed_later.max(*len),
+                _ => {}
+            }
+        }
         let others: Vec<_> = rec
             .writes
             .iter()

@@ -1251,29 +1251,24 @@ pub fn persistence_after(op: &Op) -> Vec<Op> {
 /// Sequences that once broke a promise, run first by the ACE family: too long, or too
 /// particular, for its enumeration to reach.
 pub fn regression_workloads() -> Vec<Vec<Op>> {
-    vec![
-        // A small write (journaled by `selective`), made durable; its block zeroed into an
-        // unwritten extent; a large write over that block (sent home), made durable. Write-back
-        // once took the unwritten block for one never logged: the first write's journaled
-        // copy, not revoked, came back over the zeros by replay.
-        vec![
-            Op::Write("foo", WriteKind::OverwriteSub),
-            Op::Fsync("foo"),
-            Op::ZeroRange("foo"),
-            Op::Fsync("foo"),
-            Op::Write("foo", WriteKind::OverwriteMulti),
-            Op::Fsync("foo"),
-        ],
-        // The same with the block freed and allocated again (its journaled copy revoked).
-        vec![
-            Op::Write("foo", WriteKind::OverwriteSub),
-            Op::Fsync("foo"),
-            Op::PunchHole("foo"),
-            Op::Fsync("foo"),
-            Op::Write("foo", WriteKind::OverwriteMulti),
-            Op::Fsync("foo"),
-        ],
-    ]
+    // A small write (journaled by `selective`), made durable; its block zeroed into an
+    // unwritten extent (or, second, freed by a punch-hole and allocated again); a large write
+    // over that block (sent home), made durable. Write-back once took the unwritten block for
+    // one never logged: the first write's journaled copy, not revoked, came back over the
+    // zeros by replay.
+    [Op::ZeroRange("foo"), Op::PunchHole("foo")]
+        .into_iter()
+        .map(|clear| {
+            vec![
+                Op::Write("foo", WriteKind::OverwriteSub),
+                Op::Fsync("foo"),
+                clear,
+                Op::Fsync("foo"),
+                Op::Write("foo", WriteKind::OverwriteMulti),
+                Op::Fsync("foo"),
+            ]
+        })
+        .collect()
 }
 
 /// Every (op, persistence) step of the ACE family.
