@@ -15,6 +15,9 @@
 //!   an operation's changes are found by comparing each block it touched with its pre-image
 //!   when the operation ends, so the code that edits a block needs no bookkeeping of its own.
 //!
+//! - a cached block's bytes are one version of it, shared (`Arc`) with the commit in flight,
+//!   the journal's copies waiting for checkpoint and operations' pre-images; a change copies
+//!   them only while another holder shares them (copy on write, docs/DESIGN.md §2.3);
 //! - a block allocated by the running transaction (`insert_new`) is *fresh* until it commits:
 //!   its home location holds nothing of it, so it must be logged whole, never as ranges;
 //! - a block loaded during an operation counts the loaded bytes as its pre-image, so a small
@@ -76,15 +79,21 @@ pub struct BlockCache {
 }
 
 /// A cached block's bytes, with whether it was used since eviction last passed it over.
+///
+/// The bytes are one *version* of the block, shared (`Arc`) with whoever else holds that
+/// version: the commit in flight and the journal's copies waiting for checkpoint take the
+/// version the running transaction closed with, and an operation's pre-image takes the
+/// version it started from. A change copies the bytes only while another holder shares them
+/// (`Arc::make_mut`), so each version of a block exists once in memory.
 struct Cached {
-    bytes: Box<[u8]>,
+    bytes: Arc<[u8]>,
     /// Set by every look at the block ([`BlockCache::get`], under the metadata lock, hence
     /// a `Cell`); eviction passes a used block over once and clears the mark (CLOCK).
     used: Cell<bool>,
 }
 
 impl Cached {
-    fn new(bytes: Box<[u8]>) -> Cached {
+    fn new(bytes: Arc<[u8]>) -> Cached {
         Cached {
             bytes,
             used: Cell::new(false),
@@ -94,7 +103,7 @@ impl Cached {
 
 /// A cached block as it was before an operation changed it.
 struct PreImage {
-    bytes: Box<[u8]>,
+    bytes: Arc<[u8]>,
     dirty: bool,
     fresh: bool,
 }
@@ -199,7 +208,7 @@ impl BlockCache {
         if let Some(undo) = &mut self.undo {
             undo.entry(nr).or_insert_with(|| {
                 self.blocks.get(&nr).map(|b| PreImage {
-                    bytes: b.bytes.clone(),
+                    bytes: Arc::clone(&b.bytes),
                     dirty: self.dirty.contains(&nr),
                     fresh: self.fresh.contains(&nr),
                 })
@@ -212,16 +221,18 @@ impl BlockCache {
         self.blocks.contains_key(&nr)
     }
 
-    /// Adds a block read from disk (its committed content); may evict clean blocks first.
-    /// Inside an operation the loaded bytes are the block's pre-image.
-    pub fn insert(&mut self, nr: u64, data: Box<[u8]>) {
+    /// Adds a block read from disk or taken from a newer copy in memory (its committed
+    /// content, shared with that copy); may evict clean blocks first. Inside an operation the
+    /// loaded bytes are the block's pre-image.
+    pub fn insert(&mut self, nr: u64, data: impl Into<Arc<[u8]>>) {
+        let data = data.into();
         if self.blocks.len() >= self.max_blocks {
             self.evict();
         }
         self.note(nr);
         if let Some(slot @ None) = self.undo.as_mut().and_then(|u| u.get_mut(&nr)) {
             *slot = Some(PreImage {
-                bytes: data.clone(),
+                bytes: Arc::clone(&data),
                 dirty: false,
                 fresh: false,
             });
@@ -231,7 +242,8 @@ impl BlockCache {
 
     /// Adds a block the running transaction allocated, with its first content: dirty and
     /// fresh (logged whole at commit).
-    pub fn insert_new(&mut self, nr: u64, data: Box<[u8]>) {
+    pub fn insert_new(&mut self, nr: u64, data: impl Into<Arc<[u8]>>) {
+        let data = data.into();
         // `forget` records the block's state for the open operation.
         self.forget(nr);
         self.undo_changed |= self.undo.is_some();
@@ -249,12 +261,7 @@ impl BlockCache {
         self.note(nr);
         self.undo_changed = true;
         self.undo_given.entry(nr).or_default().union(changed);
-        match self.blocks.get_mut(&nr) {
-            Some(b) if b.bytes.len() == data.len() => b.bytes.copy_from_slice(data),
-            _ => {
-                self.blocks.insert(nr, Cached::new(Box::from(data)));
-            }
-        }
+        self.blocks.insert(nr, Cached::new(Arc::from(data)));
         self.dirty.insert(nr);
     }
 
@@ -315,6 +322,13 @@ impl BlockCache {
         Some(&c.bytes[..])
     }
 
+    /// A cached block's current version, shared (no copy is made).
+    pub fn get_shared(&self, nr: u64) -> Option<Arc<[u8]>> {
+        let c = self.blocks.get(&nr)?;
+        c.used.set(true);
+        Some(Arc::clone(&c.bytes))
+    }
+
     /// A cached block for modification; marks it dirty in the running transaction.
     pub fn get_mut(&mut self, nr: u64) -> Option<&mut [u8]> {
         if !self.blocks.contains_key(&nr) {
@@ -322,13 +336,15 @@ impl BlockCache {
         }
         self.note(nr);
         self.undo_changed |= self.undo.is_some();
-        let b = &mut self.blocks.get_mut(&nr)?.bytes;
+        // A new version of the block if the one cached is shared (with a pre-image, the
+        // commit in flight or the journal's checkpoint copies).
+        let b = Arc::make_mut(&mut self.blocks.get_mut(&nr)?.bytes);
         self.dirty.insert(nr);
         if self.undo.is_none() {
             // No pre-image to compare with when the operation ends: count the whole block.
             self.changed.entry(nr).or_default().add(0, block_len(b));
         }
-        Some(&mut b[..])
+        Some(b)
     }
 
     /// Forgets a block (freed and about to be reused for something else).
@@ -358,8 +374,8 @@ impl BlockCache {
         self.dirty.contains(&nr)
     }
 
-    /// Copies of every dirty block with the bytes that changed, and clears the dirty set: the
-    /// running transaction closes.
+    /// Every dirty block (its current version, shared, not copied) with the bytes that
+    /// changed, and clears the dirty set: the running transaction closes.
     pub fn take_dirty(&mut self) -> Vec<DirtyBlock> {
         debug_assert!(self.undo.is_none(), "commit inside an operation");
         let dirty = std::mem::take(&mut self.dirty);
@@ -371,7 +387,7 @@ impl BlockCache {
                 let b = &self.blocks.get(&nr)?.bytes;
                 Some(DirtyBlock {
                     nr,
-                    data: Arc::from(&b[..]),
+                    data: Arc::clone(b),
                     changed: changed.remove(&nr).unwrap_or_else(|| {
                         let mut all = ByteRanges::new();
                         all.add(0, block_len(b));
@@ -450,6 +466,43 @@ mod tests {
         assert!(c.blocks.len() <= 64);
         c.drop_clean();
         assert!(c.blocks.is_empty());
+    }
+
+    #[test]
+    fn a_committed_version_is_shared_until_the_block_changes_again() {
+        // Goal: a commit takes the cached version of each dirty block without copying it,
+        // and a later change makes a new version, leaving the committed one as it was (the
+        // journal writes it home at checkpoint); a rolled-back change leaves the shared
+        // version cached.
+        let mut c = BlockCache::new(64);
+        c.insert(1, vec![0u8; 16].into_boxed_slice());
+        c.begin_undo();
+        c.get_mut(1).unwrap()[0] = 1;
+        c.end_undo();
+        let snap = c.take_dirty();
+        assert!(Arc::ptr_eq(&snap[0].data, &c.get_shared(1).unwrap()));
+        c.begin_undo();
+        c.get_mut(1).unwrap()[0] = 2;
+        c.rollback();
+        assert!(
+            Arc::ptr_eq(&snap[0].data, &c.get_shared(1).unwrap()),
+            "a rollback puts the shared version back"
+        );
+        c.begin_undo();
+        c.get_mut(1).unwrap()[0] = 3;
+        c.end_undo();
+        assert_eq!(snap[0].data[0], 1, "the committed version is untouched");
+        assert_eq!(c.get(1).unwrap()[0], 3);
+        assert!(!Arc::ptr_eq(&snap[0].data, &c.get_shared(1).unwrap()));
+        // A block loaded from a newer copy in memory shares it.
+        let copy: Arc<[u8]> = Arc::from(vec![5u8; 16]);
+        c.insert(2, Arc::clone(&copy));
+        assert!(Arc::ptr_eq(&copy, &c.get_shared(2).unwrap()));
+        // With nobody else holding it, a change is made in place.
+        drop(snap);
+        let before = c.get_shared(1).unwrap().as_ptr();
+        c.get_mut(1).unwrap()[0] = 4;
+        assert_eq!(c.get(1).unwrap().as_ptr(), before);
     }
 
     #[test]

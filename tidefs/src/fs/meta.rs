@@ -153,7 +153,8 @@ pub(crate) struct Meta {
     pub open: Arc<super::open_files::OpenFiles>,
     /// Next inode generation number.
     pub next_generation: u32,
-    /// Copies of the blocks of the transaction being committed, until the journal holds them.
+    /// The blocks of the transaction being committed, until the journal holds them: the
+    /// versions the cache closed the transaction with, shared with it (not copies).
     pub committing: HashMap<u64, Arc<[u8]>>,
     /// The mode of directories without their own and of the files in them (`-o data=`).
     pub default_mode: DataMode,
@@ -219,9 +220,10 @@ impl Meta {
             .get(&nr)
             .cloned()
             .or_else(|| io.journal.pending(nr));
-        let data: Box<[u8]> = match newest {
-            Some(copy) => Box::from(&copy[..]),
-            None => self.read_home(io, nr)?,
+        // A newer copy in memory is shared, not copied: the cache holds the same version.
+        let data: Arc<[u8]> = match newest {
+            Some(copy) => copy,
+            None => self.read_home(io, nr)?.into(),
         };
         self.cache.insert(nr, data);
         Ok(())
@@ -520,8 +522,8 @@ impl Meta {
     /// The newest copy of block `nr` that is not yet at home, if any: dirty or cached in memory,
     /// being committed, or committed and waiting for checkpoint.
     pub fn unsettled_copy(&self, io: &Io, nr: u64) -> Option<Arc<[u8]>> {
-        if let Some(b) = self.cache.get(nr) {
-            return Some(Arc::from(b));
+        if let Some(b) = self.cache.get_shared(nr) {
+            return Some(b);
         }
         self.committing
             .get(&nr)

@@ -1830,7 +1830,7 @@ impl Inner {
         m.close_running_tid();
         self.committed_tid.store(tid, Ordering::SeqCst);
         m.cache.forget(nr);
-        m.cache.insert(nr, Box::from(&block[..]));
+        m.cache.insert(nr, block);
         m.sb_dirty = false;
         self.io.journal.checkpoint()
     }
