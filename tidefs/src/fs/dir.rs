@@ -18,9 +18,10 @@ use crate::format::ext4::inode::{flags, Inode};
 use crate::format::ext4::inode_csum_seed;
 use crate::{FsError, Result};
 
+use super::derived::Derived;
 pub(crate) use super::dir_index::{DirIndex, DirSlot};
 use super::extents::{inode_goal, ExtentMap};
-use super::meta::{Derived, Io, Meta};
+use super::meta::{Io, Meta};
 
 fn block_space(recs: &[DirRecord]) -> usize {
     recs.iter().map(record_spare).max().unwrap_or(0)
@@ -54,13 +55,13 @@ fn space_after_edit(recs: &[DirRecord], changed: &[usize], now: &[usize]) -> usi
 impl Meta {
     /// The cached block map of `ino` (loaded from `inode` on first use).
     pub(crate) fn extent_map(&mut self, io: &Io, ino: u32, inode: &Inode) -> Result<&ExtentMap> {
-        if !self.maps.contains_key(&ino) {
+        if !self.derived.maps.contains_key(&ino) {
             let map = ExtentMap::load(self, io, ino, inode)?;
             self.put_extent_map(ino, map);
         }
         // OK to unwrap: inserted above if it was missing. Read-only: a change takes the map
         // out (`Meta::take_extent_map`), so a rollback knows it.
-        Ok(self.maps.get(&ino).expect("map present"))
+        Ok(self.derived.maps.get(&ino).expect("map present"))
     }
 
     fn dir_csum_seed(&self, ino: u32, generation: u32) -> Option<u32> {
@@ -164,7 +165,7 @@ impl Meta {
     pub(crate) fn dir_index(&mut self, io: &Io, dir: u32) -> Result<&DirIndex> {
         self.load_dir_index(io, dir)?;
         // OK to unwrap: loaded above.
-        Ok(self.dirs.get(&dir).expect("index present"))
+        Ok(self.derived.dirs.get(&dir).expect("index present"))
     }
 
     /// The name index of directory `dir`, to change: withdrawn from the lookups that run
@@ -174,7 +175,7 @@ impl Meta {
         self.load_dir_index(io, dir)?;
         self.names.withdraw_dir(dir);
         // OK to unwrap: loaded above.
-        let idx = Arc::make_mut(self.dirs.get_mut(&dir).expect("index present"));
+        let idx = Arc::make_mut(self.derived.dirs.get_mut(&dir).expect("index present"));
         idx.changing();
         Ok(idx)
     }
@@ -182,7 +183,7 @@ impl Meta {
     /// Forgets the name index of `dir` (rebuilt on next use), here and where lookups find it.
     pub(crate) fn forget_dir_index(&mut self, dir: u32) {
         self.names.withdraw_dir(dir);
-        self.dirs.remove(&dir);
+        self.derived.dirs.remove(&dir);
     }
 
     /// Inode `ino` is freed, or made anew: nothing cached of it (as a directory, its index
@@ -191,20 +192,20 @@ impl Meta {
     pub(crate) fn forget_inode_entirely(&mut self, ino: u32) {
         self.names.forget_dir(ino);
         self.names.withdraw_xattrs(ino);
-        self.dirs.remove(&ino);
+        self.derived.dirs.remove(&ino);
         self.data.lock().writes_mut().forget(ino);
     }
 
     /// Publishes the name index of `dir`, if built, for lookups without the metadata lock.
     pub(crate) fn publish_dir_index(&self, dir: u32) {
-        if let Some(idx) = self.dirs.get(&dir) {
+        if let Some(idx) = self.derived.dirs.get(&dir) {
             self.names.publish_dir(dir, idx.clone());
         }
     }
 
     /// Builds the name index of `dir` unless it is cached.
     fn load_dir_index(&mut self, io: &Io, dir: u32) -> Result<()> {
-        if !self.dirs.contains_key(&dir) {
+        if !self.derived.dirs.contains_key(&dir) {
             let inode = self.read_inode(io, dir)?;
             if !inode.is_dir() {
                 return Err(FsError::NotDir);
@@ -233,7 +234,7 @@ impl Meta {
                 }
             }
             self.note_derived(Derived::DirIndex(dir));
-            self.dirs.insert(dir, Arc::new(idx));
+            self.derived.dirs.insert(dir, Arc::new(idx));
         }
         Ok(())
     }

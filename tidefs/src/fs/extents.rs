@@ -13,7 +13,7 @@
 //!   which hands out only such blocks), so `store` and `write_node` never see a structure
 //!   that trips their assertions and no data write lands on metadata;
 //! - a cached map equals what the cached blocks say once its operation has stored it: an
-//!   operation takes the map out of `Meta::maps`, edits and stores it, and puts it back; one
+//!   operation takes the map out of `DerivedCaches::maps`, edits and stores it, and puts it back; one
 //!   that fails in between drops it, and its rollback restores the blocks the map is
 //!   reloaded from;
 //! - the tree blocks a map's nodes name are counted in the inode's `i_blocks`.
@@ -26,8 +26,9 @@ use crate::format::ext4::inode::{flags, Inode, I_BLOCK_LEN};
 use crate::format::ext4::inode_csum_seed;
 use crate::{FsError, Result};
 
+use super::derived::Derived;
 use super::layout::Layout;
-use super::meta::{Derived, Io, Meta};
+use super::meta::{Io, Meta};
 
 pub(crate) use super::extent_map::ExtentMap;
 use super::extent_map::Node;
@@ -290,7 +291,7 @@ impl Meta {
         self.note_derived(Derived::ExtentMap(ino));
         // Reads without the metadata lock must not use the map once it starts to change.
         self.data.lock().withdraw_map(ino);
-        match self.maps.remove(&ino) {
+        match self.derived.maps.remove(&ino) {
             // A read that got the published map may still hold it: then it is copied.
             Some(map) => Ok(Arc::unwrap_or_clone(map)),
             None => ExtentMap::load(self, io, ino, inode),

@@ -1,6 +1,7 @@
 //! The metadata state guarded by the file-system lock (`Meta`) and its buffer access: the
 //! superblock, the allocator's state (`alloc_state.rs`), the buffer cache and page cache, the
-//! running transaction's revokes and logging decisions (`tx_changes.rs`), and the operation
+//! block maps, name indexes and mode records derived per inode (`derived.rs`), the running
+//! transaction's revokes and logging decisions (`tx_changes.rs`), and the operation
 //! undo record (the operation's handle: pre-images of everything it changes, so a failure
 //! takes it back whole). The allocator's logic lives in `alloc.rs` and the inode table in
 //! `inode_table.rs`; both work on this state.
@@ -20,6 +21,7 @@ use crate::journal::CommitLog;
 
 use super::alloc_state::{AllocState, GroupInfo};
 use super::api::DataMode;
+use super::derived::{Derived, DerivedCaches};
 use super::layout::Layout;
 use super::tx_changes::TxChanges;
 
@@ -121,14 +123,6 @@ impl FreeCounts {
     }
 }
 
-/// A derived cache entry an operation built or changed ([`OpUndo::derived`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Derived {
-    DirIndex(u32),
-    ExtentMap(u32),
-    ModeRecord(u32),
-}
-
 /// The state behind the file-system lock.
 pub(crate) struct Meta {
     pub geo: Geometry,
@@ -143,12 +137,8 @@ pub(crate) struct Meta {
     pub read_only: bool,
     /// The superblock's free counts changed and must be copied into its block.
     pub sb_dirty: bool,
-    /// Block maps of inodes in use, loaded on first access.
-    pub maps: HashMap<u32, Arc<super::extent_map::ExtentMap>>,
-    /// Name indexes of directories, built on first access.
-    /// Shared (`Arc`) with the lookups the name cache serves (`NameCache::publish_dir`); changed
-    /// only through `Meta::dir_index_mut`, which withdraws it there first.
-    pub dirs: HashMap<u32, Arc<super::dir_index::DirIndex>>,
+    /// Block maps, directory name indexes and mode records, by inode (`fs/derived.rs`).
+    pub derived: DerivedCaches,
     /// Open handles per inode (shared with the lock-free open and release paths).
     pub open: Arc<super::open_files::OpenFiles>,
     /// Next inode generation number.
@@ -158,8 +148,6 @@ pub(crate) struct Meta {
     pub committing: HashMap<u64, Arc<[u8]>>,
     /// The mode of directories without their own and of the files in them (`-o data=`).
     pub default_mode: DataMode,
-    /// Mode records of inodes (`fs/modes.rs`).
-    pub modes: super::mode_record::ModeTable,
     /// While an operation runs: whether every inode it acts for is `lightweight` (`None`:
     /// it named none yet). See [`Meta::op_is_lightweight`].
     pub op_light: Option<bool>,
@@ -405,9 +393,9 @@ impl Meta {
                     // Withdrawn already if the operation took it to change it; again here, so
                     // a map the rollback forgets is never left to reads without the lock.
                     self.data.lock().withdraw_map(ino);
-                    self.maps.remove(&ino);
+                    self.derived.maps.remove(&ino);
                 }
-                Derived::ModeRecord(ino) => self.modes.forget(ino),
+                Derived::ModeRecord(ino) => self.derived.modes.forget(ino),
             }
         }
     }
@@ -425,14 +413,14 @@ impl Meta {
         self.note_derived(Derived::ExtentMap(ino));
         // Nothing to withdraw from reads without the lock: a changed map was taken out
         // (`Meta::take_extent_map` withdrew it), and a freed number's map went with its pages.
-        self.maps.insert(ino, Arc::new(map));
+        self.derived.maps.insert(ino, Arc::new(map));
     }
 
     /// Publishes the cached block map of `ino` (the current one: a change takes it out of the
     /// cache first) for reads and writes without the metadata lock (`DataCache::publish_map`).
     /// A rollback of the running operation withdraws it if the operation loaded or changed it.
     pub(crate) fn publish_extent_map(&self, ino: u32) {
-        if let Some(map) = self.maps.get(&ino) {
+        if let Some(map) = self.derived.maps.get(&ino) {
             self.data.lock().publish_map(ino, Arc::clone(map));
         }
     }
@@ -490,24 +478,6 @@ impl Meta {
     fn data_pending(&self) -> bool {
         let pages = self.data.lock();
         pages.dirty_count() > 0 || pages.writes().pending_files().next().is_some()
-    }
-
-    /// Drops block maps and directory indexes when too many have piled up. Both are derived
-    /// from cached blocks (every change is stored back at once), so they reload on next use.
-    pub fn trim_derived_caches(&mut self) {
-        const MAX_MAPS: usize = 200_000;
-        const MAX_DIRS: usize = 20_000;
-        if self.maps.len() > MAX_MAPS {
-            // Not only those of closed files: through FUSE every inode the kernel caches is
-            // held (docs/DESIGN.md §2.7), so sparing held ones could spare them all.
-            self.maps.clear();
-        }
-        if self.dirs.len() > MAX_DIRS {
-            self.dirs.clear();
-        }
-        if self.modes.len() > MAX_MAPS {
-            self.modes.clear();
-        }
     }
 
     /// Whether block `nr` is an allocation structure (bitmap, group descriptor table or

@@ -21,6 +21,7 @@ mod audit;
 mod cached_writes;
 mod datacache;
 mod deferred_reads;
+mod derived;
 mod dir;
 mod dir_index;
 mod extent_map;
@@ -554,13 +555,11 @@ impl Fs {
             tx: tx_changes::TxChanges::default(),
             read_only: false,
             sb_dirty: false,
-            maps: HashMap::new(),
-            dirs: HashMap::new(),
             open: Arc::default(),
             next_generation: ops::now().nsec,
             committing: HashMap::new(),
             default_mode: opts.data_mode,
-            modes: mode_record::ModeTable::new(opts.data_mode),
+            derived: derived::DerivedCaches::new(mode_record::ModeTable::new(opts.data_mode)),
             op_light: None,
             op_undo: None,
             layout: Arc::default(),
@@ -585,7 +584,7 @@ impl Fs {
             names: meta.names.clone(),
             open: meta.open.clone(),
             pages: meta.data.clone(),
-            data_journaling: meta.modes.data_journaling_flag(),
+            data_journaling: meta.derived.modes.data_journaling_flag(),
             free: meta.free.clone(),
             sync: meta.sync.clone(),
             meta: Mutex::new(meta),
@@ -764,13 +763,13 @@ impl Fs {
                 if write && matches!(r, Err(FsError::ReadOnly)) {
                     return r;
                 }
-                m.trim_derived_caches();
+                m.derived.trim();
                 // Journal-mode pages join the transaction at write-back.
                 let (dirty_pages, dirty_limit) = {
                     let pages = m.data.lock();
                     (pages.dirty_count(), pages.dirty_limit())
                 };
-                let journaled_pages = if m.modes.data_journaling_seen() {
+                let journaled_pages = if m.derived.modes.data_journaling_seen() {
                     dirty_pages
                 } else {
                     0
@@ -1166,8 +1165,7 @@ impl Fs {
             pages.drop_clean();
             pages.withdraw_maps();
         }
-        m.maps.clear();
-        m.dirs.clear();
+        m.derived.drop_maps_and_indexes();
         m.names.clear();
         Ok(())
     }
@@ -3503,7 +3501,7 @@ mod tests {
         m.mode_record(io, d).unwrap();
         // Published for reads and lookups without the lock.
         m.publish_dir_index(d);
-        let map = m.maps.get(&file).cloned().unwrap();
+        let map = m.derived.maps.get(&file).cloned().unwrap();
         m.data.lock().publish_map(file, map);
         let published = |m: &Meta| {
             (
@@ -3521,10 +3519,16 @@ mod tests {
             Err::<(), _>(FsError::NoSpace)
         });
         assert!(matches!(r, Err(FsError::NoSpace)));
-        assert!(m.dirs.contains_key(&d), "an untouched index was dropped");
-        assert!(m.maps.contains_key(&file), "an untouched map was dropped");
         assert!(
-            m.modes.holds(file) && m.modes.holds(d),
+            m.derived.dirs.contains_key(&d),
+            "an untouched index was dropped"
+        );
+        assert!(
+            m.derived.maps.contains_key(&file),
+            "an untouched map was dropped"
+        );
+        assert!(
+            m.derived.modes.holds(file) && m.derived.modes.holds(d),
             "an untouched mode record was dropped"
         );
         assert_eq!(
@@ -3547,10 +3551,16 @@ mod tests {
             Err::<(), _>(FsError::NoSpace)
         });
         assert!(matches!(r, Err(FsError::NoSpace)));
-        assert!(!m.dirs.contains_key(&d), "a changed index was kept");
-        assert!(!m.maps.contains_key(&file), "a changed map was kept");
-        assert!(!m.modes.holds(d), "a changed mode record was kept");
-        assert!(m.modes.holds(file), "an untouched mode record was dropped");
+        assert!(!m.derived.dirs.contains_key(&d), "a changed index was kept");
+        assert!(
+            !m.derived.maps.contains_key(&file),
+            "a changed map was kept"
+        );
+        assert!(!m.derived.modes.holds(d), "a changed mode record was kept");
+        assert!(
+            m.derived.modes.holds(file),
+            "an untouched mode record was dropped"
+        );
         assert_eq!(
             published(&m),
             (false, false),

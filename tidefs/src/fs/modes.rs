@@ -19,7 +19,8 @@ use crate::journal::RangeUpdate;
 use crate::{FsError, Result};
 
 use super::api::DataMode;
-use super::meta::{Derived, Io, Meta};
+use super::derived::Derived;
+use super::meta::{Io, Meta};
 use super::mode_record::{Linked, ModeRecord, RecordKind};
 
 /// A lightweight commit's dirty blocks, sorted by [`Meta::sort_for_lightweight`]: those that
@@ -111,7 +112,7 @@ impl Meta {
 
     /// The mode record of inode `ino`.
     pub(crate) fn mode_record(&mut self, io: &Io, ino: u32) -> Result<ModeRecord> {
-        if let Some(r) = self.modes.get(ino) {
+        if let Some(r) = self.derived.modes.get(ino) {
             return Ok(r);
         }
         let i = self.read_inode(io, ino)?;
@@ -125,7 +126,7 @@ impl Meta {
     /// (it was read from, or written into, bytes the rollback may take back).
     fn note_mode_record(&mut self, ino: u32, rec: ModeRecord) {
         self.note_derived(Derived::ModeRecord(ino));
-        self.modes.note(ino, rec);
+        self.derived.modes.note(ino, rec);
     }
 
     /// The journaling mode inode `ino` obeys.

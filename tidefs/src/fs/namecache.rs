@@ -23,11 +23,11 @@
 //!
 //! Beside them sit the name indexes of directories published for lookups
 //! ([`NameCache::publish_dir`]): a lookup under the metadata lock leaves its directory's index
-//! here (shared with `Meta::dirs`), and later lookups in that directory answer from it, names
+//! here (shared with `DerivedCaches::dirs`), and later lookups in that directory answer from it, names
 //! that do not exist included, and readdir lists it ([`NameCache::listing`]). Every change to a
 //! directory's entries withdraws its index first (`Meta::dir_index_mut`, the only way to it),
-//! as does every removal of the index from `Meta::dirs` that could leave it stale (a rollback,
-//! a directory freed or made; a trim of `Meta::dirs` past its bound leaves it, still current),
+//! as does every removal of the index from `DerivedCaches::dirs` that could leave it stale (a rollback,
+//! a directory freed or made; a trim of `DerivedCaches::dirs` past its bound leaves it, still current),
 //! so a published index is always the directory's current one; lookups only read it under this
 //! table's read lock, so a withdrawn index is never shared and the change edits it in place.
 //!
@@ -245,7 +245,7 @@ impl NameCache {
     }
 
     /// Withdraws the published index of `dir`: its entries are about to change, or the index
-    /// leaves `Meta::dirs` (under the metadata lock).
+    /// leaves `DerivedCaches::dirs` (under the metadata lock).
     pub fn withdraw_dir(&self, dir: u32) {
         if self.dirs.read().contains_key(&dir) {
             self.dirs.write().remove(&dir);

@@ -523,9 +523,9 @@ impl Meta {
         if let Some(acl) = self.xattr_block(ino, &i)? {
             self.release_xattr_block(io, acl)?;
         }
-        self.maps.remove(&ino);
+        self.derived.maps.remove(&ino);
         self.forget_inode_entirely(ino);
-        self.modes.forget(ino);
+        self.derived.modes.forget(ino);
         self.remove_orphan(io, ino)?;
         let mut dead = Inode::new_zeroed(self.geo.inode_size as usize, self.geo.extra_isize);
         dead.set_dtime(now().sec as u32);
@@ -950,7 +950,12 @@ impl Meta {
         }
         let end = fsize.min(offset + u64::from(size));
         self.extent_map(io, ino, &i)?;
-        let map = self.maps.get(&ino).cloned().expect("loaded just above");
+        let map = self
+            .derived
+            .maps
+            .get(&ino)
+            .cloned()
+            .expect("loaded just above");
         let segs = {
             let mut pages = self.data.lock();
             let segs = read_plan::plan(
