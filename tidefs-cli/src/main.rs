@@ -575,7 +575,7 @@ pub fn requests_table(requests: &[(String, u64)]) -> String {
 
 /// The human form of the counters.
 pub fn stats_table(s: &tidefs::fs::Stats) -> String {
-    let rows: [(&str, String); 14] = [
+    let rows: [(&str, String); 16] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),
         ("commits", s.commits.to_string()),
@@ -593,6 +593,8 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("range_records", s.range_records.to_string()),
         ("range_bytes", bytes(s.range_bytes)),
         ("compact_commits", s.compact_commits.to_string()),
+        ("deferred_reads", s.deferred_reads.to_string()),
+        ("stops_after_change", s.stops_after_change.to_string()),
     ];
     rows.iter()
         .map(|(k, v)| format!("{k:<24}{v:>20}\n"))

@@ -555,7 +555,34 @@ impl Meta {
             let info = self.alloc.groups[g as usize];
             let len = self.inode_bitmap_len();
             let seed = self.geo.csum_seed;
-            if info.flags & BG_INODE_UNINIT != 0 {
+            let uninit = info.flags & BG_INODE_UNINIT != 0;
+            let first_usable = if g == 0 { self.geo.first_ino - 1 } else { 0 };
+            // The inode is chosen, and its inode-table block and group descriptor loaded,
+            // before the first change:
+            // an operation that must read that block from the device stops for it with
+            // nothing to take back (docs/DESIGN.md §4.1), as the create that follows writes
+            // the new inode into it at once.
+            let found = if uninit {
+                // Every inode of an uninitialised group is free.
+                (first_usable < ipg).then_some(first_usable as usize)
+            } else {
+                let bm = self.block(io, info.inode_bitmap)?;
+                (first_usable as usize..ipg as usize).find(|&i| bm[i / 8] & (1 << (i % 8)) == 0)
+            };
+            let Some(i) = found else {
+                // The descriptor said free inodes exist but the bitmap disagrees.
+                return Err(FsError::corrupt(format!(
+                    "group {g}: free inode count disagrees with its bitmap"
+                )));
+            };
+            let (table_block, _) = self.inode_location(g * ipg + i as u32 + 1)?;
+            self.load(io, table_block)?;
+            self.load(io, self.geo.desc_location(g).0)?;
+            if is_dir && info.flags & BG_BLOCK_UNINIT == 0 {
+                // A new directory's first block comes from its inode's group (`inode_goal`).
+                self.load(io, info.block_bitmap)?;
+            }
+            if uninit {
                 let bs = self.geo.bs();
                 let bm = self.new_block_mut(info.inode_bitmap);
                 for i in ipg as usize..bs * 8 {
@@ -563,21 +590,7 @@ impl Meta {
                 }
                 self.group_mut(g).flags &= !BG_INODE_UNINIT;
             }
-            let first_usable = if g == 0 { self.geo.first_ino - 1 } else { 0 };
             let bm = self.block_mut(io, info.inode_bitmap)?;
-            let mut found = None;
-            for i in first_usable as usize..ipg as usize {
-                if bm[i / 8] & (1 << (i % 8)) == 0 {
-                    found = Some(i);
-                    break;
-                }
-            }
-            let Some(i) = found else {
-                // The descriptor said free inodes exist but the bitmap disagrees.
-                return Err(FsError::corrupt(format!(
-                    "group {g}: free inode count disagrees with its bitmap"
-                )));
-            };
             bm[i / 8] |= 1 << (i % 8);
             let c = seed.map(|s| bitmap_checksum(s, bm, len));
             let gi = self.group_mut(g);

@@ -466,4 +466,13 @@ pub struct Stats {
     /// Cache flushes the devices received (file-system and journal device), counting the one
     /// each durable write (a commit record) ends with.
     pub flushes: u64,
+    /// Times an operation stopped to read a block from the device without the metadata lock,
+    /// then ran again (docs/DESIGN.md §2.5).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub deferred_reads: u64,
+    /// Of those, the stops that came after the operation had changed cached metadata, whose
+    /// changes were taken back and made again: what fetching blocks before the first change
+    /// avoids (docs/DESIGN.md §4.1).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub stops_after_change: u64,
 }

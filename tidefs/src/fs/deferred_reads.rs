@@ -50,6 +50,9 @@ pub(crate) struct DeferredReads {
     fetched: FetchedBlocks,
     /// The block the operation asked for, if it stopped for one.
     wanted: Option<u64>,
+    /// The operation had changed cached metadata when it asked (its run's changes are taken
+    /// back and made again).
+    after_change: bool,
 }
 
 impl DeferredReads {
@@ -59,6 +62,7 @@ impl DeferredReads {
         self.active = defer;
         self.fetched = fetched;
         self.wanted = None;
+        self.after_change = false;
     }
 
     /// The operation ended: the block it asked for, if any, and the fetched blocks (for its
@@ -73,10 +77,17 @@ impl DeferredReads {
         self.wanted.is_some()
     }
 
+    /// The last run stopped for a block after it had changed cached metadata (kept after
+    /// [`DeferredReads::end`], until the next run begins).
+    pub fn stopped_after_change(&self) -> bool {
+        self.after_change
+    }
+
     /// Block `nr` for an operation that needs its home copy, `stamp` being its removal stamp
-    /// now: `None` when reads are not deferred (the caller reads the device), else the fetched
-    /// bytes if still current, or an error after asking for the block.
-    pub fn home_copy(&mut self, nr: u64, stamp: u64) -> Option<Result<Box<[u8]>>> {
+    /// now and `changed` whether the operation changed cached metadata so far: `None` when
+    /// reads are not deferred (the caller reads the device), else the fetched bytes if still
+    /// current, or an error after asking for the block.
+    pub fn home_copy(&mut self, nr: u64, stamp: u64, changed: bool) -> Option<Result<Box<[u8]>>> {
         if !self.active {
             return None;
         }
@@ -84,6 +95,7 @@ impl DeferredReads {
             Some(f) if f.stamp == stamp => Some(Ok(f.bytes.clone())),
             _ => {
                 self.wanted = Some(nr);
+                self.after_change = changed;
                 Some(Err(deferred()))
             }
         }
@@ -109,20 +121,20 @@ mod tests {
     fn fetched_blocks_serve_only_while_current() {
         let mut r = DeferredReads::default();
         assert!(
-            r.home_copy(7, 0).is_none(),
+            r.home_copy(7, 0, false).is_none(),
             "not deferring: the caller reads"
         );
         r.begin(FetchedBlocks::default(), true);
-        assert!(matches!(r.home_copy(7, 0), Some(Err(_))));
+        assert!(matches!(r.home_copy(7, 0, false), Some(Err(_))));
         assert!(r.stopped());
         let (wanted, mut fetched) = r.end();
         assert_eq!(wanted, Some(7));
         fetched.insert(7, 3, vec![1u8; 8].into_boxed_slice());
         r.begin(fetched, true);
-        assert_eq!(&r.home_copy(7, 3).unwrap().unwrap()[..], &[1u8; 8]);
+        assert_eq!(&r.home_copy(7, 3, false).unwrap().unwrap()[..], &[1u8; 8]);
         assert!(!r.stopped());
         assert!(
-            matches!(r.home_copy(7, 4), Some(Err(_))),
+            matches!(r.home_copy(7, 4, false), Some(Err(_))),
             "stale: read again"
         );
         assert_eq!(r.end().0, Some(7));

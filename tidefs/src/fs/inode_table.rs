@@ -49,7 +49,7 @@ impl Meta {
 
     // ----- inodes -----
 
-    fn inode_location(&self, ino: u32) -> Result<(u64, usize)> {
+    pub(super) fn inode_location(&self, ino: u32) -> Result<(u64, usize)> {
         if !self.geo.valid_ino(u64::from(ino)) {
             return Err(FsError::NotFound);
         }

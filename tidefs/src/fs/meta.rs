@@ -222,7 +222,9 @@ impl Meta {
     /// the bytes come from an earlier read without the lock if still current, else the block
     /// is asked for and the operation stops (`fs/deferred_reads.rs`).
     pub fn read_home(&mut self, io: &Io, nr: u64) -> Result<Box<[u8]>> {
-        if let Some(r) = self.reads.home_copy(nr, self.cache.removal_stamp(nr)) {
+        let stamp = self.cache.removal_stamp(nr);
+        let changed = self.op_undo.is_some() && self.cache.undo_has_changes();
+        if let Some(r) = self.reads.home_copy(nr, stamp, changed) {
             return r;
         }
         read_block(io, nr, self.geo.bs())

@@ -97,6 +97,9 @@ struct Counters {
     fsync_active: AtomicU32,
     /// Moving average of a commit's duration, nanoseconds.
     avg_commit_ns: AtomicU64,
+    /// Operations stopped for a device read, and those of them that had changed metadata.
+    deferred_reads: AtomicU64,
+    stops_after_change: AtomicU64,
 }
 
 /// Entries `Fs::readdir` gathers per batch (under the metadata lock, or from a published
@@ -1438,6 +1441,8 @@ impl Fs {
             range_bytes: j.range_bytes,
             compact_commits: j.compact_commits,
             flushes: self.inner.io.flushes(&j),
+            deferred_reads: c.deferred_reads.load(Ordering::Relaxed),
+            stops_after_change: c.stops_after_change.load(Ordering::Relaxed),
         }
     }
 }
@@ -1714,6 +1719,12 @@ impl Inner {
             let Some(nr) = wanted else {
                 return Ok((m, r));
             };
+            self.counters.deferred_reads.fetch_add(1, Ordering::Relaxed);
+            if m.reads.stopped_after_change() {
+                self.counters
+                    .stops_after_change
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             let stamp = m.cache.removal_stamp(nr);
             let bs = m.geo.bs();
             drop(m);

@@ -4,6 +4,7 @@
 //! one transaction; each checks what can fail before it changes anything.
 
 use crate::format::ext4::dirent::{self, ft};
+use crate::format::ext4::group_desc::BG_BLOCK_UNINIT;
 use crate::format::ext4::inode::{self, flags, mode, Inode, InodeTime};
 use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
@@ -501,9 +502,66 @@ impl Meta {
         Ok(())
     }
 
+    /// Loads the blocks that freeing inode `ino` (now `i`) will change besides its own
+    /// inode-table block: the inode bitmap of its group, the block bitmaps of the groups its
+    /// data and extent-tree blocks are in, those groups' descriptors, and its attribute
+    /// block. Called before an
+    /// operation's first change, so that one that must read them from the device stops for
+    /// them with nothing to take back (docs/DESIGN.md §4.1). A block loaded and not used costs
+    /// memory only; one missed costs a rollback only.
+    fn fetch_for_free(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<()> {
+        // Runs of blocks the inode holds: its extents, tree blocks and attribute block.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        if i.flags() & flags::EXTENTS != 0 {
+            let map = self.extent_map(io, ino, i)?;
+            runs.extend(map.extents().iter().map(|e| (e.physical, u64::from(e.len))));
+            runs.extend(map.tree_blocks().map(|b| (b, 1)));
+        }
+        if let Some(acl) = self.xattr_block(ino, i)? {
+            self.load(io, acl)?;
+            runs.push((acl, 1));
+        }
+        let (first_block, last_group) =
+            (self.geo.first_data_block, self.geo.groups.saturating_sub(1));
+        let group = |b: u64| self.geo.group_of_block(b.max(first_block)).min(last_group);
+        let mut groups = std::collections::BTreeSet::new();
+        for (start, len) in runs {
+            let end = start.saturating_add(len.max(1) - 1);
+            groups.extend(group(start)..=group(end));
+        }
+        let own = (ino - 1) / self.geo.inodes_per_group;
+        let mut wanted = std::collections::BTreeSet::new();
+        wanted.extend(self.alloc.groups.get(own as usize).map(|g| g.inode_bitmap));
+        wanted.insert(self.geo.desc_location(own).0);
+        for g in groups {
+            match self.alloc.groups.get(g as usize) {
+                Some(info) if info.flags & BG_BLOCK_UNINIT == 0 => {
+                    wanted.insert(info.block_bitmap);
+                }
+                _ => {}
+            }
+            wanted.insert(self.geo.desc_location(g).0);
+        }
+        for nr in wanted {
+            self.load(io, nr)?;
+        }
+        Ok(())
+    }
+
+    /// Builds the index of directory `dir` when `moved` (to another parent: its `..` entry
+    /// changes after the rename's first change), so that reading its blocks stops the
+    /// rename before that change (docs/DESIGN.md §4.1).
+    fn fetch_moved_dir(&mut self, io: &Io, dir: u32, moved: bool) -> Result<()> {
+        if moved {
+            self.dir_index(io, dir)?;
+        }
+        Ok(())
+    }
+
     /// Releases everything an unused inode holds, and the inode.
     pub(crate) fn free_inode_fully(&mut self, io: &Io, ino: u32) -> Result<()> {
         let mut i = self.read_inode(io, ino)?;
+        self.fetch_for_free(io, ino, &i)?;
         // Data still in the page cache never reaches the device.
         self.data.lock().drop_file(ino);
         let is_dir = i.is_dir();
@@ -590,6 +648,9 @@ impl Meta {
         }
         self.acts_for(io, parent)?;
         self.acts_for(io, slot.ino)?;
+        if i.links_count() <= 1 && !self.open.contains(slot.ino) {
+            self.fetch_for_free(io, slot.ino, &i)?;
+        }
         self.dir_remove(io, parent, name)?;
         self.touch_dir(io, parent)?;
         self.drop_link(io, slot.ino)
@@ -617,6 +678,9 @@ impl Meta {
         }
         self.acts_for(io, parent)?;
         self.acts_for(io, slot.ino)?;
+        if !self.open.contains(slot.ino) {
+            self.fetch_for_free(io, slot.ino, &i)?;
+        }
         self.dir_remove(io, parent, name)?;
         self.drop_dir(io, parent, slot.ino)
     }
@@ -724,6 +788,8 @@ impl Meta {
                 if dst_dir && self.is_ancestor(io, dst.ino, parent)? {
                     return Err(FsError::Invalid("cannot move a directory into itself"));
                 }
+                self.fetch_moved_dir(io, src.ino, src_dir)?;
+                self.fetch_moved_dir(io, dst.ino, dst_dir)?;
             }
             self.dir_retarget(io, parent, name, dst.ino, dst.file_type)?;
             self.dir_retarget(io, new_parent, new_name, src.ino, src.file_type)?;
@@ -775,6 +841,10 @@ impl Meta {
             if di.is_dir() && !self.dir_is_empty(io, d.ino)? {
                 return Err(FsError::NotEmpty);
             }
+            if (di.is_dir() || di.links_count() <= 1) && !self.open.contains(d.ino) {
+                self.fetch_for_free(io, d.ino, &di)?;
+            }
+            self.fetch_moved_dir(io, src.ino, src_dir && parent != new_parent)?;
             self.dir_retarget(io, new_parent, new_name, src.ino, src.file_type)?;
             self.dir_remove(io, parent, name)?;
             if di.is_dir() {
@@ -783,6 +853,7 @@ impl Meta {
                 self.drop_link(io, d.ino)?;
             }
         } else {
+            self.fetch_moved_dir(io, src.ino, src_dir && parent != new_parent)?;
             self.dir_add(io, new_parent, new_name, src.ino, src.file_type)?;
             self.dir_remove(io, parent, name)?;
         }
