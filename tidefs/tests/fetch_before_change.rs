@@ -1,8 +1,10 @@
-//! Goal: the namespace operations fetch the blocks they will change before their first change
+//! Goal: operations fetch the blocks they will change before their first change
 //! (docs/DESIGN.md §4.1), so that one that must read a block from the device stops for it
 //! with nothing to take back: a create's new inode-table block, a new directory's block
-//! bitmap, the bitmaps an unlink, rmdir or rename-over frees into, and the index of a
-//! directory moved to another parent (its `..` entry changes).
+//! bitmap, the bitmaps and group descriptors an unlink, rmdir, rename-over, truncate or
+//! punch-hole frees into or an allocation takes from, the index of a directory moved to
+//! another parent (its `..` entry changes), and the inodes, maps and bitmaps a commit's
+//! write-back needs.
 //!
 //! Method: an image made by the real `mkfs.ext4` with several block groups and inode-table
 //! blocks that were never read, mounted in memory; each phase starts with every cache
@@ -17,18 +19,39 @@ mod common;
 use std::sync::Arc;
 
 use tidefs::dev::MemDev;
-use tidefs::fs::{Creds, Fs, MountOptions, RenameFlags, ROOT_INO};
+use tidefs::fs::{Creds, Fs, MountOptions, RenameFlags, SetAttr, XattrSetMode, ROOT_INO};
 
-#[test]
-fn namespace_operations_stop_for_reads_only_before_their_first_change() {
+/// A fresh image from the real mkfs.ext4 with eight groups of 4 096 blocks (new directories
+/// and large files spread to cold groups), mounted in memory; `None` without e2fsprogs.
+fn mounted() -> Option<(Fs, Arc<MemDev>)> {
     if !common::have_e2fsprogs() {
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
-    // 4 096 blocks per group: eight groups, so new directories spread to cold groups.
     let image = common::mkimage(dir.path(), "t.img", 128, &["-g", "4096", "-N", "8192"]);
     let mem = Arc::new(MemDev::from_bytes(std::fs::read(&image).unwrap()));
     let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+    Some((fs, mem))
+}
+
+/// Checks the counters since `before`: the phase `what` met cold blocks and never stopped
+/// for one after a change; returns the counters now.
+fn assert_stops_only_before_changes(fs: &Fs, what: &str, before: (u64, u64)) -> (u64, u64) {
+    let s = fs.stats();
+    let (stops, late) = (s.deferred_reads - before.0, s.stops_after_change - before.1);
+    assert!(stops > 0, "{what}: the phase should meet cold blocks");
+    assert_eq!(
+        late, 0,
+        "{what}: operations stopped for a read after their first change ({late} of {stops} stops)"
+    );
+    (s.deferred_reads, s.stops_after_change)
+}
+
+#[test]
+fn namespace_operations_stop_for_reads_only_before_their_first_change() {
+    let Some((fs, mem)) = mounted() else {
+        return;
+    };
     let creds = Creds::ROOT;
     let name = |prefix: &str, i: usize| format!("{prefix}{i}").into_bytes();
     let payload = vec![7u8; 3 * 4096 + 100];
@@ -90,6 +113,90 @@ fn namespace_operations_stop_for_reads_only_before_their_first_change() {
         "operations stopped for a read after their first change ({} of {} stops)",
         s.stops_after_change, s.deferred_reads
     );
+    fs.unmount().unwrap();
+    common::assert_mem_fsck_clean(&mem);
+}
+
+#[test]
+fn data_and_attribute_operations_stop_for_reads_only_before_their_first_change() {
+    let Some((fs, mem)) = mounted() else {
+        return;
+    };
+    let creds = Creds::ROOT;
+    let mut files = Vec::new();
+    for d in 0..5 {
+        let dir = fs
+            .mkdir(ROOT_INO, format!("d{d}").as_bytes(), 0o755, creds)
+            .unwrap()
+            .ino;
+        let f = fs.create(dir, b"f", 0o100644, 0, creds).unwrap().ino;
+        for k in 0..50u64 {
+            fs.write(f, k * 8192, &[1u8; 4096]).unwrap();
+        }
+        files.push(f);
+    }
+    // 40 MiB: the file spans three groups of 16 MiB.
+    let big = fs.create(ROOT_INO, b"big", 0o100644, 0, creds).unwrap().ino;
+    for k in 0..40u64 {
+        fs.write(big, k << 20, &vec![3u8; 1 << 20]).unwrap();
+    }
+    let many: Vec<u64> = (0..300)
+        .map(|k| {
+            let name = format!("m{k}");
+            fs.create(ROOT_INO, name.as_bytes(), 0o100644, 0, creds)
+                .unwrap()
+                .ino
+        })
+        .collect();
+    fs.sync().unwrap();
+    let truncate = |size| SetAttr {
+        size: Some(size),
+        ..Default::default()
+    };
+    let mut seen = (fs.stats().deferred_reads, fs.stats().stops_after_change);
+    let mut cold = |what: &str, op: &dyn Fn()| {
+        fs.drop_caches().unwrap();
+        op();
+        fs.sync().unwrap();
+        seen = assert_stops_only_before_changes(&fs, what, seen);
+    };
+    cold("truncate", &|| {
+        fs.setattr(files[0], &truncate(4096)).unwrap();
+    });
+    cold("setxattr with a new block", &|| {
+        fs.setxattr(files[1], b"user.big", &[b'x'; 3000], XattrSetMode::Any)
+            .unwrap();
+    });
+    cold("fallocate", &|| {
+        fs.fallocate(files[2], 1 << 20, 1 << 20, false).unwrap()
+    });
+    cold("punch-hole", &|| {
+        fs.punch_hole(files[3], 0, 8192 * 20).unwrap()
+    });
+    cold("write-back of new blocks", &|| {
+        fs.write(files[4], 10 << 20, &[2u8; 40960]).unwrap();
+    });
+    cold("truncate across groups", &|| {
+        fs.setattr(big, &truncate(4096)).unwrap();
+    });
+    cold("write-back across groups", &|| {
+        let big2 = fs
+            .create(ROOT_INO, b"big2", 0o100644, 0, creds)
+            .unwrap()
+            .ino;
+        for k in 0..40u64 {
+            fs.write(big2, k << 20, &vec![3u8; 1 << 20]).unwrap();
+        }
+    });
+    cold("punch-hole across groups", &|| {
+        let big2 = fs.lookup(ROOT_INO, b"big2").unwrap().ino;
+        fs.punch_hole(big2, 0, 30 << 20).unwrap();
+    });
+    cold("write-back of many cold files", &|| {
+        for &f in &many {
+            fs.write(f, 0, b"hello").unwrap();
+        }
+    });
     fs.unmount().unwrap();
     common::assert_mem_fsck_clean(&mem);
 }

@@ -306,6 +306,10 @@ impl Meta {
 
     /// Makes sure group `g`'s block bitmap is initialised in the cache and verified.
     fn prepare_block_bitmap(&mut self, io: &Io, g: u32) -> Result<()> {
+        // The descriptor that records the bitmap's change is loaded before it: an operation
+        // whose first change is to this bitmap then stops for neither after changing
+        // (docs/DESIGN.md §4.1, fetch before change).
+        self.load(io, self.geo.desc_location(g).0)?;
         let info = self.alloc.groups[g as usize];
         if info.flags & BG_BLOCK_UNINIT == 0 {
             return self.verify_bitmap(io, g, false);
@@ -624,6 +628,7 @@ impl Meta {
         let ipg = self.geo.inodes_per_group;
         let g = (ino - 1) / ipg;
         let i = ((ino - 1) % ipg) as usize;
+        self.load(io, self.geo.desc_location(g).0)?;
         self.verify_bitmap(io, g, true)?;
         let info = self.alloc.groups[g as usize];
         let len = self.inode_bitmap_len();

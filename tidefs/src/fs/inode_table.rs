@@ -71,6 +71,19 @@ impl Meta {
         self.read_inode_with(io, ino, pending)
     }
 
+    /// Inode `ino` exactly as stored (checksum verified), without what writes without the
+    /// lock left for it and without noting the read for the operation: for loading blocks
+    /// before an operation's first change (docs/DESIGN.md §4.1).
+    pub(super) fn stored_inode(&mut self, io: &Io, ino: u32) -> Result<Inode> {
+        let (nr, off) = self.inode_location(ino)?;
+        let isz = self.geo.inode_size as usize;
+        let seed = self.geo.csum_seed;
+        let b = self.block(io, nr)?;
+        let inode = Inode::from_bytes(&b[off..off + isz]);
+        inode.verify(seed, ino)?;
+        Ok(inode)
+    }
+
     /// Reads inode `ino` as stored, with `pending` (a record of writes without the lock taken
     /// earlier) folded in: storing it removes that record (`Meta::write_inode`) if this is the
     /// operation's first read of the inode.
@@ -80,12 +93,7 @@ impl Meta {
         ino: u32,
         pending: Option<PendingInode>,
     ) -> Result<Inode> {
-        let (nr, off) = self.inode_location(ino)?;
-        let isz = self.geo.inode_size as usize;
-        let seed = self.geo.csum_seed;
-        let b = self.block(io, nr)?;
-        let mut inode = Inode::from_bytes(&b[off..off + isz]);
-        inode.verify(seed, ino)?;
+        let mut inode = self.stored_inode(io, ino)?;
         // The first read of the inode in the operation decides which record its stores may
         // remove: one it saw (an operation may store the copy it read first, after a write
         // without the lock left a record a later read folded in). 0: none seen, none removed.

@@ -505,37 +505,80 @@ impl Meta {
     /// Loads the blocks that freeing inode `ino` (now `i`) will change besides its own
     /// inode-table block: the inode bitmap of its group, the block bitmaps of the groups its
     /// data and extent-tree blocks are in, those groups' descriptors, and its attribute
-    /// block. Called before an
-    /// operation's first change, so that one that must read them from the device stops for
-    /// them with nothing to take back (docs/DESIGN.md §4.1). A block loaded and not used costs
-    /// memory only; one missed costs a rollback only.
+    /// block. Called before an operation's first change, so that one that must read them
+    /// from the device stops for them with nothing to take back (docs/DESIGN.md §4.1). A
+    /// block loaded and not used costs memory only; one missed costs a rollback only.
     fn fetch_for_free(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<()> {
-        // Runs of blocks the inode holds: its extents, tree blocks and attribute block.
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        if i.flags() & flags::EXTENTS != 0 {
-            let map = self.extent_map(io, ino, i)?;
-            runs.extend(map.extents().iter().map(|e| (e.physical, u64::from(e.len))));
-            runs.extend(map.tree_blocks().map(|b| (b, 1)));
-        }
+        let mut runs = self.runs_from(io, ino, i, 0, u64::MAX)?;
         if let Some(acl) = self.xattr_block(ino, i)? {
             self.load(io, acl)?;
             runs.push((acl, 1));
         }
+        let own = (ino - 1) / self.geo.inodes_per_group;
+        self.fetch_bitmaps(io, &runs, Some(own))
+    }
+
+    /// The runs of blocks (first block, count) that freeing logical blocks `[from, to)` of
+    /// `ino` (now `i`) releases, and its extent-tree blocks (which a shrinking tree may free).
+    fn runs_from(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        i: &Inode,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(u64, u64)>> {
+        if i.flags() & flags::EXTENTS == 0 {
+            return Ok(Vec::new());
+        }
+        let map = self.extent_map(io, ino, i)?;
+        let mut runs: Vec<(u64, u64)> = map
+            .extents()
+            .iter()
+            .filter_map(|e| {
+                let (start, end) = (
+                    u64::from(e.logical),
+                    u64::from(e.logical) + u64::from(e.len),
+                );
+                let (lo, hi) = (start.max(from), end.min(to));
+                (lo < hi).then(|| (e.physical + (lo - start), hi - lo))
+            })
+            .collect();
+        runs.extend(map.tree_blocks().map(|b| (b, 1)));
+        Ok(runs)
+    }
+
+    /// Loads the block bitmaps and group descriptors of the groups `runs` lie in, and the
+    /// inode bitmap and descriptor of group `inode_group`: what freeing them changes (see
+    /// [`Meta::fetch_for_free`]).
+    pub(super) fn fetch_bitmaps(
+        &mut self,
+        io: &Io,
+        runs: &[(u64, u64)],
+        inode_group: Option<u32>,
+    ) -> Result<()> {
         let (first_block, last_group) =
             (self.geo.first_data_block, self.geo.groups.saturating_sub(1));
         let group = |b: u64| self.geo.group_of_block(b.max(first_block)).min(last_group);
         let mut groups = std::collections::BTreeSet::new();
-        for (start, len) in runs {
+        for &(start, len) in runs {
             let end = start.saturating_add(len.max(1) - 1);
             groups.extend(group(start)..=group(end));
         }
-        let own = (ino - 1) / self.geo.inodes_per_group;
         let mut wanted = std::collections::BTreeSet::new();
-        wanted.extend(self.alloc.groups.get(own as usize).map(|g| g.inode_bitmap));
-        wanted.insert(self.geo.desc_location(own).0);
+        if let Some(g) = inode_group {
+            wanted.extend(
+                self.alloc
+                    .groups
+                    .get(g as usize)
+                    .map(|info| info.inode_bitmap),
+            );
+            wanted.insert(self.geo.desc_location(g).0);
+        }
         for g in groups {
             match self.alloc.groups.get(g as usize) {
-                Some(info) if info.flags & BG_BLOCK_UNINIT == 0 => {
+                // A group found damaged is never used again: nothing of it to fetch.
+                Some(info) if info.flags & BG_BLOCK_UNINIT == 0 && !info.bad => {
                     wanted.insert(info.block_bitmap);
                 }
                 _ => {}
@@ -1154,6 +1197,11 @@ impl Meta {
             return Err(FsError::FileTooBig);
         }
         let old = i.size();
+        if size <= old {
+            // What the cut frees, fetched before the first change (docs/DESIGN.md §4.1).
+            let runs = self.runs_from(io, ino, i, size.div_ceil(bs), u64::MAX)?;
+            self.fetch_bitmaps(io, &runs, None)?;
+        }
         // Cached pages past the new end never reach the device.
         self.data
             .lock()
@@ -1322,6 +1370,8 @@ impl Meta {
         }
         // Splitting an extent may need a new tree block; find it before changing anything.
         self.ensure_space(4)?;
+        let runs = self.runs_from(io, ino, &i, offset.div_ceil(bs), end / bs)?;
+        self.fetch_bitmaps(io, &runs, None)?;
         let mut map = self.take_extent_map(io, ino, &i)?;
         let edges = map.excerpt([offset / bs, end / bs]);
         self.data
