@@ -53,32 +53,44 @@ impl Meta {
         self.run_op(|m| m.writeback_pages(io, scope))
     }
 
-    /// Loads what writing back file `ino` reads, before the write-back's first change (so
-    /// that one that must read from the device stops with nothing to take back,
-    /// docs/DESIGN.md §4.1): its inode (as stored: reading it through `read_inode` here
-    /// would note the writes without the lock seen too early) and block map, and the block
-    /// bitmaps and descriptors of the groups its new blocks will likely come from (from the
-    /// goal on, for its reservations and a quarter more; the allocator may look further).
-    /// The bitmaps are a guess: a device error on one of them is left to the allocation that
-    /// really needs it, if any, and never fails the write-back here.
-    fn fetch_for_writeback(&mut self, io: &Io, ino: u32) -> Result<()> {
-        let inode = self.stored_inode(io, ino)?;
-        let need = self.data.lock().reserved_of(ino);
-        if need == 0 || inode.flags() & flags::EXTENTS == 0 {
-            return Ok(());
-        }
-        self.extent_map(io, ino, &inode)?;
-        let Some(map) = self.derived.maps.get(&ino).cloned() else {
-            return Ok(());
+    /// Loads what writing back `files` reads, before the write-back's first change (so that
+    /// one that must read from the device stops with nothing to take back, docs/DESIGN.md
+    /// §4.1): each file's inode-table block and, for a file with blocks to allocate, its
+    /// block map and the block bitmaps and descriptors of the groups its new blocks will
+    /// likely come from (from the goal on, for its reservations and a quarter more; the
+    /// allocator may look further). The inode is read as stored: `read_inode` here would note
+    /// the writes without the lock seen too early. The bitmaps are a guess: a device error on
+    /// one of them is left to the allocation that really needs it, if any, and never fails
+    /// the write-back here. Cheap when all is cached (one hold of the page cache's mutex, a
+    /// lookup per file), since it runs at every commit.
+    fn fetch_for_writeback(&mut self, io: &Io, files: &[u32]) -> Result<()> {
+        let needs: Vec<u64> = {
+            let pages = self.data.lock();
+            files.iter().map(|&ino| pages.reserved_of(ino)).collect()
         };
-        let goal = inode_goal(&map, self, ino);
-        match self.fetch_bitmaps(io, &[(goal, need + need / 4)], None) {
-            Err(e) if !self.reads.stopped() => {
-                log::debug!("write-back of inode {ino}: bitmaps not fetched ahead: {e}");
-                Ok(())
+        for (&ino, need) in files.iter().zip(needs) {
+            if need == 0 {
+                let (nr, _) = self.inode_location(ino)?;
+                self.load(io, nr)?;
+                continue;
             }
-            r => r,
+            let inode = self.stored_inode(io, ino)?;
+            if inode.flags() & flags::EXTENTS == 0 {
+                continue;
+            }
+            self.extent_map(io, ino, &inode)?;
+            let Some(map) = self.derived.maps.get(&ino).cloned() else {
+                continue;
+            };
+            let goal = inode_goal(&map, self, ino);
+            match self.fetch_bitmaps(io, &[(goal, need + need / 4)], None) {
+                Err(e) if !self.reads.stopped() => {
+                    log::debug!("write-back of inode {ino}: bitmaps not fetched ahead: {e}");
+                }
+                r => r?,
+            }
         }
+        Ok(())
     }
 
     fn writeback_pages(&mut self, io: &Io, scope: Scope) -> Result<Vec<HomeWrite>> {
@@ -95,9 +107,7 @@ impl Meta {
             Scope::Overwrites(ino) => vec![ino],
         };
         if scope == Scope::All {
-            for &ino in &files {
-                self.fetch_for_writeback(io, ino)?;
-            }
+            self.fetch_for_writeback(io, &files)?;
         }
         let bs = u64::from(self.geo.block_size);
         let mut out = Vec::new();
