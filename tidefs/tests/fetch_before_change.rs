@@ -2,9 +2,9 @@
 //! (docs/DESIGN.md §4.1), so that one that must read a block from the device stops for it
 //! with nothing to take back: a create's new inode-table block, a new directory's block
 //! bitmap, the bitmaps and group descriptors an unlink, rmdir, rename-over, truncate or
-//! punch-hole frees into or an allocation takes from, the index of a directory moved to
-//! another parent (its `..` entry changes), and the inodes, maps and bitmaps a commit's
-//! write-back needs.
+//! punch-hole frees into or an allocation takes from, the partial edge blocks a truncate,
+//! punch-hole or zero-range keeps, the index of a directory moved to another parent (its
+//! `..` entry changes), and the inodes, maps and bitmaps a commit's write-back needs.
 //!
 //! Method: an image made by the real `mkfs.ext4` with several block groups and inode-table
 //! blocks that were never read, mounted in memory; each phase starts with every cache
@@ -191,6 +191,23 @@ fn data_and_attribute_operations_stop_for_reads_only_before_their_first_change()
     cold("punch-hole across groups", &|| {
         let big2 = fs.lookup(ROOT_INO, b"big2").unwrap().ino;
         fs.punch_hole(big2, 0, 30 << 20).unwrap();
+    });
+    cold("unaligned truncate", &|| {
+        fs.setattr(files[2], &truncate(8192 * 10 + 100)).unwrap();
+    });
+    cold("unaligned punch-hole", &|| {
+        fs.punch_hole(files[3], 8192 * 30 + 100, 8192 * 5).unwrap()
+    });
+    cold("unaligned zero-range", &|| {
+        fs.zero_range(files[4], 8192 * 2 + 100, 8192 * 3, true)
+            .unwrap()
+    });
+    cold("fallocate across groups", &|| {
+        let f = fs
+            .create(ROOT_INO, b"falloc", 0o100644, 0, creds)
+            .unwrap()
+            .ino;
+        fs.fallocate(f, 0, 40 << 20, false).unwrap();
     });
     cold("write-back of many cold files", &|| {
         for &f in &many {

@@ -368,17 +368,67 @@ impl Meta {
         }
     }
 
-    /// Allocates one block, searching from `goal`. Fails with `NoSpace`.
-    pub fn alloc_block(&mut self, io: &Io, goal: u64) -> Result<u64> {
-        if self.read_only {
-            return Err(FsError::ReadOnly);
-        }
+    /// Where [`Meta::alloc_block`] searches from for `goal` (the cursor for a goal outside
+    /// the file system), and that block's group.
+    fn search_start(&self, goal: u64) -> (u64, u32) {
         let goal = if goal < self.geo.first_data_block || goal >= self.geo.blocks_count {
             self.alloc.block_cursor
         } else {
             goal
         };
-        let start_group = self.geo.group_of_block(goal.max(self.geo.first_data_block));
+        (
+            goal,
+            self.geo.group_of_block(goal.max(self.geo.first_data_block)),
+        )
+    }
+
+    /// Loads the block bitmaps and descriptors of the groups that allocating `need` blocks
+    /// from `goal` (and a few extent-tree blocks) will take them from, walking the groups as
+    /// [`Meta::alloc_block`] does (from the goal's group on, passing over full and damaged
+    /// groups) until their free counts cover it: called before an operation's first change,
+    /// so that one that must read them stops with nothing to take back (docs/DESIGN.md
+    /// §4.1). The goal's own group counts for nothing, since its free blocks may lie before
+    /// the goal, which the allocator reaches only after every other group; blocks waiting in
+    /// quarantine may still send it one group further. Nothing is loaded when the blocks are
+    /// not there to be had: the operation will fail for lack of space first.
+    pub fn fetch_for_allocation(&mut self, io: &Io, goal: u64, need: u64) -> Result<()> {
+        let need = need + 8;
+        if self.free_blocks() < need {
+            return Ok(());
+        }
+        let groups = self.geo.groups;
+        let (_, start) = self.search_start(goal);
+        let mut left = need;
+        let mut wanted = Vec::new();
+        for step in 0..groups {
+            if left == 0 {
+                break;
+            }
+            let g = (start + step) % groups;
+            let info = self.alloc.groups[g as usize];
+            if info.free_blocks == 0 || info.bad {
+                continue;
+            }
+            if info.flags & BG_BLOCK_UNINIT == 0 {
+                wanted.push(info.block_bitmap);
+            }
+            wanted.push(self.geo.desc_location(g).0);
+            if step > 0 {
+                left = left.saturating_sub(u64::from(info.free_blocks));
+            }
+        }
+        for nr in wanted {
+            self.load(io, nr)?;
+        }
+        Ok(())
+    }
+
+    /// Allocates one block, searching from `goal`. Fails with `NoSpace`.
+    pub fn alloc_block(&mut self, io: &Io, goal: u64) -> Result<u64> {
+        if self.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        let (goal, start_group) = self.search_start(goal);
         let groups = self.geo.groups;
         // A group found damaged is skipped (and never used again); its error is returned only
         // when no other group has room.

@@ -591,6 +591,56 @@ impl Meta {
         Ok(())
     }
 
+    /// Loads, before an operation's first change, what it will read to change bytes
+    /// `[offset, end)` of `ino` (now `i`): with `edges`, the partial blocks at the edges that
+    /// are written on disk and not in the page cache (zeroing part of one keeps its other
+    /// bytes), and with `allocate`, the bitmaps and descriptors of the groups the range's
+    /// holes will likely be allocated from (docs/DESIGN.md §4.1).
+    fn fetch_for_range(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        i: &Inode,
+        (offset, end): (u64, u64),
+        (edges, allocate): (bool, bool),
+    ) -> Result<()> {
+        if i.flags() & flags::EXTENTS == 0 {
+            return Ok(());
+        }
+        self.extent_map(io, ino, i)?;
+        let Some(map) = self.derived.maps.get(&ino).cloned() else {
+            return Ok(());
+        };
+        let bs = u64::from(self.geo.block_size);
+        let mut partial: Vec<u64> = [offset, end]
+            .into_iter()
+            .filter(|at| edges && at % bs != 0)
+            .map(|at| at / bs)
+            .collect();
+        partial.dedup();
+        for lblk in partial {
+            let Ok(lblk) = u32::try_from(lblk) else {
+                continue;
+            };
+            if let Some((home, false)) = map.map(lblk) {
+                if self.data.lock().get(ino, lblk).is_none() {
+                    self.read_data_block(io, home)?;
+                }
+            }
+        }
+        if allocate {
+            let (first, last) = (offset / bs, end.div_ceil(bs));
+            let holes = (first..last)
+                .filter(|l| u32::try_from(*l).is_ok_and(|l| map.map(l).is_none()))
+                .count() as u64;
+            if holes > 0 {
+                let goal = inode_goal(&map, self, ino);
+                self.fetch_for_allocation(io, goal, holes)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Builds the index of directory `dir` when `moved` (to another parent: its `..` entry
     /// changes after the rename's first change), so that reading its blocks stops the
     /// rename before that change (docs/DESIGN.md §4.1).
@@ -1198,9 +1248,13 @@ impl Meta {
         }
         let old = i.size();
         if size <= old {
-            // What the cut frees, fetched before the first change (docs/DESIGN.md §4.1).
+            // What the cut frees, and the partial last block it keeps, fetched before the
+            // first change (docs/DESIGN.md §4.1).
             let runs = self.runs_from(io, ino, i, size.div_ceil(bs), u64::MAX)?;
             self.fetch_bitmaps(io, &runs, None)?;
+            if size < old {
+                self.fetch_for_range(io, ino, i, (size, size), (true, false))?;
+            }
         }
         // Cached pages past the new end never reach the device.
         self.data
@@ -1249,6 +1303,7 @@ impl Meta {
     ) -> Result<()> {
         let (mut i, end) = self.allocating_range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
+        self.fetch_for_range(io, ino, &i, (offset, end), (false, true))?;
         let mut map = self.take_extent_map(io, ino, &i)?;
         // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
@@ -1372,6 +1427,7 @@ impl Meta {
         self.ensure_space(4)?;
         let runs = self.runs_from(io, ino, &i, offset.div_ceil(bs), end / bs)?;
         self.fetch_bitmaps(io, &runs, None)?;
+        self.fetch_for_range(io, ino, &i, (offset, end), (true, false))?;
         let mut map = self.take_extent_map(io, ino, &i)?;
         let edges = map.excerpt([offset / bs, end / bs]);
         self.data
@@ -1412,6 +1468,7 @@ impl Meta {
     ) -> Result<()> {
         let (mut i, end) = self.allocating_range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
+        self.fetch_for_range(io, ino, &i, (offset, end), (true, true))?;
         let mut map = self.take_extent_map(io, ino, &i)?;
         // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);

@@ -57,12 +57,12 @@ impl Meta {
     /// one that must read from the device stops with nothing to take back, docs/DESIGN.md
     /// §4.1): each file's inode-table block and, for a file with blocks to allocate, its
     /// block map and the block bitmaps and descriptors of the groups its new blocks will
-    /// likely come from (from the goal on, for its reservations and a quarter more; the
-    /// allocator may look further). The inode is read as stored: `read_inode` here would note
-    /// the writes without the lock seen too early. The bitmaps are a guess: a device error on
-    /// one of them is left to the allocation that really needs it, if any, and never fails
-    /// the write-back here. Cheap when all is cached (one hold of the page cache's mutex, a
-    /// lookup per file), since it runs at every commit.
+    /// come from (`Meta::fetch_for_allocation`, from its goal for its reservations). The
+    /// inode is read as stored: `read_inode` here would note the writes without the lock
+    /// seen too early. The bitmaps are loaded ahead of need: a device error on one of them is
+    /// left to the allocation that really needs it, if any, and never fails the write-back
+    /// here. Cheap when all is cached (one hold of the page cache's mutex, a lookup per
+    /// file), since it runs at every commit.
     fn fetch_for_writeback(&mut self, io: &Io, files: &[u32]) -> Result<()> {
         let needs: Vec<u64> = {
             let pages = self.data.lock();
@@ -83,7 +83,7 @@ impl Meta {
                 continue;
             };
             let goal = inode_goal(&map, self, ino);
-            match self.fetch_bitmaps(io, &[(goal, need + need / 4)], None) {
+            match self.fetch_for_allocation(io, goal, need) {
                 Err(e) if !self.reads.stopped() => {
                     log::debug!("write-back of inode {ino}: bitmaps not fetched ahead: {e}");
                 }
