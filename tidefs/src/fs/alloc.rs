@@ -399,7 +399,6 @@ impl Meta {
         let groups = self.geo.groups;
         let (_, start) = self.search_start(goal);
         let mut left = need;
-        let mut wanted = Vec::new();
         for step in 0..groups {
             if left == 0 {
                 break;
@@ -409,18 +408,26 @@ impl Meta {
             if info.free_blocks == 0 || info.bad {
                 continue;
             }
-            if info.flags & BG_BLOCK_UNINIT == 0 {
-                wanted.push(info.block_bitmap);
-            }
-            wanted.push(self.geo.desc_location(g).0);
+            self.load_block_group(io, g)?;
             if step > 0 {
                 left = left.saturating_sub(u64::from(info.free_blocks));
             }
         }
-        for nr in wanted {
-            self.load(io, nr)?;
-        }
         Ok(())
+    }
+
+    /// Loads what allocating or freeing a block of group `g` changes: its block bitmap
+    /// (unless the group is uninitialised, when the bitmap is made in memory, or damaged,
+    /// when it is never used again) and its descriptor. For fetching before an operation's
+    /// first change (docs/DESIGN.md §4.1).
+    pub(super) fn load_block_group(&mut self, io: &Io, g: u32) -> Result<()> {
+        let Some(info) = self.alloc.groups.get(g as usize).copied() else {
+            return Ok(());
+        };
+        if info.flags & BG_BLOCK_UNINIT == 0 && !info.bad {
+            self.load(io, info.block_bitmap)?;
+        }
+        self.load(io, self.geo.desc_location(g).0)
     }
 
     /// Allocates one block, searching from `goal`. Fails with `NoSpace`.
@@ -632,9 +639,9 @@ impl Meta {
             let (table_block, _) = self.inode_location(g * ipg + i as u32 + 1)?;
             self.load(io, table_block)?;
             self.load(io, self.geo.desc_location(g).0)?;
-            if is_dir && info.flags & BG_BLOCK_UNINIT == 0 {
+            if is_dir {
                 // A new directory's first block comes from its inode's group (`inode_goal`).
-                self.load(io, info.block_bitmap)?;
+                self.load_block_group(io, g)?;
             }
             if uninit {
                 let bs = self.geo.bs();

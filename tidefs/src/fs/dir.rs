@@ -64,6 +64,20 @@ impl Meta {
         Ok(self.derived.maps.get(&ino).expect("map present"))
     }
 
+    /// [`Meta::extent_map`], shared: for a caller that needs the map while it uses `self`.
+    pub(crate) fn shared_extent_map(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        inode: &Inode,
+    ) -> Result<Arc<ExtentMap>> {
+        self.extent_map(io, ino, inode)?;
+        // OK to unwrap: loaded above.
+        Ok(Arc::clone(
+            self.derived.maps.get(&ino).expect("map present"),
+        ))
+    }
+
     fn dir_csum_seed(&self, ino: u32, generation: u32) -> Option<u32> {
         self.geo
             .csum_seed

@@ -4,7 +4,6 @@
 //! one transaction; each checks what can fail before it changes anything.
 
 use crate::format::ext4::dirent::{self, ft};
-use crate::format::ext4::group_desc::BG_BLOCK_UNINIT;
 use crate::format::ext4::inode::{self, flags, mode, Inode, InodeTime};
 use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
@@ -565,28 +564,14 @@ impl Meta {
             let end = start.saturating_add(len.max(1) - 1);
             groups.extend(group(start)..=group(end));
         }
-        let mut wanted = std::collections::BTreeSet::new();
         if let Some(g) = inode_group {
-            wanted.extend(
-                self.alloc
-                    .groups
-                    .get(g as usize)
-                    .map(|info| info.inode_bitmap),
-            );
-            wanted.insert(self.geo.desc_location(g).0);
+            if let Some(info) = self.alloc.groups.get(g as usize).copied() {
+                self.load(io, info.inode_bitmap)?;
+            }
+            self.load(io, self.geo.desc_location(g).0)?;
         }
         for g in groups {
-            match self.alloc.groups.get(g as usize) {
-                // A group found damaged is never used again: nothing of it to fetch.
-                Some(info) if info.flags & BG_BLOCK_UNINIT == 0 && !info.bad => {
-                    wanted.insert(info.block_bitmap);
-                }
-                _ => {}
-            }
-            wanted.insert(self.geo.desc_location(g).0);
-        }
-        for nr in wanted {
-            self.load(io, nr)?;
+            self.load_block_group(io, g)?;
         }
         Ok(())
     }
@@ -607,10 +592,7 @@ impl Meta {
         if i.flags() & flags::EXTENTS == 0 {
             return Ok(());
         }
-        self.extent_map(io, ino, i)?;
-        let Some(map) = self.derived.maps.get(&ino).cloned() else {
-            return Ok(());
-        };
+        let map = self.shared_extent_map(io, ino, i)?;
         let bs = u64::from(self.geo.block_size);
         let mut partial: Vec<u64> = [offset, end]
             .into_iter()
@@ -1113,13 +1095,7 @@ impl Meta {
             return Ok(Vec::new());
         }
         let end = fsize.min(offset + u64::from(size));
-        self.extent_map(io, ino, &i)?;
-        let map = self
-            .derived
-            .maps
-            .get(&ino)
-            .cloned()
-            .expect("loaded just above");
+        let map = self.shared_extent_map(io, ino, &i)?;
         let segs = {
             let mut pages = self.data.lock();
             let segs = read_plan::plan(

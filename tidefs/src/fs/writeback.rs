@@ -78,10 +78,7 @@ impl Meta {
             if inode.flags() & flags::EXTENTS == 0 {
                 continue;
             }
-            self.extent_map(io, ino, &inode)?;
-            let Some(map) = self.derived.maps.get(&ino).cloned() else {
-                continue;
-            };
+            let map = self.shared_extent_map(io, ino, &inode)?;
             let goal = inode_goal(&map, self, ino);
             match self.fetch_for_allocation(io, goal, need) {
                 Err(e) if !self.reads.stopped() => {
