@@ -94,6 +94,8 @@ pub struct FuseFs {
     no_opendir: bool,
     /// The same for open (FUSE_NO_OPEN_SUPPORT).
     no_open: bool,
+    /// Ask for FUSE over io_uring at init (`-o fuse_uring`).
+    fuse_uring: bool,
 }
 
 impl FuseFs {
@@ -104,7 +106,14 @@ impl FuseFs {
             close,
             no_opendir: false,
             no_open: false,
+            fuse_uring: false,
         }
+    }
+
+    /// Ask the kernel for FUSE over io_uring at init; the mount fails if it does not offer it.
+    pub fn with_fuse_uring(mut self, on: bool) -> FuseFs {
+        self.fuse_uring = on;
+        self
     }
 }
 
@@ -379,6 +388,16 @@ impl Filesystem for FuseFs {
             .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
             .is_ok();
         let _ = config.set_max_write(1 << 20);
+        if self.fuse_uring
+            && config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_err()
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "the kernel did not offer FUSE over io_uring (fuse_uring)",
+            ));
+        }
         Ok(())
     }
 

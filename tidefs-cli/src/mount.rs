@@ -58,6 +58,9 @@ pub struct MountConfig {
     /// `fenced_commits`: every commit flushes its body before its commit block, so a crashed
     /// image's journal stays replayable by the kernel and e2fsck.
     pub fenced_commits: bool,
+    /// `fuse_uring`: serve FUSE requests through io_uring, one queue per CPU (Linux 6.14+,
+    /// the `fuse` module's `enable_uring` parameter on).
+    pub fuse_uring: bool,
 }
 
 /// Options that mount(8) and fstab lines carry for mount(8) itself (or that ask for what
@@ -126,6 +129,7 @@ impl MountConfig {
                 ("dev", None) => config.nodev = false,
                 ("noexec", None) => config.noexec = true,
                 ("fenced_commits", None) => config.fenced_commits = true,
+                ("fuse_uring", None) => config.fuse_uring = true,
                 ("exec", None) => config.noexec = false,
                 ("commit", Some(v)) => {
                     let seconds: u64 = v
@@ -161,7 +165,7 @@ impl MountConfig {
                 }
                 (
                     "ro" | "rw" | "allow_other" | "private" | "nosuid" | "suid" | "nodev" | "dev"
-                    | "noexec" | "exec" | "fenced_commits",
+                    | "noexec" | "exec" | "fenced_commits" | "fuse_uring",
                     Some(_),
                 ) => {
                     return Err(format!("option {key} takes no value"));
@@ -201,6 +205,7 @@ impl MountConfig {
             (self.nodev, "nodev"),
             (self.noexec, "noexec"),
             (self.fenced_commits, "fenced_commits"),
+            (self.fuse_uring, "fuse_uring"),
         ] {
             if set {
                 items.push(name.into());
@@ -266,6 +271,9 @@ pub fn run(args: MountArgs) -> Result<(), CliError> {
     }
     check_mountpoint(&args.mountpoint, what)?;
     check_fuse(what)?;
+    if config.fuse_uring {
+        check_fuse_uring(what)?;
+    }
     if control::find_socket(&args.mountpoint)
         .map(|s| UnixStream::connect(s).is_ok())
         .unwrap_or(false)
@@ -332,6 +340,28 @@ fn check_fuse(what: &str) -> Result<(), CliError> {
         ));
     }
     Ok(())
+}
+
+/// Where the kernel says whether FUSE over io_uring may be used.
+pub const FUSE_URING_SWITCH: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// `fuse_uring` needs a kernel built with it (the parameter exists) and switched on.
+fn check_fuse_uring(what: &str) -> Result<(), CliError> {
+    match std::fs::read_to_string(FUSE_URING_SWITCH) {
+        Ok(v) if v.trim() == "Y" => Ok(()),
+        Ok(_) => Err(CliError::new(
+            what,
+            format!(
+                "fuse_uring: FUSE over io_uring is switched off in this kernel; as root: \
+                 echo Y > {FUSE_URING_SWITCH}"
+            ),
+        )),
+        Err(_) => Err(CliError::new(
+            what,
+            "fuse_uring: this kernel has no FUSE over io_uring (it needs Linux 6.14 or later \
+             built with CONFIG_FUSE_IO_URING, and the fuse module loaded)",
+        )),
+    }
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
@@ -461,6 +491,8 @@ struct DaemonState {
     waiters: Mutex<Vec<UnixStream>>,
     /// FUSE requests served, by kind (counted by the session threads).
     requests: RequestCounts,
+    /// Whether requests come through FUSE over io_uring (`-o fuse_uring`).
+    fuse_uring: bool,
 }
 
 impl DaemonState {
@@ -521,6 +553,8 @@ impl control::Daemon for DaemonState {
             "commit_seconds": self.options.commit_interval.as_secs_f64(),
             "cache_size_bytes": self.options.cache_size_bytes,
             "data_mode": self.options.data_mode.name(),
+            "fuse_transport": if self.fuse_uring { "io_uring" } else { "/dev/fuse" },
+            "fuse_requests_over_uring": self.requests.over_uring(),
         })
     }
 
@@ -635,12 +669,18 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
     fuse_config.mount_options = mount_options;
     fuse_config.n_threads = Some(16);
     fuse_config.clone_fd = true;
+    if config.fuse_uring {
+        // Entries per CPU: each one holds a request from its arrival to its reply, and an
+        // fsync's reply waits for its commit, so this bounds the fsyncs one CPU can have in
+        // flight before further requests wait in the kernel.
+        fuse_config.uring_depth = Some(64);
+    }
     fuse_config.acl = if config.shared_with_all_users(sys::geteuid()) {
         SessionACL::All
     } else {
         SessionACL::Owner
     };
-    let adapter = FuseFs::new(fs.clone(), close.clone());
+    let adapter = FuseFs::new(fs.clone(), close.clone()).with_fuse_uring(config.fuse_uring);
     let session = Session::new(adapter, &mountpoint, &fuse_config).map_err(|e| {
         fail(format!(
             "cannot mount on {}: {}",
@@ -659,6 +699,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         unmount_requested: Mutex::new(false),
         waiters: Mutex::new(Vec::new()),
         requests,
+        fuse_uring: config.fuse_uring,
     });
     spawn("tidefs-signals", {
         let state = state.clone();
@@ -762,7 +803,7 @@ mod tests {
     fn options_parse() {
         let c = parse(&[
             "ro,commit=7,cache_size=64M,data=journal",
-            "allow_other,journal_device=/dev/x,barrier=none,fenced_commits",
+            "allow_other,journal_device=/dev/x,barrier=none,fenced_commits,fuse_uring",
         ])
         .expect("OK to unwrap: valid options");
         assert_eq!(
@@ -776,6 +817,7 @@ mod tests {
                 data_mode: Some(DataMode::Journal),
                 barrier: Some(Barrier::None),
                 fenced_commits: true,
+                fuse_uring: true,
                 ..MountConfig::default()
             }
         );
@@ -786,6 +828,12 @@ mod tests {
             .to_option_string()
             .expect("OK to unwrap: no path to resolve");
         assert_eq!(passed_on, "rw,fenced_commits");
+        // The daemon child gets fuse_uring back from the option string.
+        let passed_on = parse(&["fuse_uring"])
+            .expect("OK to unwrap: valid")
+            .to_option_string()
+            .expect("OK to unwrap: no paths");
+        assert_eq!(passed_on, "rw,fuse_uring");
         assert!(!parse(&["ro,rw"]).expect("OK to unwrap: valid").read_only);
         assert_eq!(
             parse(&[]).expect("OK to unwrap: valid"),
@@ -861,6 +909,7 @@ mod tests {
             ("barrier", "needs a value"),
             ("private=1", "takes no value"),
             ("fenced_commits=yes", "takes no value"),
+            ("fuse_uring=64", "takes no value"),
             ("sync", "unknown mount option 'sync'"),
         ] {
             let err = parse(&[list]).expect_err("must be refused");

@@ -34,6 +34,9 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// tidefs patch: the io_uring entry the request came in, which carries the reply back
+    /// (`None`: the reply goes to /dev/fuse).
+    uring: Option<crate::uring::UringReplyTo>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +52,32 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            uring: None,
+            request,
+        })
+    }
+
+    /// tidefs patch: a request that came in an io_uring entry; its reply goes back in it.
+    pub(crate) fn from_uring(
+        ch: ChannelSender,
+        uring: crate::uring::UringReplyTo,
+        request: ll::AnyRequest<'a>,
+    ) -> RequestWithSender<'a> {
+        Self {
+            ch,
+            uring: Some(uring),
+            request,
+        }
+    }
+
+    /// tidefs patch: where the reply goes (the io_uring entry, or /dev/fuse).
+    fn reply_sender(&self) -> ReplySender {
+        match &self.uring {
+            Some(entry) => ReplySender::Uring(entry.clone()),
+            None => ReplySender::Channel(self.ch.clone()),
+        }
     }
 
     /// Dispatch request to the given filesystem.
@@ -316,7 +344,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -491,7 +519,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -588,7 +616,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.reply_sender())
     }
 
     /// Returns a Request reference for this request

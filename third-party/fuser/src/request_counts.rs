@@ -14,13 +14,17 @@ use crate::ll::fuse_abi::fuse_opcode;
 /// Opcodes below this are counted one by one; others (CUSE) share the last slot.
 const SLOTS: usize = 64;
 
-/// Requests served by opcode; clones share the counters.
+/// Requests served by opcode, and how many of them came through FUSE over io_uring; clones
+/// share the counters.
 #[derive(Clone)]
-pub struct RequestCounts(Arc<[AtomicU64; SLOTS]>);
+pub struct RequestCounts(Arc<[AtomicU64; SLOTS]>, Arc<AtomicU64>);
 
 impl Default for RequestCounts {
     fn default() -> Self {
-        RequestCounts(Arc::new(std::array::from_fn(|_| AtomicU64::new(0))))
+        RequestCounts(
+            Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
+            Arc::new(AtomicU64::new(0)),
+        )
     }
 }
 
@@ -29,6 +33,16 @@ impl RequestCounts {
     pub(crate) fn add(&self, opcode: u32) {
         let slot = usize::try_from(opcode).map_or(SLOTS - 1, |o| o.min(SLOTS - 1));
         self.0[slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one request that came through an io_uring queue (also counted by [`Self::add`]).
+    pub(crate) fn add_uring(&self) {
+        self.1.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests that came through FUSE over io_uring so far.
+    pub fn over_uring(&self) -> u64 {
+        self.1.load(Ordering::Relaxed)
     }
 
     /// The kinds served so far and how many of each, by opcode: the kernel's name without its

@@ -139,6 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// tidefs patch: the payload buffer an io_uring entry needs (the largest request or reply
+    /// the kernel may send: max(8 KiB, max_write, max_pages pages)), known after INIT.
+    pub(crate) uring_payload: usize,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +189,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            uring_payload: 0,
         };
 
         session.handshake()?;
@@ -214,6 +218,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            uring_payload: 0,
         };
 
         session.handshake()?;
@@ -252,6 +257,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring_payload,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -289,6 +295,48 @@ impl<FS: Filesystem> Session<FS> {
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+
+        // tidefs patch: FUSE over io_uring, one queue per CPU, registered before the /dev/fuse
+        // threads start so that a refusal ends the session at once.
+        if let Some(depth) = config.uring_depth {
+            let queues = crate::uring::queue_count()?;
+            let (started, registered) = std::sync::mpsc::channel();
+            let fuse_fd = std::os::fd::AsRawFd::as_raw_fd(&channels[0].as_fd());
+            for qid in 0..queues {
+                let event_loop = SessionEventLoop {
+                    thread_name: format!("fuser-uring-{qid}"),
+                    request_counts: config.request_counts.clone(),
+                    filesystem: filesystem.clone(),
+                    ch: channels[0].clone(),
+                    allowed,
+                    session_owner,
+                };
+                let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
+                let started = started.clone();
+                threads.push(
+                    thread::Builder::new()
+                        .name(format!("fuser-uring-{qid}"))
+                        .spawn(move || {
+                            crate::uring::RingQueue::serve_queue(
+                                qid,
+                                depth,
+                                uring_payload,
+                                fuse_fd,
+                                event_loop,
+                                started,
+                            )
+                        })?,
+                );
+            }
+            for _ in 0..queues {
+                registered
+                    .recv()
+                    .map_err(|_| io::Error::other("FUSE io_uring queue thread ended"))?
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("FUSE over io_uring refused: {e}"))
+                    })?;
+            }
+        }
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -470,6 +518,14 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_write
             );
 
+            self.uring_payload = [
+                8192,
+                config.max_write as usize,
+                usize::from(config.max_pages()) * page_size::get(),
+            ]
+            .into_iter()
+            .max()
+            .unwrap_or(8192);
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);

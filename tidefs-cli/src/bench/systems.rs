@@ -2,6 +2,8 @@
 //!
 //! Names on the command line (`--systems`, comma-separated):
 //! - `tidefs:MODE`: tidefs through a real FUSE mount served by the `tidefs mount` daemon;
+//! - `tidefs-uring:MODE`: the same with `-o fuse_uring` (FUSE over io_uring, one queue per
+//!   CPU; the kernel's `enable_uring` switch must be on);
 //! - `tidefs-embedded:MODE`: the library in this process (`Fs::open`), no FUSE; MODE is passed
 //!   through as `-o data=MODE`, checked by tidefs' own option parser, so new modes need nothing
 //!   here;
@@ -83,6 +85,8 @@ impl Ext4Mode {
 pub enum System {
     /// tidefs through FUSE, with this `-o data=` mode (passed through as written).
     Tidefs(String),
+    /// tidefs through FUSE over io_uring (`-o fuse_uring`), with this `-o data=` mode.
+    TidefsUring(String),
     /// tidefs in this process, with this `-o data=` mode.
     Embedded(String),
     /// The kernel's ext4.
@@ -99,6 +103,7 @@ impl System {
     pub fn name(&self) -> String {
         match self {
             System::Tidefs(m) => format!("tidefs:{m}"),
+            System::TidefsUring(m) => format!("tidefs-uring:{m}"),
             System::Embedded(m) => format!("tidefs-embedded:{m}"),
             System::Ext4(m) => format!("ext4:{}", m.name()),
             System::Fuse2fs => "fuse2fs".to_string(),
@@ -116,6 +121,7 @@ impl System {
         };
         match kind {
             "tidefs" => tidefs_mode().map(System::Tidefs),
+            "tidefs-uring" => tidefs_mode().map(System::TidefsUring),
             "tidefs-embedded" => tidefs_mode().map(System::Embedded),
             "ext4" => Ext4Mode::ALL
                 .into_iter()
@@ -138,8 +144,8 @@ impl System {
                     match why {
                         Some(why) => format!("{name}: {why}"),
                         None => format!(
-                            "unknown system '{name}': expected tidefs:MODE, tidefs-embedded:MODE \
-                             (MODE as for `tidefs mount -o data=MODE`), ext4:ordered, \
+                            "unknown system '{name}': expected tidefs:MODE, tidefs-uring:MODE, \
+                             tidefs-embedded:MODE (MODE as for `tidefs mount -o data=MODE`), ext4:ordered, \
                              ext4:writeback, ext4:journal, ext4:fast_commit or fuse2fs"
                         ),
                     },
@@ -594,18 +600,20 @@ impl Target {
         // read stale past a page cache.
         let mut journal = None;
         match (&system, journal_image) {
-            (System::Tidefs(_) | System::Embedded(_), journal_image) => match journal_image {
-                Some(journal_image) => {
-                    sparse_file(&journal_image.0, journal_size)?;
-                    let device = LoopDevice::attach(&journal_image.0, &name)?;
-                    format_tidefs(&image.0, size, Some(device.path.clone()))?;
-                    journal = Some(ExternalJournal {
-                        device,
-                        _image: journal_image,
-                    });
+            (System::Tidefs(_) | System::TidefsUring(_) | System::Embedded(_), journal_image) => {
+                match journal_image {
+                    Some(journal_image) => {
+                        sparse_file(&journal_image.0, journal_size)?;
+                        let device = LoopDevice::attach(&journal_image.0, &name)?;
+                        format_tidefs(&image.0, size, Some(device.path.clone()))?;
+                        journal = Some(ExternalJournal {
+                            device,
+                            _image: journal_image,
+                        });
+                    }
+                    None => format_tidefs(&image.0, size, None)?,
                 }
-                None => format_tidefs(&image.0, size, None)?,
-            },
+            }
             (System::Ext4(mode), journal_image) => {
                 let fast_commit = *mode == Ext4Mode::FastCommit;
                 if let Some(journal_image) = journal_image {
@@ -642,9 +650,12 @@ impl Target {
                     .map_err(|e| CliError::new(format!("bench: {name}: open"), e.to_string()))?;
                 Mounted::Embedded(Arc::new(fs))
             }
-            System::Tidefs(mode) => {
+            System::Tidefs(mode) | System::TidefsUring(mode) => {
                 let exe = std::env::current_exe().map_err(failed)?;
                 let mut options = format!("data={mode}");
+                if matches!(system, System::TidefsUring(_)) {
+                    options += ",fuse_uring";
+                }
                 if let Some(journal) = &journal_path {
                     options += &format!(",journal_device={}", journal.display());
                 }
@@ -952,6 +963,7 @@ mod tests {
             .flat_map(|m| {
                 [
                     System::Tidefs(m.name().to_string()),
+                    System::TidefsUring(m.name().to_string()),
                     System::Embedded(m.name().to_string()),
                 ]
             })

@@ -157,6 +157,11 @@ impl Mount {
         for option in options {
             command.arg("-o").arg(option);
         }
+        // Every test mount through FUSE over io_uring instead of /dev/fuse (the kernel's
+        // `enable_uring` switch must be on): `TIDEFS_TEST_FUSE_URING=1 cargo test`.
+        if std::env::var_os("TIDEFS_TEST_FUSE_URING").is_some_and(|v| v == "1") {
+            command.arg("-o").arg("fuse_uring");
+        }
         let out = output(command.arg(&self.image).arg(&self.mnt));
         assert!(
             out.status.success(),

@@ -20,6 +20,9 @@ pub struct Config {
     pub clone_fd: bool,
     /// tidefs patch: counted up for every request the session serves.
     pub request_counts: Option<crate::RequestCounts>,
+    /// tidefs patch: serve requests through FUSE over io_uring, one queue per CPU with this
+    /// many entries each (the file system must ask for `FUSE_OVER_IO_URING` at init).
+    pub uring_depth: Option<u16>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
