@@ -308,25 +308,42 @@ pub fn send(stream: &mut UnixStream, value: &Value) -> std::io::Result<()> {
 
 /// Whether `/proc/self/mountinfo` lists a tidefs FUSE mount at `path`.
 pub fn is_tidefs_mounted(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let wanted = canonical_mountpoint(path);
-    info.lines().any(|line| {
-        let Some((left, right)) = line.split_once(" - ") else {
-            return false;
-        };
-        let mount_point = left
-            .split(' ')
-            .nth(4)
-            .map(tidefs::dev::lock::unescape_mountinfo);
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|info| tidefs_mount_device(&info, &canonical_mountpoint(path)).is_some())
+}
+
+/// The kernel's abort file of the FUSE connection of the tidefs mount at `path`
+/// (`/sys/fs/fuse/connections/N/abort`, N the minor of the mount's anonymous device), found
+/// without touching the mount itself.
+pub fn fuse_abort_file(path: &Path) -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    match tidefs_mount_device(&info, &canonical_mountpoint(path))? {
+        (0, minor) => Some(PathBuf::from(format!(
+            "/sys/fs/fuse/connections/{minor}/abort"
+        ))),
+        _ => None,
+    }
+}
+
+/// The device (`major`, `minor`) of the newest tidefs FUSE mount at `wanted` in a mountinfo
+/// text: per line, field 3 is `major:minor` and field 5 the mount point (octal escapes), and
+/// the file-system type and source follow the ` - ` separator.
+fn tidefs_mount_device(info: &str, wanted: &Path) -> Option<(u32, u32)> {
+    info.lines().rev().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let fields: Vec<&str> = left.split(' ').collect();
         let mut right = right.split(' ');
         let (fs_type, source) = (right.next(), right.next());
         // A direct mount shows type "fuse" and our FSName as the source; one made through
         // fusermount3 shows "fuse.tidefs".
         let ours = fs_type == Some("fuse.tidefs")
             || (fs_type.is_some_and(|t| t.starts_with("fuse")) && source == Some("tidefs"));
-        ours && mount_point.as_deref() == Some(wanted.as_path())
+        let mount_point = tidefs::dev::lock::unescape_mountinfo(fields.get(4)?);
+        if !ours || mount_point != wanted {
+            return None;
+        }
+        let (major, minor) = fields.get(2)?.split_once(':')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
     })
 }
 
@@ -341,6 +358,32 @@ mod tests {
         assert_eq!(a.len(), 16);
         assert_eq!(a, path_key(Path::new("/mnt/a")));
         assert_ne!(a, path_key(Path::new("/mnt/b")));
+    }
+
+    /// Goal: the connection of the newest tidefs mount at a path is found, through escapes,
+    /// and other file systems or other paths are not taken for it.
+    #[test]
+    fn the_tidefs_mount_device_is_found_in_mountinfo() {
+        let info = "\
+36 25 0:32 / /mnt/with\\040space rw,relatime shared:1 - fuse tidefs rw,user_id=0
+37 25 0:33 / /mnt/other rw,relatime shared:2 - fuse.sshfs host: rw
+38 25 7:0 / /mnt/other rw,relatime shared:3 - ext4 /dev/loop0 rw
+39 25 0:35 / /mnt/other rw,relatime shared:4 - fuse.tidefs tidefs rw
+40 25 0:270 / /mnt/other rw,relatime shared:5 - fuse tidefs rw
+";
+        assert_eq!(
+            tidefs_mount_device(info, Path::new("/mnt/with space")),
+            Some((0, 32))
+        );
+        assert_eq!(
+            tidefs_mount_device(info, Path::new("/mnt/other")),
+            Some((0, 270))
+        );
+        assert_eq!(tidefs_mount_device(info, Path::new("/mnt")), None);
+        assert_eq!(
+            tidefs_mount_device("garbage line\n", Path::new("/mnt")),
+            None
+        );
     }
 
     #[test]

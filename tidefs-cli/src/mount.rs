@@ -681,13 +681,15 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         SessionACL::Owner
     };
     let adapter = FuseFs::new(fs.clone(), close.clone()).with_fuse_uring(config.fuse_uring);
-    let session = Session::new(adapter, &mountpoint, &fuse_config).map_err(|e| {
+    let mut session = Session::new(adapter, &mountpoint, &fuse_config).map_err(|e| {
         fail(format!(
             "cannot mount on {}: {}",
             mountpoint.display(),
             io_reason(&e)
         ))
     })?;
+    // How the session ends the connection if an io_uring queue fails (-o fuse_uring).
+    session.set_connection_abort(control::fuse_abort_file(&mountpoint), mountpoint.clone());
     fuse_adapter::forget_attributes_of_changed_blocks(&fs, session.notifier());
 
     let state = Arc::new(DaemonState {

@@ -5,7 +5,8 @@
 //! with the transport switched off gets a clear refusal instead of a mount.
 //! Method: the kernel's switch (`/sys/module/fuse/parameters/enable_uring`, root only) is set
 //! for each test and put back after it; the tests take one lock so that they never see each
-//! other's setting. The daemon's `status` reports the transport and how many requests came
+//! other's setting. The switch is global: another process mounting with `fuse_uring` at the
+//! same time (a second test run) may see it off. The daemon's `status` reports the transport and how many requests came
 //! through the rings, which must be nearly all of them.
 
 mod common;
@@ -258,6 +259,47 @@ fn fsync_promises_through_the_rings_survive_a_crash() {
             want.len()
         );
     }
+}
+
+/// Goal: when the connection is aborted under the rings (`umount -f`, which aborts a FUSE
+/// connection, as a daemon's queue does when it fails), every queue ends, the session ends and
+/// the daemon closes the file system cleanly: it exits, the image needs no recovery and holds
+/// everything written, synced or not. Method: write, abort, wait for the daemon to go, then
+/// `e2fsck -fn` (which would see a journal needing recovery) and a mount without the rings.
+#[test]
+fn an_aborted_connection_ends_the_rings_and_closes_the_image_cleanly() {
+    let test = "an_aborted_connection_ends_the_rings_and_closes_the_image_cleanly";
+    let Some(_switch) = Switch::set(test, true) else {
+        return;
+    };
+    let Some(mut m) = Mount::new(test, "64M", &[], &["fuse_uring"]) else {
+        return;
+    };
+    let synced = pattern(3, 70_000);
+    let mut f = File::create(m.path("synced")).expect("OK to unwrap: create");
+    f.write_all(&synced).expect("OK to unwrap: write");
+    f.sync_all().expect("OK to unwrap: fsync");
+    drop(f);
+    let unsynced = pattern(4, 5_000);
+    fs::write(m.path("unsynced"), &unsynced).expect("OK to unwrap: write");
+    let pid = m.daemon_pid();
+    let out = std::process::Command::new("umount")
+        .arg("-f")
+        .arg(&m.mnt)
+        .output()
+        .expect("OK to unwrap: run umount -f");
+    assert!(out.status.success(), "umount -f: {}", stderr(&out));
+    assert!(
+        wait_gone(pid, std::time::Duration::from_secs(20)),
+        "the daemon is still running after its connection was aborted"
+    );
+    m.mounted = false;
+    let (code, text) = e2fsck(&m.image);
+    assert_eq!(code, 0, "e2fsck -fn after the abort:\n{text}");
+    m.mount(&[]);
+    assert!(fs::read(m.path("synced")).expect("OK to unwrap") == synced);
+    assert!(fs::read(m.path("unsynced")).expect("OK to unwrap") == unsynced);
+    m.umount_ok();
 }
 
 /// Goal: with the kernel's switch off, `-o fuse_uring` is refused before anything is mounted,

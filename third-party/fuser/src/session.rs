@@ -142,6 +142,9 @@ pub struct Session<FS: Filesystem> {
     /// tidefs patch: the payload buffer an io_uring entry needs (the largest request or reply
     /// the kernel may send: max(8 KiB, max_write, max_pages pages)), known after INIT.
     pub(crate) uring_payload: usize,
+    /// tidefs patch: what ends the connection when an io_uring queue fails
+    /// ([`Session::set_connection_abort`]).
+    pub(crate) abort: crate::uring::ConnectionAbort,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -190,6 +193,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config: options.clone(),
             uring_payload: 0,
+            abort: Default::default(),
         };
 
         session.handshake()?;
@@ -219,6 +223,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             uring_payload: 0,
+            abort: Default::default(),
         };
 
         session.handshake()?;
@@ -258,6 +263,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: _,
             config,
             uring_payload,
+            abort,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -313,6 +319,7 @@ impl<FS: Filesystem> Session<FS> {
                 };
                 let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
                 let started = started.clone();
+                let abort = abort.clone();
                 threads.push(
                     thread::Builder::new()
                         .name(format!("fuser-uring-{qid}"))
@@ -324,17 +331,25 @@ impl<FS: Filesystem> Session<FS> {
                                 fuse_fd,
                                 event_loop,
                                 started,
+                                abort,
                             )
                         })?,
                 );
             }
+            // Only the queues' senders left: a queue that ends without answering is seen.
+            drop(started);
             for _ in 0..queues {
-                registered
-                    .recv()
-                    .map_err(|_| io::Error::other("FUSE io_uring queue thread ended"))?
-                    .map_err(|e| {
+                let answer = match registered.recv() {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(e)) => {
                         io::Error::new(e.kind(), format!("FUSE over io_uring refused: {e}"))
-                    })?;
+                    }
+                    Err(_) => io::Error::other("a FUSE io_uring queue ended during set-up"),
+                };
+                // Requests wait for every queue to be ready, and no /dev/fuse thread runs yet:
+                // end the connection so that nothing waits on a session that is not coming.
+                abort.abort(&answer.to_string());
+                return Err(answer);
             }
         }
 
@@ -532,6 +547,18 @@ impl<FS: Filesystem> Session<FS> {
 
             return Ok(());
         }
+    }
+
+    /// tidefs patch: how to end the connection when an io_uring queue fails (its CPU's
+    /// requests would otherwise wait forever) or the queues cannot start: the connection's
+    /// abort file (`/sys/fs/fuse/connections/N/abort`) if fusectl is mounted, else a forced
+    /// unmount of `mountpoint`. Without either (or if they fail) the process exits.
+    pub fn set_connection_abort(
+        &mut self,
+        abort_file: Option<std::path::PathBuf>,
+        mountpoint: std::path::PathBuf,
+    ) {
+        self.abort = crate::uring::ConnectionAbort::new(abort_file, mountpoint);
     }
 
     /// Unmount the filesystem

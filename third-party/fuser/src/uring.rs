@@ -103,6 +103,51 @@ pub(crate) fn queue_count() -> io::Result<usize> {
     Ok(count.max(1))
 }
 
+/// What ends the FUSE connection when a queue fails. A queue that stops serving would leave
+/// every later request of its CPU waiting forever; aborting the connection fails them all at
+/// once (ECONNABORTED), ends the /dev/fuse threads and the other queues, and so the session,
+/// after which the file system is closed as at an unmount. In order: the connection's abort
+/// file (`/sys/fs/fuse/connections/N/abort`, when fusectl is mounted), a forced unmount of
+/// the mount point (`umount2(MNT_FORCE)`, which aborts a FUSE connection first; root only);
+/// if neither works, the process exits (status 70), which ends the connection too.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnectionAbort {
+    abort_file: Option<std::path::PathBuf>,
+    mountpoint: Option<std::path::PathBuf>,
+}
+
+impl ConnectionAbort {
+    pub(crate) fn new(
+        abort_file: Option<std::path::PathBuf>,
+        mountpoint: std::path::PathBuf,
+    ) -> ConnectionAbort {
+        ConnectionAbort {
+            abort_file,
+            mountpoint: Some(mountpoint),
+        }
+    }
+
+    /// Abort the connection, saying `why` in the log.
+    pub(crate) fn abort(&self, why: &str) {
+        error!("FUSE io_uring: {why}; aborting the connection");
+        if let Some(path) = &self.abort_file {
+            match std::fs::write(path, "1") {
+                Ok(()) => return,
+                Err(e) => warn!("FUSE io_uring: abort through {}: {e}", path.display()),
+            }
+        }
+        if let Some(mountpoint) = &self.mountpoint {
+            match nix::mount::umount2(mountpoint.as_path(), nix::mount::MntFlags::MNT_FORCE) {
+                // EBUSY: the connection was aborted before the unmount found the mount busy.
+                Ok(()) | Err(nix::errno::Errno::EBUSY) => return,
+                Err(e) => warn!("FUSE io_uring: forced unmount of {}: {e}", mountpoint.display()),
+            }
+        }
+        error!("FUSE io_uring: the connection cannot be aborted; exiting");
+        std::process::exit(70);
+    }
+}
+
 /// The reply path of one request that came in a ring entry.
 #[derive(Clone, Debug)]
 pub(crate) struct UringReplyTo {
@@ -148,6 +193,22 @@ impl QueueShared {
         let one = 1u64.to_ne_bytes();
         nix::unistd::write(&self.wake, &one)?;
         Ok(())
+    }
+}
+
+/// Aborts the connection when dropped before the queue ended as it should (also when a panic
+/// unwinds through the queue's thread).
+struct AbortUnlessDone {
+    abort: ConnectionAbort,
+    why: String,
+    done: bool,
+}
+
+impl Drop for AbortUnlessDone {
+    fn drop(&mut self) {
+        if !self.done {
+            self.abort.abort(&self.why);
+        }
     }
 }
 
@@ -204,7 +265,9 @@ pub(crate) struct RingQueue<FS: Filesystem> {
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
     fuse_fd: RawFd,
     shared: Arc<QueueShared>,
-    entries: Vec<EntryBuffers>,
+    /// Freed only once the kernel has ended every entry (`serve` returned `Ok`); leaked
+    /// otherwise, since the kernel may still write a request into them.
+    entries: std::mem::ManuallyDrop<Vec<EntryBuffers>>,
     payload_size: usize,
     /// Where the eventfd read lands: leaked (8 bytes per queue), since a read still pending
     /// when the ring closes may complete after this queue is gone.
@@ -243,7 +306,9 @@ impl<FS: Filesystem> RingQueue<FS> {
             ring,
             fuse_fd,
             shared,
-            entries: (0..depth).map(|_| EntryBuffers::new(payload_size)).collect(),
+            entries: std::mem::ManuallyDrop::new(
+                (0..depth).map(|_| EntryBuffers::new(payload_size)).collect(),
+            ),
             payload_size,
             wake_buffer: Box::leak(Box::new(0)),
             event_loop,
@@ -253,7 +318,8 @@ impl<FS: Filesystem> RingQueue<FS> {
     /// The body of queue `qid`'s thread: pin to the CPU, make the ring (a single-issuer
     /// ring belongs to the thread that makes it), register the entries and serve requests
     /// until the kernel tears the ring down (unmount, abort). `started` gets the outcome of
-    /// the set-up.
+    /// the set-up. If the queue ends any other way (an error, a panic in the file system),
+    /// `abort` ends the connection: the CPU's requests would otherwise wait forever.
     pub(crate) fn serve_queue(
         qid: u16,
         depth: u16,
@@ -261,17 +327,28 @@ impl<FS: Filesystem> RingQueue<FS> {
         fuse_fd: RawFd,
         event_loop: SessionEventLoop<FS>,
         started: mpsc::Sender<io::Result<()>>,
+        abort: ConnectionAbort,
     ) -> io::Result<()> {
+        let mut guard = AbortUnlessDone {
+            abort,
+            why: format!("queue {qid} ended while the connection was up"),
+            done: false,
+        };
         if let Err(e) = pin_to_cpu(usize::from(qid)) {
             warn!("FUSE io_uring queue {qid}: not pinned to its CPU: {e}");
         }
-        match RingQueue::new(qid, depth, payload_size, fuse_fd, event_loop) {
+        let result = match RingQueue::new(qid, depth, payload_size, fuse_fd, event_loop) {
             Ok(queue) => queue.run(started),
             Err(e) => {
                 let _ = started.send(Err(io::Error::new(e.kind(), e.to_string())));
                 Err(e)
             }
+        };
+        match &result {
+            Ok(()) => guard.done = true,
+            Err(e) => guard.why = format!("queue {qid}: {e}"),
         }
+        result
     }
 
     fn run(mut self, started: mpsc::Sender<io::Result<()>>) -> io::Result<()> {
@@ -279,15 +356,15 @@ impl<FS: Filesystem> RingQueue<FS> {
         let registered = self.register();
         let failed = registered.as_ref().err().map(|e| io::Error::new(e.kind(), e.to_string()));
         let _ = started.send(registered);
-        let result = match failed {
+        match failed {
             Some(e) => Err(e),
             None => self.serve(),
-        };
-        if result.is_err() {
-            // Entries the kernel may still hold (and write a request into) must outlive it.
-            std::mem::forget(std::mem::take(&mut self.entries));
-        }
-        result
+        }?;
+        // SAFETY of the drop: serve returned Ok only once the kernel ended every entry (each
+        // completed with its teardown error), so it holds none of their buffers any more.
+        // SAFETY (ManuallyDrop): `entries` is not used after this.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.entries) };
+        Ok(())
     }
 
     /// Register every entry and arm the wake-up read; fails with the kernel's answer if it
@@ -347,37 +424,26 @@ impl<FS: Filesystem> RingQueue<FS> {
     fn handle_completion(&mut self, user_data: u64, result: i32) -> io::Result<bool> {
         if user_data == WAKE {
             if result < 0 {
-                // Replies from other threads now wait for this queue's next request.
-                error!(
-                    "FUSE io_uring queue {}: wake-up read: {}",
-                    self.shared.qid,
-                    io::Error::from_raw_os_error(-result)
-                );
-            } else {
-                self.arm_wake()?;
+                // Without it, replies from other threads (fsync's) would wait for an
+                // unrelated completion, perhaps forever.
+                let e = io::Error::from_raw_os_error(-result);
+                return Err(io::Error::new(e.kind(), format!("wake-up read: {e}")));
             }
+            self.arm_wake()?;
             return Ok(true);
         }
         let index = (user_data & (REGISTERING - 1)) as usize;
         if result < 0 {
-            if result == -libc::ENOTCONN || result == -libc::ECANCELED {
+            if [libc::ENOTCONN, libc::ECANCELED, libc::ECONNABORTED].contains(&-result) {
                 // Torn down: the connection ends.
                 return Ok(false);
             }
-            let error = io::Error::from_raw_os_error(-result);
-            if user_data & REGISTERING != 0 {
-                error!("FUSE io_uring queue {} entry {index}: {error}", self.shared.qid);
-                return Ok(false);
-            }
-            // The kernel did not take the commit (it found no such request), so it no longer
-            // offers this entry requests: register its buffers again, or the queue would lose
-            // an entry at each such error and at last serve nothing.
-            warn!(
-                "FUSE io_uring queue {} entry {index}: commit: {error}; registering it again",
-                self.shared.qid
-            );
-            self.register_entry(index)?;
-            return Ok(true);
+            // A refused commit (no such request) or registration leaves the entry with the
+            // kernel in a state that serves nothing; registering its buffers again could hand
+            // them to two kernel entries at once. The queue cannot go on losing entries: end.
+            let e = io::Error::from_raw_os_error(-result);
+            let what = if user_data & REGISTERING != 0 { "register" } else { "commit" };
+            return Err(io::Error::new(e.kind(), format!("entry {index}: {what}: {e}")));
         }
         self.serve_entry(index);
         Ok(true)

@@ -157,8 +157,9 @@ impl Mount {
         for option in options {
             command.arg("-o").arg(option);
         }
-        // Every test mount through FUSE over io_uring instead of /dev/fuse (the kernel's
-        // `enable_uring` switch must be on): `TIDEFS_TEST_FUSE_URING=1 cargo test`.
+        // Mounts made here go through FUSE over io_uring instead of /dev/fuse with
+        // `TIDEFS_TEST_FUSE_URING=1 cargo test` (the kernel's `enable_uring` switch must be
+        // on; scripts/test.sh runs the POSIX and lifecycle suites so).
         if std::env::var_os("TIDEFS_TEST_FUSE_URING").is_some_and(|v| v == "1") {
             command.arg("-o").arg("fuse_uring");
         }
