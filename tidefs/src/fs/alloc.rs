@@ -432,6 +432,17 @@ impl Meta {
 
     /// Allocates one block, searching from `goal`. Fails with `NoSpace`.
     pub fn alloc_block(&mut self, io: &Io, goal: u64) -> Result<u64> {
+        self.alloc_run(io, goal, 1).map(|(b, _)| b)
+    }
+
+    /// Allocates a run of 1 to `want` contiguous blocks, searching from `goal`: the first
+    /// free block found (from the goal to the end of its group, then the groups after it,
+    /// then the start of the goal's group) begins the run, which takes the free blocks that
+    /// follow it in the same group, up to `want`. One bitmap checksum and one descriptor
+    /// update per run, where a block at a time cost them per block (a 60 GiB fallocate took
+    /// 29 s). Returns the first block and the run's length. Fails with `NoSpace`.
+    pub fn alloc_run(&mut self, io: &Io, goal: u64, want: u32) -> Result<(u64, u32)> {
+        let want = want.max(1) as usize;
         if self.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -494,14 +505,30 @@ impl Meta {
                 found
             };
             let Some(i) = found else { continue };
+            // The run: the free blocks after the first, within the group.
+            let run = {
+                let quarantine = &self.alloc.quarantine;
+                // OK to unwrap: loaded above, and nothing evicts inside an operation.
+                let bm = self.cache.get(bb).expect("bitmap loaded");
+                let mut end = i + 1;
+                while end < n
+                    && end - i < want
+                    && bm[end / 8] & (1 << (end % 8)) == 0
+                    && !quarantine.contains(&(first + end as u64))
+                {
+                    end += 1;
+                }
+                end - i
+            };
             // A bitmap that passes its checksum can still be wrong: never hand out a block of
             // fixed metadata (the kernel's "allocating blocks which overlap fs metadata").
             let b = first + i as u64;
-            if let Err(why) = self.layout.check_run(b, 1) {
+            if let Err(why) = self.layout.check_run(b, run as u64) {
                 self.alloc.groups[g as usize].bad = true;
                 let c = crate::Corrupt::new(format!(
-                    "group {g}: the block bitmap marks block {b} free, but {why}; the group is \
-                     no longer used for allocation"
+                    "group {g}: the block bitmap marks blocks {b}..{} free, but {why}; the \
+                     group is no longer used for allocation",
+                    b + run as u64
                 ));
                 log::error!("{c}");
                 damaged = Some(c);
@@ -510,16 +537,21 @@ impl Meta {
             let len = self.block_bitmap_len();
             let seed = self.geo.csum_seed;
             let bm = self.block_mut(io, bb)?;
-            bm[i / 8] |= 1 << (i % 8);
+            for bit in i..i + run {
+                bm[bit / 8] |= 1 << (bit % 8);
+            }
             let c = seed.map(|s| bitmap_checksum(s, bm, len));
-            self.group_mut(g).free_blocks -= 1;
+            let run = run as u32;
+            self.group_mut(g).free_blocks -= run;
             self.store_group(io, g, c, None)?;
-            let free = self.sb.free_blocks_count().saturating_sub(1);
+            let free = self.sb.free_blocks_count().saturating_sub(u64::from(run));
             self.set_free_blocks(free);
-            self.alloc.block_cursor = b + 1;
-            // Whatever the block held before is gone: no cached copy may shadow its new use.
-            self.cache.forget(b);
-            return Ok(b);
+            self.alloc.block_cursor = b + u64::from(run);
+            // Whatever the blocks held before is gone: no cached copy may shadow their new use.
+            for block in b..b + u64::from(run) {
+                self.cache.forget(block);
+            }
+            return Ok((b, run));
         }
         Err(damaged.map_or(FsError::NoSpace, FsError::Corrupt))
     }

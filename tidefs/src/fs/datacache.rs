@@ -621,6 +621,23 @@ impl DataCache {
         }
     }
 
+    /// [`DataCache::allocated`] for every block in `[from, to)` (a run just allocated),
+    /// visiting only the pages cached there.
+    pub fn allocated_range(&mut self, ino: u32, from: u32, to: u32) {
+        let reserved: Vec<u32> = match self.files.get(&ino) {
+            Some(f) => f
+                .pages
+                .range(from..to)
+                .filter(|(_, p)| p.reserved)
+                .map(|(lblk, _)| *lblk)
+                .collect(),
+            None => return,
+        };
+        for lblk in reserved {
+            self.allocated(ino, lblk);
+        }
+    }
+
     /// Drops the pages of `ino` for blocks in `[from, to)` (truncate, punch, zero range,
     /// delete): their data never reaches the device and their reservations are returned.
     pub fn drop_range(&mut self, ino: u32, from: u64, to: u64) {

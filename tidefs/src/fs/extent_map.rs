@@ -207,18 +207,34 @@ impl ExtentMap {
 
     /// Inserts the mapping `lblk → pblk` for one unmapped block, merging with neighbours.
     pub fn insert(&mut self, lblk: u32, pblk: u64, unwritten: bool) {
+        self.insert_run(lblk, pblk, 1, unwritten);
+    }
+
+    /// Maps the `len` unmapped logical blocks from `lblk` to the physical blocks from
+    /// `pblk`, in extents of at most the format's length, merged with their neighbours.
+    pub fn insert_run(&mut self, lblk: u32, pblk: u64, len: u32, unwritten: bool) {
         let i = self.index_after(u64::from(lblk));
         debug_assert!(
-            self.extents.get(i).is_none_or(|e| e.logical > lblk),
+            self.extents
+                .get(i)
+                .is_none_or(|e| u64::from(e.logical) >= u64::from(lblk) + u64::from(len)),
             "block already mapped"
         );
-        let e = Extent {
-            logical: lblk,
-            len: 1,
-            physical: pblk,
-            unwritten,
+        let max = if unwritten {
+            MAX_UNWRITTEN_LEN
+        } else {
+            MAX_INIT_LEN
         };
-        self.replace_merging(i, i, vec![e]);
+        let parts = (0..len)
+            .step_by(max as usize)
+            .map(|off| Extent {
+                logical: lblk + off,
+                len: max.min(len - off),
+                physical: pblk + u64::from(off),
+                unwritten,
+            })
+            .collect();
+        self.replace_merging(i, i, parts);
     }
 
     /// Marks one block of an unwritten extent as written (splitting the extent).

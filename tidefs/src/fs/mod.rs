@@ -777,7 +777,7 @@ impl Fs {
                 } else {
                     0
                 };
-                let big = m.cache.dirty_count() + m.tx.revoked.len() + journaled_pages
+                let big = m.transaction_blocks() + journaled_pages
                     >= inner.io.journal.max_transaction_blocks() / 2
                     || dirty_pages >= dirty_limit;
                 (r, big, m.frees_pending())
@@ -1069,9 +1069,23 @@ impl Fs {
         })
     }
 
-    /// Allocates `[offset, offset+len)`; grows the size unless `keep_size`.
+    /// Allocates `[offset, offset+len)`; grows the size unless `keep_size`. A range too large
+    /// for one transaction is allocated in several, each committed before the next begins
+    /// (as ext4 restarts its handle), so a crash may leave part of it allocated.
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<()> {
-        self.change_range(ino, |m, io, n| m.fallocate(io, n, offset, len, keep_size))
+        let end = offset.saturating_add(len);
+        let mut at = offset;
+        loop {
+            let mut reached = end;
+            self.change_range(ino, |m, io, n| {
+                reached = m.fallocate(io, n, at, end - at, keep_size)?;
+                Ok(())
+            })?;
+            if reached >= end {
+                return Ok(());
+            }
+            at = reached;
+        }
     }
 
     /// Runs a change to the blocks of file `ino` under its data lock, so no read in flight

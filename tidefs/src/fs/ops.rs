@@ -1269,6 +1269,12 @@ impl Meta {
     }
 
     /// Allocates unwritten blocks for `[offset, offset+len)`.
+    /// Allocates `[offset, offset+len)` of `ino` as unwritten blocks, as far as one
+    /// transaction can carry: it stops once the running transaction holds three quarters of
+    /// the largest one the journal takes (a range over thousands of groups dirties a bitmap
+    /// and a descriptor block in each, more than a small journal holds at once). Returns the
+    /// byte offset reached (the end, or a block boundary before it), for the caller to go on
+    /// from after a commit.
     pub(crate) fn fallocate(
         &mut self,
         io: &Io,
@@ -1276,20 +1282,31 @@ impl Meta {
         offset: u64,
         len: u64,
         keep_size: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let (mut i, end) = self.allocating_range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
         self.fetch_for_range(io, ino, &i, (offset, end), (false, true))?;
         let mut map = self.take_extent_map(io, ino, &i)?;
         // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
-        let missing = self.allocate_unwritten(io, ino, &mut map, first, last, 8)?;
-        self.store_grown_map(io, ino, &mut i, map, missing, (!keep_size).then_some(end))?;
+        let budget = io.journal.max_transaction_blocks() * 3 / 4;
+        let (missing, reached) =
+            self.allocate_unwritten(io, ino, &mut map, first, last, 8, Some(budget))?;
+        let reached = (u64::from(reached) * bs).clamp(offset, end);
+        self.store_grown_map(
+            io,
+            ino,
+            &mut i,
+            map,
+            missing,
+            (!keep_size).then_some(reached),
+        )?;
         i.set_ctime(now());
         if !keep_size {
             i.set_mtime(now());
         }
-        self.write_inode(io, ino, &mut i)
+        self.write_inode(io, ino, &mut i)?;
+        Ok(reached)
     }
 
     /// As [`Meta::range_target`], for an operation that allocates the range: its end must be
@@ -1454,7 +1471,7 @@ impl Meta {
             .lock()
             .drop_range(ino, offset.div_ceil(bs), end / bs);
         map.mark_unwritten_range(offset.div_ceil(bs), end / bs);
-        let missing = self.allocate_unwritten(io, ino, &mut map, first, last, 4)?;
+        let (missing, _) = self.allocate_unwritten(io, ino, &mut map, first, last, 4, None)?;
         self.store_grown_map(io, ino, &mut i, map, missing, (!keep_size).then_some(end))?;
         let t = now();
         i.set_mtime(t);
@@ -1465,7 +1482,10 @@ impl Meta {
 
     /// Maps every hole among logical blocks `[first, last)` of `map` to a new unwritten block,
     /// after checking that they and `spare` more (tree blocks) are available; returns how many
-    /// were allocated.
+    /// were allocated and the logical block reached (`last`). With a `budget`, stops after the
+    /// run that brings the running transaction to that many blocks (at least one run is
+    /// allocated), and the block reached is where the holes left begin.
+    #[allow(clippy::too_many_arguments)]
     fn allocate_unwritten(
         &mut self,
         io: &Io,
@@ -1474,21 +1494,47 @@ impl Meta {
         first: u32,
         last: u32,
         spare: u64,
-    ) -> Result<u64> {
-        let missing = (first..last).filter(|l| map.map(*l).is_none()).count() as u64;
+        budget: Option<usize>,
+    ) -> Result<(u64, u32)> {
+        // The holes of [first, last), from the extents (not block by block: a fallocate of
+        // tens of GiB has millions of blocks and a few hundred extents).
+        let mut holes = Vec::new();
+        let mut at = first;
+        while at < last {
+            match map.next_mapped(at) {
+                Some((l, _)) if l < last => {
+                    if l > at {
+                        holes.push((at, l));
+                    }
+                    // OK to unwrap: `l` is mapped, so an extent holds it.
+                    let e = map.find(l).expect("mapped block has an extent");
+                    at = (u64::from(e.logical) + u64::from(e.len)).min(u64::from(last)) as u32;
+                }
+                _ => {
+                    holes.push((at, last));
+                    at = last;
+                }
+            }
+        }
+        let missing: u64 = holes.iter().map(|(a, b)| u64::from(b - a)).sum();
         self.ensure_space(missing + spare)?;
         let mut goal = inode_goal(map, self, ino);
-        for l in first..last {
-            if map.map(l).is_some() {
-                continue;
+        let mut allocated = 0u64;
+        for (mut l, end) in holes {
+            while l < end {
+                if budget.is_some_and(|b| allocated > 0 && self.transaction_blocks() >= b) {
+                    return Ok((allocated, l));
+                }
+                let (p, len) = self.alloc_run(io, goal, end - l)?;
+                goal = p + u64::from(len);
+                map.insert_run(l, p, len, true);
+                // Cached pages over the hole held reservations: the blocks exist now.
+                self.data.lock().allocated_range(ino, l, l + len);
+                l += len;
+                allocated += u64::from(len);
             }
-            let p = self.alloc_block(io, goal)?;
-            goal = p + 1;
-            map.insert(l, p, true);
-            // A cached page over this hole held a reservation: the block exists now.
-            self.data.lock().allocated(ino, l);
         }
-        Ok(missing)
+        Ok((allocated, last))
     }
 
     // ----- extended attributes -----
