@@ -153,6 +153,10 @@ pub(crate) struct Meta {
     pub op_light: Option<bool>,
     /// While an operation runs: what it changed outside the buffer cache (see [`OpUndo`]).
     pub op_undo: Option<OpUndo>,
+    /// Inodes the running operation left on the orphan list to be freed in steps, each its
+    /// own transaction, after it (their blocks lie in more groups than one transaction can
+    /// carry the bitmaps of; `Meta::free_step`). Emptied when an operation begins.
+    pub free_in_steps: Vec<u32>,
     /// The blocks file data may use; set from the group descriptors by `load_groups`.
     pub layout: Arc<Layout>,
     /// The page cache of file data (delayed allocation). Shared with `Fs::read`, which serves
@@ -282,6 +286,7 @@ impl Meta {
     fn begin_op(&mut self) {
         debug_assert!(self.op_undo.is_none(), "operations do not nest");
         self.op_light = None;
+        self.free_in_steps.clear();
         self.cache.begin_undo();
         self.data.lock().begin_undo();
         self.op_undo = Some(OpUndo {

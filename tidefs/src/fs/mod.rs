@@ -565,6 +565,7 @@ impl Fs {
             derived: derived::DerivedCaches::new(mode_record::ModeTable::new(opts.data_mode)),
             op_light: None,
             op_undo: None,
+            free_in_steps: Vec::new(),
             layout: Arc::default(),
             data: Arc::new(Mutex::new(datacache::DataCache::new(cache_blocks))),
             sync: Arc::new(sync_view::SyncView::new(tid)),
@@ -756,7 +757,7 @@ impl Fs {
         let mut orphan_deadline = None;
         loop {
             let orphans_freed = inner.orphans_freed_so_far();
-            let (r, big, waiting_frees) = {
+            let (r, big, waiting_frees, steps) = {
                 let (mut m, r) = inner.lock_meta_reading(|m| {
                     if write && m.read_only {
                         return Err(FsError::ReadOnly);
@@ -766,6 +767,7 @@ impl Fs {
                 if write && matches!(r, Err(FsError::ReadOnly)) {
                     return r;
                 }
+                let steps = std::mem::take(&mut m.free_in_steps);
                 m.derived.trim();
                 // Journal-mode pages join the transaction at write-back.
                 let (dirty_pages, dirty_limit) = {
@@ -780,7 +782,7 @@ impl Fs {
                 let big = m.transaction_blocks() + journaled_pages
                     >= inner.io.journal.max_transaction_blocks() / 2
                     || dirty_pages >= dirty_limit;
-                (r, big, m.frees_pending())
+                (r, big, m.frees_pending(), steps)
             };
             if write && (big || matches!(r, Err(FsError::NoSpace)) && waiting_frees) {
                 inner.commit_running()?;
@@ -797,7 +799,29 @@ impl Fs {
                 retries = 0;
                 continue;
             }
+            if r.is_ok() {
+                for ino in steps {
+                    self.free_orphan_in_steps(_running, ino);
+                }
+            }
             return r;
+        }
+    }
+
+    /// Frees orphan `ino`, too big for one transaction, one transaction at a time
+    /// ([`Meta::free_step`]; the size trigger of [`Fs::with_meta`] commits between steps).
+    /// The operation that left it is done, so a failure is logged, not returned: the orphan
+    /// list finishes the free at the next mount.
+    fn free_orphan_in_steps(&self, running: &Running<'_>, ino: u32) {
+        loop {
+            match self.with_meta_running(running, true, |m, io| m.free_step(io, ino)) {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => {
+                    log::error!("freeing orphan inode {ino}: {e}; the next mount finishes it");
+                    return;
+                }
+            }
         }
     }
 
@@ -876,6 +900,16 @@ impl Fs {
     pub fn setattr(&self, ino: Ino, changes: &SetAttr) -> Result<Attr> {
         let n = self.inner.geo.ino32(ino)?;
         let _g = changes.size.map(|_| self.inner.data_locks.write(n));
+        if let Some(size) = changes.size {
+            // A cut whose blocks lie in more groups than one transaction can free the bitmaps
+            // of goes in steps from the end, each committed before the next (a crash may
+            // leave the file cut part of the way).
+            let from = size.div_ceil(u64::from(self.inner.geo.block_size));
+            while !self.with_meta(true, |m, io| {
+                m.acts_for(io, n)?;
+                m.shrink_step(io, n, from)
+            })? {}
+        }
         self.with_meta(true, |m, io| m.setattr(io, n, changes))
     }
 
@@ -1394,22 +1428,33 @@ impl Fs {
         if !self.with_meta(false, |m, _| Ok(m.open.release(n, count)))? {
             return Ok(());
         }
-        let freed = self.with_meta(false, |m, io| {
-            if m.open.contains(n) {
-                // Opened again since: its last release frees it.
-                return Ok(false);
+        // In steps when its blocks are more than one transaction can free, committing
+        // between them.
+        let freed = loop {
+            let step = self.with_meta(false, |m, io| {
+                if m.open.contains(n) {
+                    // Opened again since: its last release frees it.
+                    return Ok(None);
+                }
+                let i = m.read_inode(io, n)?;
+                if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
+                    m.acts_for(io, n)?;
+                    if !m.free_step(io, n)? {
+                        return Ok(Some(false));
+                    }
+                    // Counted under the metadata lock, with the orphan list change, so that
+                    // `wait_for_orphans` sees both or neither.
+                    *inner.orphans_freed.0.lock() += 1;
+                    return Ok(Some(true));
+                }
+                Ok(None)
+            })?;
+            match step {
+                Some(false) => inner.commit_running()?,
+                Some(true) => break true,
+                None => break false,
             }
-            let i = m.read_inode(io, n)?;
-            if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
-                m.acts_for(io, n)?;
-                m.free_inode_fully(io, n)?;
-                // Counted under the metadata lock, with the orphan list change, so that
-                // `wait_for_orphans` sees both or neither.
-                *inner.orphans_freed.0.lock() += 1;
-                return Ok(true);
-            }
-            Ok(false)
-        })?;
+        };
         if freed {
             inner.orphans_freed.1.notify_all();
         }
@@ -1780,6 +1825,7 @@ impl Inner {
     fn process_orphans(&self) -> Result<()> {
         {
             let mut m = self.meta.lock();
+            // An orphan too big for one transaction is freed in steps, committing between.
             let mut n = 0u32;
             while m.sb.last_orphan() != 0 {
                 let ino = m.sb.last_orphan();
@@ -1791,7 +1837,11 @@ impl Inner {
                 }
                 let i = m.read_inode(&self.io, ino)?;
                 if i.links_count() == 0 && i.mode() != 0 {
-                    m.free_inode_fully(&self.io, ino)?;
+                    while !m.free_step(&self.io, ino)? {
+                        drop(m);
+                        self.commit_running()?;
+                        m = self.meta.lock();
+                    }
                 } else {
                     m.sb.set_last_orphan(i.dtime());
                     m.sb_dirty = true;
@@ -1809,7 +1859,11 @@ impl Inner {
             for ino in orphans {
                 let i = m.read_inode(&self.io, ino)?;
                 if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
-                    m.free_inode_fully(&self.io, ino)?;
+                    while !m.free_step(&self.io, ino)? {
+                        drop(m);
+                        self.commit_running()?;
+                        m = self.meta.lock();
+                    }
                 }
             }
         }

@@ -491,6 +491,14 @@ impl Meta {
                 self.sb.set_last_orphan(ino);
                 self.sb_dirty = true;
                 self.write_inode(io, ino, &mut i)?;
+            } else if self.too_big_to_free_at_once(io, ino, &i)? {
+                // An orphan, freed in steps once this operation is done (`Meta::free_step`);
+                // after a crash the orphan list finishes it.
+                i.set_dtime(self.sb.last_orphan());
+                self.sb.set_last_orphan(ino);
+                self.sb_dirty = true;
+                self.write_inode(io, ino, &mut i)?;
+                self.free_in_steps.push(ino);
             } else {
                 self.write_inode(io, ino, &mut i)?;
                 self.free_inode_fully(io, ino)?;
@@ -1242,19 +1250,7 @@ impl Meta {
         let tail_home = map.map(tail_lblk);
         // Drop blocks past the new end (also unwritten ones past EOF when shrinking).
         if size <= old {
-            let freed = map.truncate_from(size.div_ceil(bs) as u32);
-            let mut n = 0u64;
-            for (start, len) in freed {
-                for b in start..start + u64::from(len) {
-                    self.free_block(io, b, false)?;
-                    n += 1;
-                }
-            }
-            map.store(self, io, ino, i)?;
-            i.set_blocks_512(
-                i.blocks_512(self.geo.block_size)
-                    .saturating_sub(n * (bs / 512)),
-            );
+            self.free_tail(io, ino, i, &mut map, size.div_ceil(bs) as u32)?;
         }
         self.put_extent_map(ino, map);
         i.set_size(size);
@@ -1266,6 +1262,126 @@ impl Meta {
             self.put_data(io, ino, piece)?;
         }
         Ok(())
+    }
+
+    /// Frees the blocks of `map` (the map of `ino`, now `i`) from logical block `from` on,
+    /// stores the map and counts them out of `i`.
+    fn free_tail(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        i: &mut Inode,
+        map: &mut ExtentMap,
+        from: u32,
+    ) -> Result<()> {
+        let bs = u64::from(self.geo.block_size);
+        let freed = map.truncate_from(from);
+        let mut n = 0u64;
+        for (start, len) in freed {
+            for b in start..start + u64::from(len) {
+                self.free_block(io, b, false)?;
+                n += 1;
+            }
+        }
+        map.store(self, io, ino, i)?;
+        i.set_blocks_512(
+            i.blocks_512(self.geo.block_size)
+                .saturating_sub(n * (bs / 512)),
+        );
+        Ok(())
+    }
+
+    /// How many block groups one transaction may free blocks in: each costs a bitmap and
+    /// part of a descriptor block, and the transaction must keep room for the rest.
+    fn free_budget_groups(io: &Io) -> usize {
+        (io.journal.max_transaction_blocks() / 8).max(4)
+    }
+
+    /// The logical block from which freeing the blocks of `map` past `from` stays within
+    /// `groups` block groups, walking from the end of the file: `from` when all of them fit.
+    fn free_cut(&self, map: &ExtentMap, from: u64, groups: usize) -> u64 {
+        let mut seen = std::collections::BTreeSet::new();
+        for e in map.extents().iter().rev() {
+            let (l0, l1) = (
+                u64::from(e.logical),
+                u64::from(e.logical) + u64::from(e.len),
+            );
+            if l1 <= from {
+                break;
+            }
+            let lo = l0.max(from);
+            let mut l = l1;
+            while l > lo {
+                let g = self.geo.group_of_block(e.physical + (l - 1 - l0));
+                if seen.insert(g) && seen.len() > groups {
+                    return l;
+                }
+                // The first block of this extent in group `g`.
+                let g_first = self.geo.group_first_block(g);
+                l = lo.max(l0 + g_first.saturating_sub(e.physical));
+            }
+        }
+        from
+    }
+
+    /// Whether freeing all of `ino` (now `i`) touches more block groups than one transaction
+    /// carries, so that it must be freed in steps.
+    fn too_big_to_free_at_once(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<bool> {
+        if i.flags() & flags::EXTENTS == 0 {
+            return Ok(false);
+        }
+        let groups = Self::free_budget_groups(io);
+        let map = self.shared_extent_map(io, ino, i)?;
+        Ok(self.free_cut(&map, 0, groups) > 0)
+    }
+
+    /// One transaction's worth of freeing the blocks of regular file `ino` past logical block
+    /// `from`: frees from the end of the file down to where one transaction's budget of
+    /// groups ends ([`Meta::free_cut`]), and brings the size down to there if it was larger.
+    /// Returns true when what is left past `from` fits one transaction (then nothing was
+    /// done: the caller's own operation frees it).
+    pub(crate) fn shrink_step(&mut self, io: &Io, ino: u32, from: u64) -> Result<bool> {
+        let mut i = self.read_inode(io, ino)?;
+        let bs = u64::from(self.geo.block_size);
+        // Only a cut frees (a size that grows keeps blocks past the end, as truncate does).
+        if i.flags() & flags::EXTENTS == 0 || !i.is_reg() || from.saturating_mul(bs) > i.size() {
+            return Ok(true);
+        }
+        let groups = Self::free_budget_groups(io);
+        let cut = {
+            let map = self.shared_extent_map(io, ino, &i)?;
+            self.free_cut(&map, from, groups)
+        };
+        if cut <= from {
+            return Ok(true);
+        }
+        // What it frees, fetched before the first change (docs/DESIGN.md §4.1).
+        let runs = self.runs_from(io, ino, &i, cut, u64::MAX)?;
+        self.fetch_bitmaps(io, &runs, None)?;
+        self.data.lock().drop_range(ino, cut, u64::MAX);
+        let mut map = self.take_extent_map(io, ino, &i)?;
+        // `free_cut` returns a logical block of the map, within u32.
+        self.free_tail(io, ino, &mut i, &mut map, cut as u32)?;
+        self.put_extent_map(ino, map);
+        if i.size() > cut * bs {
+            i.set_size(cut * bs);
+        }
+        let t = now();
+        i.set_mtime(t);
+        i.set_ctime(t);
+        self.write_inode(io, ino, &mut i)?;
+        Ok(false)
+    }
+
+    /// One step of freeing orphan `ino` (no links left): its blocks from the end as far as one
+    /// transaction carries them, or, when the rest fits, everything it holds and the inode.
+    /// Returns true when the inode is free.
+    pub(crate) fn free_step(&mut self, io: &Io, ino: u32) -> Result<bool> {
+        if !self.shrink_step(io, ino, 0)? {
+            return Ok(false);
+        }
+        self.free_inode_fully(io, ino)?;
+        Ok(true)
     }
 
     /// Allocates unwritten blocks for `[offset, offset+len)`.
