@@ -10,7 +10,9 @@
 
 mod common;
 
-use tidefs::fs::{Creds, Fs, MountOptions, SetAttr, ROOT_INO};
+use std::path::{Path, PathBuf};
+
+use tidefs::fs::{Creds, DataMode, Fs, MountOptions, SetAttr, ROOT_INO};
 
 #[test]
 fn a_fallocate_larger_than_one_transaction_is_committed_in_parts() {
@@ -18,21 +20,7 @@ fn a_fallocate_larger_than_one_transaction_is_committed_in_parts() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let img = common::mkfs_raw(
-        dir.path(),
-        "groups.img",
-        1024,
-        &[
-            "-b",
-            "1024",
-            "-g",
-            "512",
-            "-O",
-            "^resize_inode,metadata_csum,64bit",
-            "-J",
-            "size=1",
-        ],
-    );
+    let img = groups_image(dir.path());
     let fs = Fs::open(&img, &MountOptions::default()).unwrap();
     let f = fs
         .create(ROOT_INO, b"big", 0o100644, 0, Creds::ROOT)
@@ -78,21 +66,7 @@ fn frees_larger_than_one_transaction_are_committed_in_parts() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let img = common::mkfs_raw(
-        dir.path(),
-        "groups.img",
-        1024,
-        &[
-            "-b",
-            "1024",
-            "-g",
-            "512",
-            "-O",
-            "^resize_inode,metadata_csum,64bit",
-            "-J",
-            "size=1",
-        ],
-    );
+    let img = groups_image(dir.path());
     let len: u64 = 900 << 20;
     let fs = Fs::open(&img, &MountOptions::default()).unwrap();
     let free_before = fs.statfs().unwrap().blocks_free;
@@ -127,6 +101,20 @@ fn frees_larger_than_one_transaction_are_committed_in_parts() {
     settled(&fs, "truncate");
     fs.unlink(ROOT_INO, b"a").unwrap();
 
+    // A cut inside the last block of a file with a large allocation past its end
+    // (FALLOC_FL_KEEP_SIZE), which a truncate frees too.
+    let e = fs.create(ROOT_INO, b"e", 0o100644, 0, Creds::ROOT).unwrap();
+    fs.write(e.ino, 0, &[7u8; 5000]).unwrap();
+    fs.fallocate(e.ino, 0, len, true).unwrap();
+    fs.fsync(e.ino, false).unwrap();
+    let cut = SetAttr {
+        size: Some(4097),
+        ..SetAttr::default()
+    };
+    assert_eq!(fs.setattr(e.ino, &cut).unwrap().size, 4097);
+    fs.unlink(ROOT_INO, b"e").unwrap();
+    settled(&fs, "cut inside the last block");
+
     // The unlink of a file nobody holds.
     big(&fs, b"b");
     fs.unlink(ROOT_INO, b"b").unwrap();
@@ -151,4 +139,45 @@ fn frees_larger_than_one_transaction_are_committed_in_parts() {
     fs.unmount().unwrap();
     drop(fs);
     common::assert_fsck_clean(&img);
+
+    // A truncate in `lightweight` mode, whose frees reach the bitmaps a commit late.
+    let light = MountOptions {
+        data_mode: DataMode::Lightweight,
+        ..MountOptions::default()
+    };
+    let fs = Fs::open(&img, &light).unwrap();
+    let f = big(&fs, b"light");
+    assert_eq!(fs.setattr(f, &cut_to_1m()).unwrap().size, 1 << 20);
+    fs.unlink(ROOT_INO, b"light").unwrap();
+    settled(&fs, "lightweight truncate and unlink");
+    fs.unmount().unwrap();
+    drop(fs);
+    common::assert_fsck_clean(&img);
+}
+
+fn cut_to_1m() -> SetAttr {
+    SetAttr {
+        size: Some(1 << 20),
+        ..SetAttr::default()
+    }
+}
+
+/// 1 GiB with 1 KiB blocks and 512 blocks per group (2 049 groups) and the smallest journal
+/// (1 024 blocks: a transaction may carry about 250), made by the real `mkfs.ext4`.
+fn groups_image(dir: &Path) -> PathBuf {
+    common::mkfs_raw(
+        dir,
+        "groups.img",
+        1024,
+        &[
+            "-b",
+            "1024",
+            "-g",
+            "512",
+            "-O",
+            "^resize_inode,metadata_csum,64bit",
+            "-J",
+            "size=1",
+        ],
+    )
 }

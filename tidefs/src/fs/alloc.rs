@@ -508,7 +508,7 @@ impl Meta {
             // The run: the free blocks after the first, within the group.
             let run = {
                 let quarantine = &self.alloc.quarantine;
-                // OK to unwrap: loaded above, and nothing evicts inside an operation.
+                // OK to unwrap: loaded above, and nothing was loaded since that could evict it.
                 let bm = self.cache.get(bb).expect("bitmap loaded");
                 let mut end = i + 1;
                 while end < n
@@ -518,7 +518,9 @@ impl Meta {
                 {
                     end += 1;
                 }
-                end - i
+                // Never more than the descriptor counts free (a count lower than the bitmap's
+                // free bits must not wrap it); the group has at least one, checked above.
+                (end - i).min(self.alloc.groups[g as usize].free_blocks as usize)
             };
             // A bitmap that passes its checksum can still be wrong: never hand out a block of
             // fixed metadata (the kernel's "allocating blocks which overlap fs metadata").

@@ -813,8 +813,21 @@ impl Fs {
     /// The operation that left it is done, so a failure is logged, not returned: the orphan
     /// list finishes the free at the next mount.
     fn free_orphan_in_steps(&self, running: &Running<'_>, ino: u32) {
+        let inner = &self.inner;
         loop {
-            match self.with_meta_running(running, true, |m, io| m.free_step(io, ino)) {
+            let step = self
+                .with_meta_running(running, true, |m, io| {
+                    let done = m.free_step(io, ino)?;
+                    // Writers waiting for space (`wait_for_orphans`) look again.
+                    *inner.orphans_freed.0.lock() += 1;
+                    Ok(done)
+                })
+                .and_then(|done| {
+                    inner.orphans_freed.1.notify_all();
+                    // Each step in a transaction of its own.
+                    inner.commit_running().map(|()| done)
+                });
+            match step {
                 Ok(true) => return,
                 Ok(false) => {}
                 Err(e) => {
@@ -904,11 +917,15 @@ impl Fs {
             // A cut whose blocks lie in more groups than one transaction can free the bitmaps
             // of goes in steps from the end, each committed before the next (a crash may
             // leave the file cut part of the way).
-            let from = size.div_ceil(u64::from(self.inner.geo.block_size));
+            // Each step commits (a lightweight file's frees wait for the next commit, which the
+            // size trigger does not count).
             while !self.with_meta(true, |m, io| {
+                m.live_inode(io, n)?;
                 m.acts_for(io, n)?;
-                m.shrink_step(io, n, from)
-            })? {}
+                m.shrink_step(io, n, size)
+            })? {
+                self.inner.commit_running()?;
+            }
         }
         self.with_meta(true, |m, io| m.setattr(io, n, changes))
     }
@@ -1107,11 +1124,15 @@ impl Fs {
     /// for one transaction is allocated in several, each committed before the next begins
     /// (as ext4 restarts its handle), so a crash may leave part of it allocated.
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        let n = self.inner.geo.ino32(ino)?;
+        // Held across the parts, so no truncate or punch comes between them.
+        let _g = self.inner.data_locks.write(n);
         let end = offset.saturating_add(len);
         let mut at = offset;
         loop {
             let mut reached = end;
-            self.change_range(ino, |m, io, n| {
+            self.with_meta(true, |m, io| {
+                m.acts_for(io, n)?;
                 reached = m.fallocate(io, n, at, end - at, keep_size)?;
                 Ok(())
             })?;
@@ -1430,6 +1451,7 @@ impl Fs {
         }
         // In steps when its blocks are more than one transaction can free, committing
         // between them.
+        let mut stepped = false;
         let freed = loop {
             let step = self.with_meta(false, |m, io| {
                 if m.open.contains(n) {
@@ -1440,6 +1462,7 @@ impl Fs {
                 if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
                     m.acts_for(io, n)?;
                     if !m.free_step(io, n)? {
+                        *inner.orphans_freed.0.lock() += 1;
                         return Ok(Some(false));
                     }
                     // Counted under the metadata lock, with the orphan list change, so that
@@ -1450,11 +1473,19 @@ impl Fs {
                 Ok(None)
             })?;
             match step {
-                Some(false) => inner.commit_running()?,
+                Some(false) => {
+                    stepped = true;
+                    inner.orphans_freed.1.notify_all();
+                    inner.commit_running()?;
+                }
                 Some(true) => break true,
                 None => break false,
             }
         };
+        if stepped {
+            // The last step in a transaction of its own too.
+            inner.commit_running()?;
+        }
         if freed {
             inner.orphans_freed.1.notify_all();
         }
@@ -1842,6 +1873,7 @@ impl Inner {
                         self.commit_running()?;
                         m = self.meta.lock();
                     }
+                    m = self.commit_if_big(m)?;
                 } else {
                     m.sb.set_last_orphan(i.dtime());
                     m.sb_dirty = true;
@@ -1864,6 +1896,7 @@ impl Inner {
                         self.commit_running()?;
                         m = self.meta.lock();
                     }
+                    m = self.commit_if_big(m)?;
                 }
             }
         }
@@ -2084,6 +2117,21 @@ impl Inner {
     /// How many orphans were freed since mount (see [`Inner::wait_for_orphans`]).
     fn orphans_freed_so_far(&self) -> u64 {
         *self.orphans_freed.0.lock()
+    }
+
+    /// Commits the running transaction when it holds half of the journal's limit or more,
+    /// between frees of orphans that must not pile up in one transaction; hands back the
+    /// metadata lock (taken again after a commit).
+    fn commit_if_big<'a>(
+        &'a self,
+        m: parking_lot::MutexGuard<'a, Meta>,
+    ) -> Result<parking_lot::MutexGuard<'a, Meta>> {
+        if m.transaction_blocks() < self.io.journal.max_transaction_blocks() / 2 {
+            return Ok(m);
+        }
+        drop(m);
+        self.commit_running()?;
+        Ok(self.meta.lock())
     }
 
     /// Commits the running transaction if it holds anything.

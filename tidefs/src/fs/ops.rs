@@ -493,7 +493,9 @@ impl Meta {
                 self.write_inode(io, ino, &mut i)?;
             } else if self.too_big_to_free_at_once(io, ino, &i)? {
                 // An orphan, freed in steps once this operation is done (`Meta::free_step`);
-                // after a crash the orphan list finishes it.
+                // after a crash the orphan list finishes it. Its cached data never reaches
+                // the device.
+                self.data.lock().drop_file(ino);
                 i.set_dtime(self.sb.last_orphan());
                 self.sb.set_last_orphan(ino);
                 self.sb_dirty = true;
@@ -1335,18 +1337,19 @@ impl Meta {
         Ok(self.free_cut(&map, 0, groups) > 0)
     }
 
-    /// One transaction's worth of freeing the blocks of regular file `ino` past logical block
-    /// `from`: frees from the end of the file down to where one transaction's budget of
-    /// groups ends ([`Meta::free_cut`]), and brings the size down to there if it was larger.
-    /// Returns true when what is left past `from` fits one transaction (then nothing was
-    /// done: the caller's own operation frees it).
-    pub(crate) fn shrink_step(&mut self, io: &Io, ino: u32, from: u64) -> Result<bool> {
+    /// One transaction's worth of what a truncate of regular file `ino` to `size` bytes frees
+    /// (its blocks from `ceil(size / block)` on, past the end too): frees from the end of the
+    /// file down to where one transaction's budget of groups ends ([`Meta::free_cut`]), and
+    /// brings the size down to there if it was larger. Returns true when what is left fits
+    /// one transaction (then nothing was done: the caller's own operation frees it).
+    pub(crate) fn shrink_step(&mut self, io: &Io, ino: u32, size: u64) -> Result<bool> {
         let mut i = self.read_inode(io, ino)?;
         let bs = u64::from(self.geo.block_size);
         // Only a cut frees (a size that grows keeps blocks past the end, as truncate does).
-        if i.flags() & flags::EXTENTS == 0 || !i.is_reg() || from.saturating_mul(bs) > i.size() {
+        if i.flags() & flags::EXTENTS == 0 || !i.is_reg() || size > i.size() {
             return Ok(true);
         }
+        let from = size.div_ceil(bs);
         let groups = Self::free_budget_groups(io);
         let cut = {
             let map = self.shared_extent_map(io, ino, &i)?;
@@ -1377,6 +1380,8 @@ impl Meta {
     /// transaction carries them, or, when the rest fits, everything it holds and the inode.
     /// Returns true when the inode is free.
     pub(crate) fn free_step(&mut self, io: &Io, ino: u32) -> Result<bool> {
+        // Nobody can read it any more: its cached data never reaches the device.
+        self.data.lock().drop_file(ino);
         if !self.shrink_step(io, ino, 0)? {
             return Ok(false);
         }
