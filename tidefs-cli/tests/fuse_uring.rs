@@ -62,6 +62,14 @@ impl Drop for Switch {
     }
 }
 
+/// The switch on and a fresh image of `size` mounted with `fuse_uring`, or `None` after a
+/// skip (which fails in CI).
+fn mount_through_rings(test: &str, size: &str) -> Option<(Switch, Mount)> {
+    let switch = Switch::set(test, true)?;
+    let m = Mount::new(test, size, &[], &["fuse_uring"])?;
+    Some((switch, m))
+}
+
 /// `len` bytes that differ from offset to offset and from `seed` to `seed`.
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
@@ -93,10 +101,7 @@ fn requests_for_the_rings(m: &Mount) -> u64 {
 #[test]
 fn the_rings_serve_a_file_system_workload() {
     let test = "the_rings_serve_a_file_system_workload";
-    let Some(_switch) = Switch::set(test, true) else {
-        return;
-    };
-    let Some(mut m) = Mount::new(test, "256M", &[], &["fuse_uring"]) else {
+    let Some((_switch, mut m)) = mount_through_rings(test, "256M") else {
         return;
     };
     let status = m.status();
@@ -209,56 +214,23 @@ fn the_rings_serve_a_file_system_workload() {
 #[test]
 fn fsync_promises_through_the_rings_survive_a_crash() {
     let test = "fsync_promises_through_the_rings_survive_a_crash";
-    let Some(_switch) = Switch::set(test, true) else {
+    let Some((_switch, mut m)) = mount_through_rings(test, "128M") else {
         return;
     };
-    let Some(mut m) = Mount::new(test, "128M", &[], &["fuse_uring"]) else {
-        return;
-    };
-    let record = |t: usize, r: usize| -> Vec<u8> {
-        let mut rec = format!("{t}:{r:04}:").into_bytes();
-        rec.resize(125, b'.');
-        rec
-    };
-    let writers: Vec<_> = (0..16)
-        .map(|t| {
-            let path = m.path(&format!("log{t}"));
-            std::thread::spawn(move || {
-                let mut f = File::create(&path).expect("OK to unwrap: create");
-                for r in 0..60 {
-                    f.write_all(&record(t, r)).expect("OK to unwrap: write");
-                    if r % 2 == 0 {
-                        f.sync_data().expect("OK to unwrap: fdatasync");
-                    } else {
-                        f.sync_all().expect("OK to unwrap: fsync");
-                    }
-                }
-            })
-        })
-        .collect();
-    for w in writers {
-        w.join().expect("OK to unwrap: writer");
-    }
-    File::open(&m.mnt)
-        .and_then(|d| d.sync_all())
-        .expect("OK to unwrap: fsync root");
+    // Even records fdatasync, odd ones fsync.
+    append_storm(&m, 16, 60, |f, r| {
+        if r % 2 == 0 {
+            f.sync_data()
+        } else {
+            f.sync_all()
+        }
+    });
     assert!(
         requests_over_uring(&m) > 16 * 60,
         "the writes did not use the rings"
     );
     m.crash();
-    let fs = m.recover();
-    for t in 0..16 {
-        let want: Vec<u8> = (0..60).flat_map(|r| record(t, r)).collect();
-        let got = lib_read(&fs, &format!("log{t}"))
-            .unwrap_or_else(|| panic!("log{t} is missing after the crash"));
-        assert!(
-            got == want,
-            "log{t}: {} bytes after the crash, {} synced",
-            got.len(),
-            want.len()
-        );
-    }
+    check_append_storm(&m.recover(), 16, 60);
 }
 
 /// Goal: when the connection is aborted under the rings (`umount -f`, which aborts a FUSE
@@ -269,10 +241,7 @@ fn fsync_promises_through_the_rings_survive_a_crash() {
 #[test]
 fn an_aborted_connection_ends_the_rings_and_closes_the_image_cleanly() {
     let test = "an_aborted_connection_ends_the_rings_and_closes_the_image_cleanly";
-    let Some(_switch) = Switch::set(test, true) else {
-        return;
-    };
-    let Some(mut m) = Mount::new(test, "64M", &[], &["fuse_uring"]) else {
+    let Some((_switch, mut m)) = mount_through_rings(test, "64M") else {
         return;
     };
     let synced = pattern(3, 70_000);

@@ -1449,43 +1449,9 @@ fn fsync_and_fdatasync_and_directory_fsync() {
 #[test]
 fn concurrent_appends_with_fdatasync() {
     let mut m = mount!("concurrent_appends_with_fdatasync");
-    let record = |t: usize, r: usize| -> Vec<u8> {
-        let mut rec = format!("{t}:{r:04}:").into_bytes();
-        rec.resize(125, b'.');
-        rec
-    };
-    let handles: Vec<_> = (0..16)
-        .map(|t| {
-            let path = m.path(&format!("log{t}"));
-            std::thread::spawn(move || {
-                let mut f = File::create(&path).expect("OK to unwrap: create");
-                for r in 0..50 {
-                    f.write_all(&record(t, r)).expect("OK to unwrap: write");
-                    f.sync_data().expect("OK to unwrap: fdatasync");
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().expect("OK to unwrap: writer");
-    }
-    // POSIX makes new names durable through a directory fsync.
-    File::open(&m.mnt)
-        .and_then(|d| d.sync_all())
-        .expect("OK to unwrap: fsync root");
+    append_storm(&m, 16, 50, |f, _| f.sync_data());
     m.crash();
-    let fs = m.recover();
-    for t in 0..16 {
-        let want: Vec<u8> = (0..50).flat_map(|r| record(t, r)).collect();
-        let got = lib_read(&fs, &format!("log{t}"))
-            .unwrap_or_else(|| panic!("log{t} is missing after the crash"));
-        assert!(
-            got == want,
-            "log{t}: {} bytes after the crash, {} fdatasynced",
-            got.len(),
-            want.len()
-        );
-    }
+    check_append_storm(&m.recover(), 16, 50);
 }
 
 /// Goal: the kernel's own attribute requests (a size refresh before a read past the end it

@@ -301,6 +301,15 @@ impl<FS: Filesystem> Session<FS> {
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+        // tidefs patch: one constructor for the /dev/fuse threads' loops and the rings'.
+        let event_loop = |thread_name: String, ch: Channel| SessionEventLoop {
+            thread_name,
+            request_counts: config.request_counts.clone(),
+            filesystem: filesystem.clone(),
+            ch,
+            allowed,
+            session_owner,
+        };
 
         // tidefs patch: FUSE over io_uring, one queue per CPU, registered before the /dev/fuse
         // threads start so that a refusal ends the session at once.
@@ -309,14 +318,7 @@ impl<FS: Filesystem> Session<FS> {
             let (started, registered) = std::sync::mpsc::channel();
             let fuse_fd = std::os::fd::AsRawFd::as_raw_fd(&channels[0].as_fd());
             for qid in 0..queues {
-                let event_loop = SessionEventLoop {
-                    thread_name: format!("fuser-uring-{qid}"),
-                    request_counts: config.request_counts.clone(),
-                    filesystem: filesystem.clone(),
-                    ch: channels[0].clone(),
-                    allowed,
-                    session_owner,
-                };
+                let event_loop = event_loop(format!("fuser-uring-{qid}"), channels[0].clone());
                 let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
                 let started = started.clone();
                 let abort = abort.clone();
@@ -355,14 +357,7 @@ impl<FS: Filesystem> Session<FS> {
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
-            let event_loop = SessionEventLoop {
-                thread_name: thread_name.clone(),
-                request_counts: config.request_counts.clone(),
-                filesystem: filesystem.clone(),
-                ch,
-                allowed,
-                session_owner,
-            };
+            let event_loop = event_loop(thread_name.clone(), ch);
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)

@@ -60,7 +60,11 @@ use crate::Filesystem;
 use crate::channel::ChannelSender;
 use crate::ll;
 use crate::ll::Operation;
+use crate::ll::ResponseErrno;
+use crate::reply::Reply;
 use crate::reply::ReplyEmpty;
+use crate::reply::ReplyRaw;
+use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
 use crate::session::SessionEventLoop;
 
@@ -212,6 +216,11 @@ impl Drop for AbortUnlessDone {
     }
 }
 
+/// The same error again (one for the session's set-up, one for the queue's thread).
+fn copy_error(e: &io::Error) -> io::Error {
+    io::Error::new(e.kind(), e.to_string())
+}
+
 /// Pin the calling thread to `cpu`.
 fn pin_to_cpu(cpu: usize) -> nix::Result<()> {
     let mut cpus = nix::sched::CpuSet::new();
@@ -340,7 +349,7 @@ impl<FS: Filesystem> RingQueue<FS> {
         let result = match RingQueue::new(qid, depth, payload_size, fuse_fd, event_loop) {
             Ok(queue) => queue.run(started),
             Err(e) => {
-                let _ = started.send(Err(io::Error::new(e.kind(), e.to_string())));
+                let _ = started.send(Err(copy_error(&e)));
                 Err(e)
             }
         };
@@ -354,12 +363,9 @@ impl<FS: Filesystem> RingQueue<FS> {
     fn run(mut self, started: mpsc::Sender<io::Result<()>>) -> io::Result<()> {
         let _ = self.shared.thread.set(std::thread::current().id());
         let registered = self.register();
-        let failed = registered.as_ref().err().map(|e| io::Error::new(e.kind(), e.to_string()));
-        let _ = started.send(registered);
-        match failed {
-            Some(e) => Err(e),
-            None => self.serve(),
-        }?;
+        let _ = started.send(registered.as_ref().map(|_| ()).map_err(copy_error));
+        registered?;
+        self.serve()?;
         // SAFETY of the drop: serve returned Ok only once the kernel ended every entry (each
         // completed with its teardown error), so it holds none of their buffers any more.
         // SAFETY (ManuallyDrop): `entries` is not used after this.
@@ -478,7 +484,7 @@ impl<FS: Filesystem> RingQueue<FS> {
                 error!(
                     "FUSE io_uring: malformed request (length {in_len}, payload {payload_len})"
                 );
-                Self::reply_error(&reply_to, unique, libc::EIO);
+                Self::reply_eio(&reply_to, unique);
                 return;
             }
         };
@@ -500,7 +506,7 @@ impl<FS: Filesystem> RingQueue<FS> {
             Ok(request) => request,
             Err(err) => {
                 error!("FUSE io_uring: {err}");
-                Self::reply_error(&reply_to, unique, libc::EIO);
+                Self::reply_eio(&reply_to, unique);
                 return;
             }
         };
@@ -515,14 +521,10 @@ impl<FS: Filesystem> RingQueue<FS> {
         }
     }
 
-    fn reply_error(reply_to: &UringReplyTo, unique: u64, errno: i32) {
-        let mut header = [0u8; OUT_HEADER_SIZE];
-        header[0..4].copy_from_slice(&(OUT_HEADER_SIZE as u32).to_ne_bytes());
-        header[4..8].copy_from_slice(&(-errno).to_ne_bytes());
-        header[8..16].copy_from_slice(&unique.to_ne_bytes());
-        if let Err(e) = reply_to.send(&[IoSlice::new(&header)]) {
-            error!("FUSE io_uring: reply: {e}");
-        }
+    /// Answers EIO to a request that could not be read, as fuser answers any error.
+    fn reply_eio(reply_to: &UringReplyTo, unique: u64) {
+        <ReplyRaw as Reply>::new(ll::RequestId(unique), ReplySender::Uring(reply_to.clone()))
+            .send_ll(&ResponseErrno(ll::Errno::EIO));
     }
 
     /// Write the replies of the outbox into their entries and commit them (each commit also

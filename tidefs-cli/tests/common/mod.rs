@@ -280,6 +280,58 @@ impl Drop for Mount {
     }
 }
 
+/// Record `r` of writer `t` in an append storm ([`append_storm`]): 125 bytes naming both.
+pub fn storm_record(t: usize, r: usize) -> Vec<u8> {
+    let mut rec = format!("{t}:{r:04}:").into_bytes();
+    rec.resize(125, b'.');
+    rec
+}
+
+/// `writers` threads each append `records` records ([`storm_record`]) to `log<t>` on the
+/// mount, syncing after each one (`sync(file, r)`: fdatasync or fsync), then fsync the root
+/// so that the new names are durable too.
+pub fn append_storm(
+    m: &Mount,
+    writers: usize,
+    records: usize,
+    sync: fn(&std::fs::File, usize) -> io::Result<()>,
+) {
+    let handles: Vec<_> = (0..writers)
+        .map(|t| {
+            let path = m.path(&format!("log{t}"));
+            std::thread::spawn(move || {
+                let mut f = std::fs::File::create(&path).expect("OK to unwrap: create");
+                for r in 0..records {
+                    std::io::Write::write_all(&mut f, &storm_record(t, r))
+                        .expect("OK to unwrap: write");
+                    sync(&f, r).expect("OK to unwrap: sync");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("OK to unwrap: writer");
+    }
+    std::fs::File::open(&m.mnt)
+        .and_then(|d| d.sync_all())
+        .expect("OK to unwrap: fsync root");
+}
+
+/// After a crash: every log of [`append_storm`] holds exactly the records synced.
+pub fn check_append_storm(fs: &tidefs::fs::Fs, writers: usize, records: usize) {
+    for t in 0..writers {
+        let want: Vec<u8> = (0..records).flat_map(|r| storm_record(t, r)).collect();
+        let got = lib_read(fs, &format!("log{t}"))
+            .unwrap_or_else(|| panic!("log{t} is missing after the crash"));
+        assert!(
+            got == want,
+            "log{t}: {} bytes after the crash, {} synced",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
 /// Opens an image read-only through the library (a journal that still needs replay is
 /// replayed in memory only; the image is not written).
 pub fn open_read_only(image: &Path) -> tidefs::fs::Fs {

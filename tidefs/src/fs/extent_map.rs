@@ -167,6 +167,30 @@ impl ExtentMap {
         })
     }
 
+    /// The unmapped runs of logical blocks in `[first, last)`, as `(start, end)` pairs, found
+    /// from the extents (a range of millions of blocks has a few hundred extents).
+    pub fn holes(&self, first: u32, last: u32) -> Vec<(u32, u32)> {
+        let mut holes = Vec::new();
+        let mut at = first;
+        while at < last {
+            match self.next_mapped(at) {
+                Some((l, _)) if l < last => {
+                    if l > at {
+                        holes.push((at, l));
+                    }
+                    // OK to unwrap: `l` is mapped, so an extent holds it.
+                    let e = self.find(l).expect("mapped block has an extent");
+                    at = e.logical_end().min(u64::from(last)) as u32;
+                }
+                _ => {
+                    holes.push((at, last));
+                    at = last;
+                }
+            }
+        }
+        holes
+    }
+
     /// The extent containing logical block `lblk`.
     pub fn find(&self, lblk: u32) -> Option<Extent> {
         let i = self.index_after(u64::from(lblk));
@@ -721,6 +745,28 @@ mod tests {
             ExtentNode::Leaf(e) => e.len(),
             ExtentNode::Index { entries, .. } => entries.len(),
         }
+    }
+
+    /// Goal: the holes of a range, from the extents: before, between and after them, clipped
+    /// to the range, and none where it is all mapped.
+    #[test]
+    fn holes_are_the_unmapped_runs_of_a_range() {
+        let mut m = ExtentMap::default();
+        m.insert_run(10, 500, 5, false);
+        m.insert_run(20, 900, 40_000, true);
+        assert_eq!(
+            m.extents().len(),
+            3,
+            "an unwritten run splits at its format's length"
+        );
+        assert_eq!(
+            m.holes(0, 100_000),
+            vec![(0, 10), (15, 20), (40_020, 100_000)]
+        );
+        assert_eq!(m.holes(12, 18), vec![(15, 18)]);
+        assert_eq!(m.holes(10, 15), vec![]);
+        assert_eq!(m.holes(30, 31), vec![]);
+        assert_eq!(ExtentMap::default().holes(7, 9), vec![(7, 9)]);
     }
 
     #[test]

@@ -1868,12 +1868,7 @@ impl Inner {
                 }
                 let i = m.read_inode(&self.io, ino)?;
                 if i.links_count() == 0 && i.mode() != 0 {
-                    while !m.free_step(&self.io, ino)? {
-                        drop(m);
-                        self.commit_running()?;
-                        m = self.meta.lock();
-                    }
-                    m = self.commit_if_big(m)?;
+                    m = self.free_orphan_now(m, ino)?;
                 } else {
                     m.sb.set_last_orphan(i.dtime());
                     m.sb_dirty = true;
@@ -1891,12 +1886,7 @@ impl Inner {
             for ino in orphans {
                 let i = m.read_inode(&self.io, ino)?;
                 if i.links_count() == 0 && i.mode() != 0 && !m.read_only {
-                    while !m.free_step(&self.io, ino)? {
-                        drop(m);
-                        self.commit_running()?;
-                        m = self.meta.lock();
-                    }
-                    m = self.commit_if_big(m)?;
+                    m = self.free_orphan_now(m, ino)?;
                 }
             }
         }
@@ -2119,13 +2109,21 @@ impl Inner {
         *self.orphans_freed.0.lock()
     }
 
-    /// Commits the running transaction when it holds half of the journal's limit or more,
-    /// between frees of orphans that must not pile up in one transaction; hands back the
-    /// metadata lock (taken again after a commit).
-    fn commit_if_big<'a>(
+    /// Frees orphan `ino` under the metadata lock `m` (mount and unmount), in steps with a
+    /// commit between them when it is too big for one transaction ([`Meta::free_step`]),
+    /// then commits when the transaction holds half of the journal's limit or more, so that
+    /// orphans freed one after another do not pile up in one transaction. Hands back the
+    /// lock (taken again after a commit).
+    fn free_orphan_now<'a>(
         &'a self,
-        m: parking_lot::MutexGuard<'a, Meta>,
+        mut m: parking_lot::MutexGuard<'a, Meta>,
+        ino: u32,
     ) -> Result<parking_lot::MutexGuard<'a, Meta>> {
+        while !m.free_step(&self.io, ino)? {
+            drop(m);
+            self.commit_running()?;
+            m = self.meta.lock();
+        }
         if m.transaction_blocks() < self.io.journal.max_transaction_blocks() / 2 {
             return Ok(m);
         }

@@ -621,10 +621,12 @@ impl Meta {
             }
         }
         if allocate {
-            let (first, last) = (offset / bs, end.div_ceil(bs));
-            let holes = (first..last)
-                .filter(|l| u32::try_from(*l).is_ok_and(|l| map.map(l).is_none()))
-                .count() as u64;
+            let block = |at: u64| u32::try_from(at).unwrap_or(u32::MAX);
+            let holes: u64 = map
+                .holes(block(offset / bs), block(end.div_ceil(bs)))
+                .iter()
+                .map(|(a, b)| u64::from(b - a))
+                .sum();
             if holes > 0 {
                 let goal = inode_goal(&map, self, ino);
                 self.fetch_for_allocation(io, goal, holes)?;
@@ -1329,12 +1331,18 @@ impl Meta {
     /// Whether freeing all of `ino` (now `i`) touches more block groups than one transaction
     /// carries, so that it must be freed in steps.
     fn too_big_to_free_at_once(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<bool> {
+        Ok(self.step_cut(io, ino, i, 0)? > 0)
+    }
+
+    /// [`Meta::free_cut`] of `ino` (now `i`) past `from` with one transaction's budget of
+    /// groups; `from` for an inode without extents.
+    fn step_cut(&mut self, io: &Io, ino: u32, i: &Inode, from: u64) -> Result<u64> {
         if i.flags() & flags::EXTENTS == 0 {
-            return Ok(false);
+            return Ok(from);
         }
         let groups = Self::free_budget_groups(io);
         let map = self.shared_extent_map(io, ino, i)?;
-        Ok(self.free_cut(&map, 0, groups) > 0)
+        Ok(self.free_cut(&map, from, groups))
     }
 
     /// One transaction's worth of what a truncate of regular file `ino` to `size` bytes frees
@@ -1350,11 +1358,7 @@ impl Meta {
             return Ok(true);
         }
         let from = size.div_ceil(bs);
-        let groups = Self::free_budget_groups(io);
-        let cut = {
-            let map = self.shared_extent_map(io, ino, &i)?;
-            self.free_cut(&map, from, groups)
-        };
+        let cut = self.step_cut(io, ino, &i, from)?;
         if cut <= from {
             return Ok(true);
         }
@@ -1617,26 +1621,7 @@ impl Meta {
         spare: u64,
         budget: Option<usize>,
     ) -> Result<(u64, u32)> {
-        // The holes of [first, last), from the extents (not block by block: a fallocate of
-        // tens of GiB has millions of blocks and a few hundred extents).
-        let mut holes = Vec::new();
-        let mut at = first;
-        while at < last {
-            match map.next_mapped(at) {
-                Some((l, _)) if l < last => {
-                    if l > at {
-                        holes.push((at, l));
-                    }
-                    // OK to unwrap: `l` is mapped, so an extent holds it.
-                    let e = map.find(l).expect("mapped block has an extent");
-                    at = (u64::from(e.logical) + u64::from(e.len)).min(u64::from(last)) as u32;
-                }
-                _ => {
-                    holes.push((at, last));
-                    at = last;
-                }
-            }
-        }
+        let holes = map.holes(first, last);
         let missing: u64 = holes.iter().map(|(a, b)| u64::from(b - a)).sum();
         self.ensure_space(missing + spare)?;
         let mut goal = inode_goal(map, self, ino);
