@@ -353,12 +353,7 @@ impl BlockCache {
     pub fn forget(&mut self, nr: u64) {
         // Nothing to forget (a block just allocated is seldom cached): no undo entry either,
         // which for a run of millions of new blocks was most of the allocation's time.
-        if !self.blocks.contains_key(&nr)
-            && !self.dirty.contains(&nr)
-            && !self.changed.contains_key(&nr)
-            && !self.fresh.contains(&nr)
-            && !self.undo_given.contains_key(&nr)
-        {
+        if !self.knows(nr) {
             return;
         }
         self.note(nr);
@@ -368,6 +363,45 @@ impl BlockCache {
         self.changed.remove(&nr);
         self.fresh.remove(&nr);
         self.undo_given.remove(&nr);
+    }
+
+    /// Whether the cache holds anything of block `nr` (a copy, or a change to commit).
+    fn knows(&self, nr: u64) -> bool {
+        self.blocks.contains_key(&nr)
+            || self.dirty.contains(&nr)
+            || self.changed.contains_key(&nr)
+            || self.fresh.contains(&nr)
+            || self.undo_given.contains_key(&nr)
+    }
+
+    /// [`BlockCache::forget`] of blocks `first..first + len`; returns those that were dirty
+    /// (sorted). A freed run of millions of blocks costs a walk over what the cache holds,
+    /// not a lookup per block.
+    pub fn forget_run(&mut self, first: u64, len: u64) -> Vec<u64> {
+        let held = self.blocks.len()
+            + self.dirty.len()
+            + self.changed.len()
+            + self.fresh.len()
+            + self.undo_given.len();
+        let walk = self
+            .blocks
+            .keys()
+            .chain(self.dirty.iter())
+            .chain(self.changed.keys())
+            .chain(self.fresh.iter())
+            .chain(self.undo_given.keys())
+            .copied();
+        let mut known = blocks_held_in(first, len, held, walk, |b| self.knows(b));
+        known.dedup();
+        let dirty = known
+            .iter()
+            .copied()
+            .filter(|b| self.dirty.contains(b))
+            .collect();
+        for b in known {
+            self.forget(b);
+        }
+        dirty
     }
 
     /// Drops every block the running transaction has not changed (outside operations only).
@@ -417,9 +451,48 @@ fn block_len(b: &[u8]) -> u32 {
     u32::try_from(b.len()).unwrap_or(u32::MAX)
 }
 
+/// The blocks of `first..first + len` that a set of `set_len` blocks holds, sorted: by a
+/// lookup per block (`contains`) when the range is the shorter, else by a walk over the set
+/// (`walk`, which may name a block more than once). Freeing a run of millions of blocks asks
+/// the cache, the committing transaction and the journal this, each holding a few thousand.
+pub fn blocks_held_in(
+    first: u64,
+    len: u64,
+    set_len: usize,
+    walk: impl Iterator<Item = u64>,
+    contains: impl Fn(u64) -> bool,
+) -> Vec<u64> {
+    let range = first..first.saturating_add(len);
+    if (set_len as u64) < len {
+        let mut v: Vec<u64> = walk.filter(|b| range.contains(b)).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    } else {
+        range.filter(|&b| contains(b)).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocks_held_in_gives_the_same_answer_by_lookups_and_by_walk() {
+        let set: std::collections::HashSet<u64> = [3, 5, 9, 5_000_000, 12].into_iter().collect();
+        let walk = || set.iter().copied().chain([9, 3]);
+        // The set is shorter than the range: walked (and a block named twice counts once).
+        assert_eq!(
+            blocks_held_in(0, 10, set.len(), walk(), |b| set.contains(&b)),
+            vec![3, 5, 9]
+        );
+        // The range is the shorter: looked up.
+        assert_eq!(
+            blocks_held_in(4, 2, set.len(), walk(), |b| set.contains(&b)),
+            vec![5]
+        );
+        assert!(blocks_held_in(13, 0, set.len(), walk(), |b| set.contains(&b)).is_empty());
+    }
 
     /// Goal: a block's removal stamp moves whenever it leaves the cache (eviction, forget, a
     /// rollback of the operation that added it) and not when it is loaded or changed, so a

@@ -35,7 +35,11 @@ impl Meta {
     pub fn apply_late_frees(&mut self, io: &Io, frees: Vec<LateFree>) -> Result<()> {
         for f in frees {
             match f {
-                LateFree::Block { nr, journaled } => self.free_block_now(io, nr, journaled)?,
+                LateFree::Blocks {
+                    first,
+                    len,
+                    journaled,
+                } => self.free_run_now(io, first, len, journaled)?,
                 LateFree::Inode { ino, is_dir } => self.free_inode_now(io, ino, is_dir)?,
             }
         }
@@ -340,7 +344,7 @@ impl Meta {
             pages.reserved() + pages.spare()
         };
         self.free_blocks()
-            .saturating_sub(self.alloc.quarantine.len() as u64)
+            .saturating_sub(self.alloc.quarantine.len())
             .saturating_sub(promised)
     }
 
@@ -490,11 +494,18 @@ impl Meta {
                             i += 8;
                             continue;
                         }
-                        if bm[i / 8] & (1 << (i % 8)) == 0
-                            && !quarantine.contains(&(first + i as u64))
-                        {
-                            found = Some(i);
-                            break;
+                        if bm[i / 8] & (1 << (i % 8)) == 0 {
+                            // A quarantined run is skipped whole.
+                            match quarantine.end_of_run_holding(first + i as u64) {
+                                Some(end) => {
+                                    i = usize::try_from(end - first).unwrap_or(usize::MAX);
+                                    continue;
+                                }
+                                None => {
+                                    found = Some(i);
+                                    break;
+                                }
+                            }
                         }
                         i += 1;
                     }
@@ -507,15 +518,16 @@ impl Meta {
             let Some(i) = found else { continue };
             // The run: the free blocks after the first, within the group.
             let run = {
-                let quarantine = &self.alloc.quarantine;
+                // The run stops at the next quarantined block.
+                let limit = self
+                    .alloc
+                    .quarantine
+                    .first_at_or_after(first + i as u64)
+                    .map_or(n, |q| ((q - first) as usize).min(n));
                 // OK to unwrap: loaded above, and nothing was loaded since that could evict it.
                 let bm = self.cache.get(bb).expect("bitmap loaded");
                 let mut end = i + 1;
-                while end < n
-                    && end - i < want
-                    && bm[end / 8] & (1 << (end % 8)) == 0
-                    && !quarantine.contains(&(first + end as u64))
-                {
+                while end < limit && end - i < want && bm[end / 8] & (1 << (end % 8)) == 0 {
                     end += 1;
                 }
                 // Never more than the descriptor counts free (a count lower than the bitmap's
@@ -561,63 +573,132 @@ impl Meta {
     /// Frees block `b`. `journaled` says whether it held journaled metadata (then a revoke
     /// record keeps replay from overwriting its next use).
     pub fn free_block(&mut self, io: &Io, b: u64, journaled: bool) -> Result<()> {
-        if b < self.geo.first_data_block || b >= self.geo.blocks_count {
-            return Err(FsError::corrupt(format!(
-                "freeing block {b} outside the file system"
-            )));
-        }
-        if self.op_is_lightweight() {
-            let journaled = journaled || self.cache.is_dirty(b) || self.committing.contains_key(&b);
-            self.cache.forget(b);
-            self.alloc
-                .late_frees
-                .push(LateFree::Block { nr: b, journaled });
-            return Ok(());
-        }
-        self.free_block_now(io, b, journaled)
+        self.free_run(io, b, 1, journaled)
     }
 
-    /// Clears block `b` in its bitmap, in the running transaction.
-    fn free_block_now(&mut self, io: &Io, b: u64, journaled: bool) -> Result<()> {
-        let g = self.geo.group_of_block(b);
+    /// Frees `len` blocks from `first` (see [`Meta::free_block`]): one bitmap change,
+    /// checksum and descriptor update per group the run crosses, and one quarantine entry.
+    pub fn free_run(&mut self, io: &Io, first: u64, len: u64, journaled: bool) -> Result<()> {
+        let end = first.checked_add(len);
+        if first < self.geo.first_data_block || end.is_none_or(|e| e > self.geo.blocks_count) {
+            return Err(FsError::corrupt(format!(
+                "freeing blocks {first}..{} outside the file system",
+                first.saturating_add(len)
+            )));
+        }
+        let end = first + len;
+        let mut at = first;
+        while at < end {
+            // One group at a time: a late free and a bitmap change stay within one.
+            let g = self.geo.group_of_block(at);
+            let group_end = self.geo.group_first_block(g) + u64::from(self.geo.blocks_in_group(g));
+            let n = (end.min(group_end) - at) as u32;
+            if self.op_is_lightweight() {
+                self.free_run_late(at, n, journaled);
+            } else {
+                self.free_run_now(io, at, n, journaled)?;
+            }
+            at += u64::from(n);
+        }
+        Ok(())
+    }
+
+    /// Lightweight mode: holds back the free of `len` blocks from `first` (one group) until
+    /// the in-place writes of the running transaction are durable ([`LateFree`]). Whether
+    /// each block may sit in the journal is decided now, while the cache still knows.
+    fn free_run_late(&mut self, first: u64, len: u32, journaled: bool) {
+        let end = first + u64::from(len);
+        let logged = self.forget_run_logged(first, len);
+        let mut push = |first: u64, end: u64, journaled: bool| {
+            if end > first {
+                self.alloc.late_frees.push(LateFree::Blocks {
+                    first,
+                    // Within one group.
+                    len: (end - first) as u32,
+                    journaled,
+                });
+            }
+        };
+        if journaled {
+            return push(first, end, true);
+        }
+        let mut at = first;
+        for b in logged {
+            push(at, b, false);
+            push(b, b + 1, true);
+            at = b + 1;
+        }
+        push(at, end, false);
+    }
+
+    /// Forgets blocks `first..first + len` in the cache; returns those the running or the
+    /// committing transaction holds (sorted), which may reach the journal.
+    fn forget_run_logged(&mut self, first: u64, len: u32) -> Vec<u64> {
+        let len = u64::from(len);
+        let mut logged = self.cache.forget_run(first, len);
+        let committing = &self.committing;
+        logged.extend(crate::cache::blocks_held_in(
+            first,
+            len,
+            committing.len(),
+            committing.keys().copied(),
+            |b| committing.contains_key(&b),
+        ));
+        logged.sort_unstable();
+        logged.dedup();
+        logged
+    }
+
+    /// Clears `len` blocks from `first` (one group) in their bitmap, in the running
+    /// transaction.
+    fn free_run_now(&mut self, io: &Io, first: u64, len: u32, journaled: bool) -> Result<()> {
+        let g = self.geo.group_of_block(first);
         self.prepare_block_bitmap(io, g)?;
         let bb = self.alloc.groups[g as usize].block_bitmap;
-        let i = (b - self.geo.group_first_block(g)) as usize;
-        let len = self.block_bitmap_len();
+        let i0 = (first - self.geo.group_first_block(g)) as usize;
+        let bits = i0..i0 + len as usize;
+        let bitmap_len = self.block_bitmap_len();
         let seed = self.geo.csum_seed;
         let bm = self.block_mut(io, bb)?;
-        if bm[i / 8] & (1 << (i % 8)) == 0 {
-            return Err(FsError::corrupt(format!("block {b} freed twice")));
+        // Every block must be in use before any is cleared.
+        if let Some(i) = bits.clone().find(|i| bm[i / 8] & (1 << (i % 8)) == 0) {
+            return Err(FsError::corrupt(format!(
+                "block {} freed twice",
+                first + (i - i0) as u64
+            )));
         }
-        bm[i / 8] &= !(1 << (i % 8));
-        let c = seed.map(|s| bitmap_checksum(s, bm, len));
+        for i in bits {
+            bm[i / 8] &= !(1 << (i % 8));
+        }
+        let c = seed.map(|s| bitmap_checksum(s, bm, bitmap_len));
         let gi = self.group_mut(g);
-        gi.free_blocks = gi.free_blocks.saturating_add(1);
+        gi.free_blocks = gi.free_blocks.saturating_add(len);
         self.store_group(io, g, c, None)?;
-        let free = self.sb.free_blocks_count().saturating_add(1);
+        let free = self.sb.free_blocks_count().saturating_add(u64::from(len));
         self.set_free_blocks(free);
         // A block that may sit in the journal gets a revoke record, so replay cannot write its
         // old content over its next use; the revoke takes effect at commit, so until then the
         // block is not handed out again. Plain data blocks wait for the commit too, in every
         // mode as in ext4: until the free commits, a crash brings back the file that owned the
-        // block, and its contents must still be its own.
-        let in_journal = journaled
-            || self.cache.is_dirty(b)
-            || self.committing.contains_key(&b)
-            || io.journal.pending(b).is_some()
-            // A data block journaled by a data-journaling mode (this file's, or one it was in
-            // before a switch or a rename) may still be in the log after its checkpoint.
-            || io.journal.is_logged(b);
-        self.cache.forget(b);
-        if in_journal {
+        // block, and its contents must still be its own. A data block journaled by a
+        // data-journaling mode (this file's, or one it was in before a switch or a rename) may
+        // still be in the log after its checkpoint (`held_in` asks the log).
+        let mut logged = self.forget_run_logged(first, len);
+        if journaled {
+            logged = (first..first + u64::from(len)).collect();
+        } else {
+            logged.extend(io.journal.held_in(first, u64::from(len)));
+            logged.sort_unstable();
+            logged.dedup();
+        }
+        for b in logged {
             self.revoke(b);
         }
-        if self.alloc.quarantine.insert(b) {
-            if let Some(u) = &mut self.op_undo {
-                u.quarantined.push(b);
-            }
+        let added = self.alloc.quarantine.insert(first, u64::from(len));
+        if let Some(u) = &mut self.op_undo {
+            u.quarantined.extend(added);
         }
-        self.alloc.freed_running.push(b);
+        self.alloc.freed_running.push((first, len));
         Ok(())
     }
 

@@ -624,18 +624,21 @@ impl DataCache {
     /// [`DataCache::allocated`] for every block in `[from, to)` (a run just allocated),
     /// visiting only the pages cached there.
     pub fn allocated_range(&mut self, ino: u32, from: u32, to: u32) {
-        let reserved: Vec<u32> = match self.files.get(&ino) {
-            Some(f) => f
-                .pages
+        for lblk in self.reserved_pages(ino, from, to) {
+            self.allocated(ino, lblk);
+        }
+    }
+
+    /// The pages of `ino` in `[from, to)` that hold a reserved block: an allocation there
+    /// takes the block the page already holds, and needs no new room.
+    pub fn reserved_pages(&self, ino: u32, from: u32, to: u32) -> Vec<u32> {
+        self.files.get(&ino).map_or_else(Vec::new, |f| {
+            f.pages
                 .range(from..to)
                 .filter(|(_, p)| p.reserved)
                 .map(|(lblk, _)| *lblk)
-                .collect(),
-            None => return,
-        };
-        for lblk in reserved {
-            self.allocated(ino, lblk);
-        }
+                .collect()
+        })
     }
 
     /// Drops the pages of `ino` for blocks in `[from, to)` (truncate, punch, zero range,

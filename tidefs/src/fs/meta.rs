@@ -51,8 +51,8 @@ pub(crate) struct OpUndo {
     groups: Vec<(u32, GroupInfo)>,
     /// Changes to the revoke set, oldest first: (block, whether it was revoked before).
     pub(super) revoked: Vec<(u64, bool)>,
-    /// Blocks this operation put in quarantine.
-    pub(super) quarantined: Vec<u64>,
+    /// Runs of blocks (first, length) this operation put in quarantine.
+    pub(super) quarantined: Vec<(u64, u64)>,
     freed_running_len: usize,
     late_frees_len: usize,
     /// Directories whose name index this operation built or changed, inodes whose block map
@@ -388,8 +388,8 @@ impl Meta {
                 self.tx.revoked.remove(&nr);
             }
         }
-        for b in u.quarantined {
-            self.alloc.quarantine.remove(&b);
+        for (first, len) in u.quarantined {
+            self.alloc.quarantine.remove(first, len);
         }
         self.alloc.freed_running.truncate(u.freed_running_len);
         self.alloc.late_frees.truncate(u.late_frees_len);

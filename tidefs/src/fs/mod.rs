@@ -917,15 +917,7 @@ impl Fs {
             // A cut whose blocks lie in more groups than one transaction can free the bitmaps
             // of goes in steps from the end, each committed before the next (a crash may
             // leave the file cut part of the way).
-            // Each step commits (a lightweight file's frees wait for the next commit, which the
-            // size trigger does not count).
-            while !self.with_meta(true, |m, io| {
-                m.live_inode(io, n)?;
-                m.acts_for(io, n)?;
-                m.shrink_step(io, n, size)
-            })? {
-                self.inner.commit_running()?;
-            }
+            self.in_steps(n, |m, io| m.shrink_step(io, n, size))?;
         }
         self.with_meta(true, |m, io| m.setattr(io, n, changes))
     }
@@ -1143,33 +1135,56 @@ impl Fs {
         }
     }
 
-    /// Runs a change to the blocks of file `ino` under its data lock, so no read in flight
-    /// sees blocks freed or remapped under it.
-    fn change_range(
+    /// Runs `step` on live inode `ino` (after the caller's permission check) until it says
+    /// nothing is left to do in steps, committing after each step: a lightweight file's frees
+    /// wait for the next commit, which the size trigger does not count.
+    fn in_steps(
         &self,
-        ino: Ino,
-        mut f: impl FnMut(&mut Meta, &Io, u32) -> Result<()>,
+        ino: u32,
+        mut step: impl FnMut(&mut Meta, &Io) -> Result<bool>,
     ) -> Result<()> {
-        let n = self.inner.geo.ino32(ino)?;
-        let _g = self.inner.data_locks.write(n);
-        self.with_meta(true, |m, io| {
-            m.acts_for(io, n)?;
-            f(m, io, n)
-        })
+        while !self.with_meta(true, |m, io| {
+            m.live_inode(io, ino)?;
+            m.acts_for(io, ino)?;
+            step(m, io)
+        })? {
+            self.inner.commit_running()?;
+        }
+        Ok(())
     }
 
     /// Deallocates `[offset, offset+len)` of a regular file (`fallocate` with
     /// `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the range reads as zeros, whole blocks
     /// inside it are freed, the size does not change.
+    /// A range whose blocks lie in more groups than one transaction can free the bitmaps of
+    /// goes in steps from its end, each committed before the next (a crash may leave part of
+    /// it punched).
     pub fn punch_hole(&self, ino: Ino, offset: u64, len: u64) -> Result<()> {
-        self.change_range(ino, |m, io, n| m.punch_hole(io, n, offset, len))
+        let n = self.inner.geo.ino32(ino)?;
+        // No read in flight sees blocks freed or remapped under it, and no other change to
+        // the file's blocks comes between the steps.
+        let _g = self.inner.data_locks.write(n);
+        self.in_steps(n, |m, io| m.punch_step(io, n, offset, len))?;
+        self.with_meta(true, |m, io| {
+            m.acts_for(io, n)?;
+            m.punch_hole(io, n, offset, len)
+        })
     }
 
     /// Makes `[offset, offset+len)` of a regular file read as zeros while keeping (or making)
     /// it allocated (`fallocate` with `FALLOC_FL_ZERO_RANGE`); grows the size to the end of
     /// the range unless `keep_size`.
+    /// Holes too many for one transaction are first allocated in parts, each committed, as
+    /// by [`Fs::fallocate`] (a failure after that leaves them allocated, as in ext4);
+    /// otherwise it is one operation, which a failure takes back whole.
     pub fn zero_range(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<()> {
-        self.change_range(ino, |m, io, n| m.zero_range(io, n, offset, len, keep_size))
+        let n = self.inner.geo.ino32(ino)?;
+        let _g = self.inner.data_locks.write(n);
+        self.in_steps(n, |m, io| m.zero_range_step(io, n, offset, len))?;
+        self.with_meta(true, |m, io| {
+            m.acts_for(io, n)?;
+            m.zero_range(io, n, offset, len, keep_size)
+        })
     }
 
     /// Makes the file durable (only its data and the metadata needed to read it if `datasync`):
@@ -1869,6 +1884,12 @@ impl Inner {
                 let i = m.read_inode(&self.io, ino)?;
                 if i.links_count() == 0 && i.mode() != 0 {
                     m = self.free_orphan_now(m, ino)?;
+                } else if i.mode() != 0 {
+                    while !m.finish_linked_orphan_step(&self.io, ino)? {
+                        drop(m);
+                        self.commit_running()?;
+                        m = self.meta.lock();
+                    }
                 } else {
                     m.sb.set_last_orphan(i.dtime());
                     m.sb_dirty = true;
@@ -2297,8 +2318,8 @@ impl Inner {
                 m.finish_home_writes(&home);
                 self.committed_tid.store(tid, Ordering::SeqCst);
                 m.forget_durable_tids(tid);
-                for b in freed {
-                    m.alloc.quarantine.remove(&b);
+                for (first, len) in freed {
+                    m.alloc.quarantine.remove(first, u64::from(len));
                 }
                 if let Err(e) = m.apply_late_frees(&self.io, late_frees) {
                     return Err(self.fail(&mut m, "applying lightweight frees", e));

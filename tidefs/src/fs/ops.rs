@@ -657,9 +657,7 @@ impl Meta {
         if i.flags() & flags::EXTENTS != 0 {
             let mut map = self.take_extent_map(io, ino, &i)?;
             for (start, len) in map.truncate_from(0) {
-                for b in start..start + u64::from(len) {
-                    self.free_block(io, b, logged)?;
-                }
+                self.free_run(io, start, u64::from(len), logged)?;
             }
             for b in map.take_tree_blocks() {
                 self.free_block(io, b, true)?;
@@ -1282,10 +1280,8 @@ impl Meta {
         let freed = map.truncate_from(from);
         let mut n = 0u64;
         for (start, len) in freed {
-            for b in start..start + u64::from(len) {
-                self.free_block(io, b, false)?;
-                n += 1;
-            }
+            self.free_run(io, start, u64::from(len), false)?;
+            n += u64::from(len);
         }
         map.store(self, io, ino, i)?;
         i.set_blocks_512(
@@ -1301,15 +1297,16 @@ impl Meta {
         (io.journal.max_transaction_blocks() / 8).max(4)
     }
 
-    /// The logical block from which freeing the blocks of `map` past `from` stays within
-    /// `groups` block groups, walking from the end of the file: `from` when all of them fit.
-    fn free_cut(&self, map: &ExtentMap, from: u64, groups: usize) -> u64 {
+    /// The logical block from which freeing the blocks of `map` in `[from, to)` stays within
+    /// `groups` block groups, walking down from `to`: `from` when all of them fit.
+    fn free_cut(&self, map: &ExtentMap, [from, to]: [u64; 2], groups: usize) -> u64 {
         let mut seen = std::collections::BTreeSet::new();
         for e in map.extents().iter().rev() {
-            let (l0, l1) = (
-                u64::from(e.logical),
-                u64::from(e.logical) + u64::from(e.len),
-            );
+            let l0 = u64::from(e.logical);
+            if l0 >= to {
+                continue;
+            }
+            let l1 = (l0 + u64::from(e.len)).min(to);
             if l1 <= from {
                 break;
             }
@@ -1331,18 +1328,18 @@ impl Meta {
     /// Whether freeing all of `ino` (now `i`) touches more block groups than one transaction
     /// carries, so that it must be freed in steps.
     fn too_big_to_free_at_once(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<bool> {
-        Ok(self.step_cut(io, ino, i, 0)? > 0)
+        Ok(self.step_cut(io, ino, i, [0, u64::MAX])? > 0)
     }
 
-    /// [`Meta::free_cut`] of `ino` (now `i`) past `from` with one transaction's budget of
-    /// groups; `from` for an inode without extents.
-    fn step_cut(&mut self, io: &Io, ino: u32, i: &Inode, from: u64) -> Result<u64> {
+    /// [`Meta::free_cut`] of `ino` (now `i`) in the logical blocks `[from, to)` with one
+    /// transaction's budget of groups; `from` for an inode without extents.
+    fn step_cut(&mut self, io: &Io, ino: u32, i: &Inode, [from, to]: [u64; 2]) -> Result<u64> {
         if i.flags() & flags::EXTENTS == 0 {
             return Ok(from);
         }
         let groups = Self::free_budget_groups(io);
         let map = self.shared_extent_map(io, ino, i)?;
-        Ok(self.free_cut(&map, from, groups))
+        Ok(self.free_cut(&map, [from, to], groups))
     }
 
     /// One transaction's worth of what a truncate of regular file `ino` to `size` bytes frees
@@ -1358,7 +1355,7 @@ impl Meta {
             return Ok(true);
         }
         let from = size.div_ceil(bs);
-        let cut = self.step_cut(io, ino, &i, from)?;
+        let cut = self.step_cut(io, ino, &i, [from, u64::MAX])?;
         if cut <= from {
             return Ok(true);
         }
@@ -1390,6 +1387,27 @@ impl Meta {
             return Ok(false);
         }
         self.free_inode_fully(io, ino)?;
+        Ok(true)
+    }
+
+    /// One step of finishing an orphan that still has links, as the kernel's orphan cleanup
+    /// does: ext4 puts a file on the list while a truncate or an extending write runs, and a
+    /// crash leaves it there. Its blocks past its size are freed (in steps from the end, as
+    /// a truncate's, when they are too many for one transaction), then it leaves the list and
+    /// its link in it (`i_dtime`) is cleared. Returns true when it is off the list.
+    pub(crate) fn finish_linked_orphan_step(&mut self, io: &Io, ino: u32) -> Result<bool> {
+        let mut i = self.read_inode(io, ino)?;
+        if i.is_reg() && i.flags() & flags::EXTENTS != 0 {
+            let size = i.size();
+            if !self.shrink_step(io, ino, size)? {
+                return Ok(false);
+            }
+            i = self.read_inode(io, ino)?;
+            self.truncate(io, ino, &mut i, size)?;
+        }
+        self.remove_orphan(io, ino)?;
+        i.set_dtime(0);
+        self.write_inode(io, ino, &mut i)?;
         Ok(true)
     }
 
@@ -1526,40 +1544,85 @@ impl Meta {
     /// blocks inside the range leave the extent tree and are freed (quarantined until the
     /// transaction commits, revoked where they may be in the journal), the partial blocks at
     /// its edges get zeros; the size stays. Preallocated blocks past the end of file inside the
-    /// range are freed too.
+    /// range are freed too. A range whose blocks lie in more groups than one transaction
+    /// carries is first cut down by [`Meta::punch_step`].
     pub(crate) fn punch_hole(&mut self, io: &Io, ino: u32, offset: u64, len: u64) -> Result<()> {
-        let (mut i, end) = self.range_target(io, ino, offset, len)?;
+        let Some((mut i, end)) = self.punch_target(io, ino, offset, len)? else {
+            return Ok(());
+        };
+        let edges = self.punch_blocks(io, ino, &mut i, offset, end)?;
+        self.write_inode(io, ino, &mut i)?;
+        self.zero_partial_edges(io, ino, &edges, offset, end)
+    }
+
+    /// One transaction's worth of a punch of `[offset, offset+len)` too big for one: frees the
+    /// whole blocks from the end of the range down to where one transaction's budget of groups
+    /// ends ([`Meta::free_cut`]). Returns true when what is left fits one transaction (then
+    /// nothing was done: [`Meta::punch_hole`] does the rest, edges included).
+    pub(crate) fn punch_step(&mut self, io: &Io, ino: u32, offset: u64, len: u64) -> Result<bool> {
+        let Some((mut i, end)) = self.punch_target(io, ino, offset, len)? else {
+            return Ok(true);
+        };
         let bs = u64::from(self.geo.block_size);
-        // A range that reaches the end of file covers the whole last block: the bytes past
-        // the size are not part of the file, so that block can go too.
+        let (from, to) = (offset.div_ceil(bs), end / bs);
+        let cut = self.step_cut(io, ino, &i, [from, to])?;
+        if cut <= from {
+            return Ok(true);
+        }
+        self.punch_blocks(io, ino, &mut i, cut * bs, to * bs)?;
+        self.write_inode(io, ino, &mut i)?;
+        Ok(false)
+    }
+
+    /// The file a punch of `[offset, offset+len)` changes and the end of what it clears, or
+    /// None when that is nothing. A range that reaches the end of file covers the whole last
+    /// block: the bytes past the size are not part of the file, so that block can go too.
+    fn punch_target(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<(Inode, u64)>> {
+        let (i, end) = self.range_target(io, ino, offset, len)?;
+        let bs = u64::from(self.geo.block_size);
         let end = if end >= i.size() {
             end.max(i.size().div_ceil(bs) * bs)
         } else {
             end
         };
         let end = end.min(self.geo.max_file_blocks() * bs);
-        if offset >= end {
-            return Ok(());
-        }
+        Ok((offset < end).then_some((i, end)))
+    }
+
+    /// Frees the whole blocks of `[offset, end)` of `ino` (now `i`, whose block count and
+    /// times it updates; the caller writes it) and drops their cached pages. Returns the map's
+    /// extents at the range's edges as they were, for [`Meta::zero_partial_edges`].
+    fn punch_blocks(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        i: &mut Inode,
+        offset: u64,
+        end: u64,
+    ) -> Result<ExtentMap> {
+        let bs = u64::from(self.geo.block_size);
+        let (from, to) = (offset.div_ceil(bs), end / bs);
         // Splitting an extent may need a new tree block; find it before changing anything.
         self.ensure_space(4)?;
-        let runs = self.runs_from(io, ino, &i, offset.div_ceil(bs), end / bs)?;
+        let runs = self.runs_from(io, ino, i, from, to)?;
         self.fetch_bitmaps(io, &runs, None)?;
-        self.fetch_for_range(io, ino, &i, (offset, end), (true, false))?;
-        let mut map = self.take_extent_map(io, ino, &i)?;
+        self.fetch_for_range(io, ino, i, (offset, end), (true, false))?;
+        let mut map = self.take_extent_map(io, ino, i)?;
         let edges = map.excerpt([offset / bs, end / bs]);
-        self.data
-            .lock()
-            .drop_range(ino, offset.div_ceil(bs), end / bs);
-        let freed = map.remove_range(offset.div_ceil(bs), end / bs);
+        self.data.lock().drop_range(ino, from, to);
+        let freed = map.remove_range(from, to);
         let mut n = 0u64;
         for (start, run) in freed {
-            for b in start..start + u64::from(run) {
-                self.free_block(io, b, false)?;
-                n += 1;
-            }
+            self.free_run(io, start, u64::from(run), false)?;
+            n += u64::from(run);
         }
-        map.store(self, io, ino, &mut i)?;
+        map.store(self, io, ino, i)?;
         self.put_extent_map(ino, map);
         i.set_blocks_512(
             i.blocks_512(self.geo.block_size)
@@ -1568,8 +1631,7 @@ impl Meta {
         let t = now();
         i.set_mtime(t);
         i.set_ctime(t);
-        self.write_inode(io, ino, &mut i)?;
-        self.zero_partial_edges(io, ino, &edges, offset, end)
+        Ok(edges)
     }
 
     /// Makes `[offset, offset+len)` read as zeros and keeps it allocated
@@ -1605,6 +1667,37 @@ impl Meta {
         self.zero_partial_edges(io, ino, &edges, offset, end)
     }
 
+    /// One part of the allocation of a zero-range of `[offset, offset+len)` whose holes are
+    /// more than one transaction carries: allocates them as [`Meta::fallocate`] does (size
+    /// kept) up to the transaction's budget. Returns true when what is left is few enough
+    /// for the zero-range itself (then nothing was done): at most half the groups of one
+    /// transaction's budget, were the blocks contiguous.
+    pub(crate) fn zero_range_step(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<bool> {
+        let (i, end) = self.allocating_range_target(io, ino, offset, len)?;
+        let bs = u64::from(self.geo.block_size);
+        // `allocating_range_target` keeps both within u32.
+        let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
+        let missing: u64 = {
+            let map = self.shared_extent_map(io, ino, &i)?;
+            map.holes(first, last)
+                .iter()
+                .map(|(a, b)| u64::from(b - a))
+                .sum()
+        };
+        let few = Self::free_budget_groups(io) as u64 / 2 * u64::from(self.geo.blocks_per_group);
+        if missing <= few {
+            return Ok(true);
+        }
+        self.fallocate(io, ino, offset, len, true)?;
+        Ok(false)
+    }
+
     /// Maps every hole among logical blocks `[first, last)` of `map` to a new unwritten block,
     /// after checking that they and `spare` more (tree blocks) are available; returns how many
     /// were allocated and the logical block reached (`last`). With a `budget`, stops after the
@@ -1623,7 +1716,16 @@ impl Meta {
     ) -> Result<(u64, u32)> {
         let holes = map.holes(first, last);
         let missing: u64 = holes.iter().map(|(a, b)| u64::from(b - a)).sum();
-        self.ensure_space(missing + spare)?;
+        // Cached pages over the holes hold their blocks reserved already (and give them up
+        // as the runs are allocated): counted once.
+        let held: u64 = {
+            let data = self.data.lock();
+            holes
+                .iter()
+                .map(|&(a, b)| data.reserved_pages(ino, a, b).len() as u64)
+                .sum()
+        };
+        self.ensure_space(missing.saturating_sub(held) + spare)?;
         let mut goal = inode_goal(map, self, ino);
         let mut allocated = 0u64;
         for (mut l, end) in holes {

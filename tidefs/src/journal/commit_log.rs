@@ -77,6 +77,9 @@ pub trait CommitLog: Send + Sync {
     /// answers exactly (a live transaction logged it, full or as ranges, and no later live
     /// transaction revoked it).
     fn is_logged(&self, home_block: u64) -> bool;
+    /// The blocks of `first..first + len` that [`CommitLog::pending`] or
+    /// [`CommitLog::is_logged`] would name, sorted: what a free of that run must revoke.
+    fn held_in(&self, first: u64, len: u64) -> Vec<u64>;
     /// Stops all background work for good (the file system stops as at a power cut): from
     /// then on the log writes only when called.
     fn stop_background(&self);
@@ -129,6 +132,9 @@ impl CommitLog for Journal {
     }
     fn is_logged(&self, home_block: u64) -> bool {
         super::log::JournalCore::is_logged(self, home_block)
+    }
+    fn held_in(&self, first: u64, len: u64) -> Vec<u64> {
+        super::log::JournalCore::held_in(self, first, len)
     }
     fn stop_background(&self) {
         Journal::stop_background(self)

@@ -1302,6 +1302,28 @@ impl JournalCore {
         self.logged.lock().contains_key(&home_block)
     }
 
+    /// The blocks of `first..first + len` with a committed copy not yet home or logged by a
+    /// live transaction, sorted (see `CommitLog::held_in`).
+    pub fn held_in(&self, first: u64, len: u64) -> Vec<u64> {
+        let mut v = {
+            let pending = self.pending.read();
+            crate::cache::blocks_held_in(first, len, pending.len(), pending.keys().copied(), |b| {
+                pending.contains_key(&b)
+            })
+        };
+        let logged = self.logged.lock();
+        v.extend(crate::cache::blocks_held_in(
+            first,
+            len,
+            logged.len(),
+            logged.keys().copied(),
+            |b| logged.contains_key(&b),
+        ));
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Newest committed copy of a home block that checkpoint has not yet written home.
     pub fn pending(&self, home_block: u64) -> Option<Arc<[u8]>> {
         self.pending
