@@ -200,7 +200,8 @@ pub enum DataMode {
     #[default]
     Ordered,
     /// Metadata and whole data blocks journaled, home at checkpoint. Promise: + every write
-    /// all-or-nothing (state 4).
+    /// all-or-nothing (state 4), up to a quarter of the journal's largest transaction (a
+    /// larger write is journaled in parts, as ext4 journals a page per handle).
     Journal,
     /// As `Journal`, but a block of which only some bytes changed since its last commit
     /// (file data or metadata) is logged as those byte ranges, packed with the ranges of other

@@ -1067,8 +1067,9 @@ impl Fs {
         let mut done = 0usize;
         let mut orphan_deadline = None;
         loop {
-            let rest = &data[done..];
             let at = offset + done as u64;
+            let part = self.inner.write_part(at, data.len() - done);
+            let rest = &data[done..done + part];
             let orphans_freed = self.inner.orphans_freed_so_far();
             let n_written = self.with_meta_running(&running, true, |m, io| {
                 m.acts_for(io, n)?;
@@ -1081,6 +1082,11 @@ impl Fs {
             }
             if done == data.len() {
                 break;
+            }
+            if matches!(n_written, Ok(w) if w as usize == part) {
+                // A whole part: the next one goes in an operation of its own (the size
+                // trigger commits between them when the transaction is full).
+                continue;
             }
             // A short write ran out of space: commit so blocks freed by the running
             // transaction become usable, and go on if that made room.
@@ -2123,6 +2129,21 @@ impl Inner {
             }
         }
         true
+    }
+
+    /// How much of a write of `len` bytes at `at` one operation takes: all of it, unless data
+    /// may be journaled and it spans more blocks than a quarter of the largest transaction
+    /// (a small journal cannot carry a large journaled write at once; ext4's `data=journal`
+    /// takes a handle per page): then up to the block boundary there. The same quarter
+    /// bounds the writes without the lock.
+    fn write_part(&self, at: u64, len: usize) -> usize {
+        if !self.data_journaling.load(Ordering::SeqCst) {
+            return len;
+        }
+        let bs = u64::from(self.geo.block_size);
+        let blocks = (self.io.journal.max_transaction_blocks() / 4).max(1) as u64;
+        let end = (at / bs + blocks) * bs;
+        usize::try_from(end - at).map_or(len, |n| n.min(len))
     }
 
     /// How many orphans were freed since mount (see [`Inner::wait_for_orphans`]).
