@@ -729,6 +729,9 @@ fn linked_orphans_are_truncated_at_mount_as_the_kernel_does() {
             "size=1",
         ],
     );
+    // `a` also had its size cut from 12 000 to 10 000 bytes by a truncate the crash stopped
+    // before it zeroed the rest of the last block: those bytes must read as zeros once the
+    // file grows again.
     let files: [(&str, usize, u64); 3] = [
         ("a", 10_000, 1 << 20),
         ("b", 3, 2 << 20),
@@ -740,7 +743,9 @@ fn linked_orphans_are_truncated_at_mount_as_the_kernel_does() {
         let f = fs
             .create(ROOT_INO, name.as_bytes(), 0o100644, 0, Creds::ROOT)
             .unwrap();
-        fs.write(f.ino, 0, &vec![name.as_bytes()[0]; size]).unwrap();
+        let written = if name == "a" { 12_000 } else { size };
+        fs.write(f.ino, 0, &vec![name.as_bytes()[0]; written])
+            .unwrap();
         fs.fallocate(f.ino, 0, prealloc, true).unwrap();
         assert!(fs.getattr(f.ino).unwrap().blocks * 512 >= prealloc);
         inos.push(f.ino);
@@ -751,6 +756,10 @@ fn linked_orphans_are_truncated_at_mount_as_the_kernel_does() {
     common::run_ok(
         "debugfs",
         &["-w", "-R", &format!("ssv last_orphan {}", inos[0]), image],
+    );
+    common::run_ok(
+        "debugfs",
+        &["-w", "-R", &format!("sif <{}> size 10000", inos[0]), image],
     );
     for (ino, next) in [(inos[0], inos[1]), (inos[1], inos[2])] {
         common::run_ok(
@@ -771,6 +780,18 @@ fn linked_orphans_are_truncated_at_mount_as_the_kernel_does() {
                 std::fs::metadata(km.path().join(name)).unwrap().blocks()
             })
             .collect();
+        let a = km.path().join("a");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&a)
+            .unwrap()
+            .set_len(12_288)
+            .unwrap();
+        assert_eq!(
+            std::fs::read(&a).unwrap()[10_000..],
+            [0u8; 2288],
+            "the kernel's own cleanup left the cut bytes"
+        );
         km.umount();
         blocks
     });
@@ -794,6 +815,16 @@ fn linked_orphans_are_truncated_at_mount_as_the_kernel_does() {
         let data = fs.read(inos[k], 0, *size as u32).unwrap();
         assert_eq!(data, vec![name.as_bytes()[0]; *size], "{name}");
     }
+    let grow = SetAttr {
+        size: Some(12_288),
+        ..SetAttr::default()
+    };
+    fs.setattr(inos[0], &grow).unwrap();
+    assert_eq!(
+        fs.read(inos[0], 10_000, 2288).unwrap(),
+        vec![0u8; 2288],
+        "the bytes cut by the interrupted truncate came back"
+    );
     fs.unmount().unwrap();
     drop(fs);
     common::assert_fsck_clean(&img);

@@ -279,6 +279,26 @@ fn a_journaled_write_larger_than_one_transaction_goes_in_parts() {
         drop(fs);
         common::assert_fsck_clean(&img);
     }
+
+    // A directory set to `journal` on an `ordered` mount: the first large write after a
+    // mount comes before anything loaded the directory's mode, and must still go in parts.
+    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, Creds::ROOT).unwrap().ino;
+    fs.set_journal_mode(d, Some(DataMode::Journal)).unwrap();
+    let f = fs.create(d, b"f", 0o100644, 0, Creds::ROOT).unwrap().ino;
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    assert_eq!(fs.write(f, 0, &data).unwrap() as usize, data.len());
+    fs.fsync(f, false).unwrap();
+    fs.crash();
+    drop(fs);
+    let fs = Fs::open(&img, &MountOptions::default()).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, data.len() as u64);
+    assert!(fs.read(f, 7 << 20, 1 << 20).unwrap() == data[7 << 20..]);
+    fs.unmount().unwrap();
+    drop(fs);
+    common::assert_fsck_clean(&img);
 }
 
 fn cut_to_1m() -> SetAttr {

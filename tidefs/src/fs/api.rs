@@ -205,7 +205,8 @@ pub enum DataMode {
     Journal,
     /// As `Journal`, but a block of which only some bytes changed since its last commit
     /// (file data or metadata) is logged as those byte ranges, packed with the ranges of other
-    /// blocks, instead of whole. Promise: state 4.
+    /// blocks, instead of whole. Promise: state 4 (as `Journal`, up to a quarter of the
+    /// journal's largest transaction).
     Wasteless,
     /// Per update sequence of a data block (its writes between two of its checkpoints): when
     /// the sequence's first write is shorter than `threshold` bytes the block is journaled as

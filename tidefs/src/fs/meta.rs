@@ -308,16 +308,49 @@ impl Meta {
 
     /// Runs `f` as one operation: kept whole if it succeeds, taken back whole if it fails.
     pub fn run_op<T>(&mut self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+        // No bound: always an answer.
+        self.run_op_within(usize::MAX, f)
+            .unwrap_or(Err(FsError::Invalid(
+                "operation larger than any transaction",
+            )))
+    }
+
+    /// [`Meta::run_op`], and an operation that succeeds but leaves the running transaction
+    /// larger than `limit` blocks ([`Meta::transaction_size`]) is taken back whole too: None
+    /// then, for the caller to commit what came before and run it again alone. A commit larger
+    /// than the journal takes fails and puts the file system in its error state; operations
+    /// that can be large go in parts on their own (fallocate, frees, journaled writes), and
+    /// this catches whatever else would.
+    pub fn run_op_within<T>(
+        &mut self,
+        limit: usize,
+        f: impl FnOnce(&mut Meta) -> Result<T>,
+    ) -> Option<Result<T>> {
         self.begin_op();
         let r = f(self);
         // An operation that stopped for a deferred read is taken back even if it went on
         // (someone swallowed the error): it runs again once the block is read.
         if r.is_ok() && !self.reads.stopped() {
+            if self.transaction_size() > limit {
+                self.rollback_op();
+                return None;
+            }
             self.end_op();
         } else {
             self.rollback_op();
         }
-        r
+        Some(r)
+    }
+
+    /// What the running transaction will carry, in blocks: [`Meta::transaction_blocks`] and
+    /// the pages write-back will journal (all dirty pages, once data journaling is in use).
+    pub fn transaction_size(&self) -> usize {
+        let journaled_pages = if self.derived.modes.data_journaling_seen() {
+            self.data.lock().dirty_count()
+        } else {
+            0
+        };
+        self.transaction_blocks() + journaled_pages
     }
 
     /// Ends an operation that succeeded: its changes stay in the running transaction, and the

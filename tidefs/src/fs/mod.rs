@@ -755,14 +755,26 @@ impl Fs {
         let inner = &self.inner;
         let mut retries = 0;
         let mut orphan_deadline = None;
+        let limit = inner.io.journal.max_transaction_blocks();
+        let mut alone = 0;
         loop {
             let orphans_freed = inner.orphans_freed_so_far();
+            // Set when the operation was taken back for making the transaction too large,
+            // with whether anything came before it to commit first.
+            let mut too_big = None;
             let (r, big, waiting_frees, steps) = {
                 let (mut m, r) = inner.lock_meta_reading(|m| {
+                    too_big = None;
                     if write && m.read_only {
                         return Err(FsError::ReadOnly);
                     }
-                    m.run_op(|m| f(m, &inner.io))
+                    m.run_op_within(limit, |m| f(m, &inner.io))
+                        .unwrap_or_else(|| {
+                            too_big = Some(m.has_uncommitted_changes());
+                            Err(FsError::Invalid(
+                                "operation larger than one journal transaction",
+                            ))
+                        })
                 })?;
                 if write && matches!(r, Err(FsError::ReadOnly)) {
                     return r;
@@ -774,16 +786,16 @@ impl Fs {
                     let pages = m.data.lock();
                     (pages.dirty_count(), pages.dirty_limit())
                 };
-                let journaled_pages = if m.derived.modes.data_journaling_seen() {
-                    dirty_pages
-                } else {
-                    0
-                };
-                let big = m.transaction_blocks() + journaled_pages
-                    >= inner.io.journal.max_transaction_blocks() / 2
-                    || dirty_pages >= dirty_limit;
+                let big = m.transaction_size() >= limit / 2 || dirty_pages >= dirty_limit;
                 (r, big, m.frees_pending(), steps)
             };
+            if too_big == Some(true) && alone < 3 {
+                // Alone in a transaction of its own, it may fit (a few tries: writes without
+                // the lock may fill the next one meanwhile).
+                alone += 1;
+                inner.commit_running()?;
+                continue;
+            }
             if write && (big || matches!(r, Err(FsError::NoSpace)) && waiting_frees) {
                 inner.commit_running()?;
             }
@@ -1064,16 +1076,24 @@ impl Fs {
             // At most `data.len()`, which FUSE bounds far below u32::MAX.
             return Ok(data.len() as u32);
         }
+        if !self.inner.data_journaling.load(Ordering::SeqCst)
+            && self.inner.write_part(offset, data.len(), true) < data.len()
+        {
+            // A large write whose file's mode record may not be loaded yet: loading it tells
+            // whether the file journals data, before the write is cut in parts or not.
+            self.with_meta_running(&running, false, |m, io| m.data_mode(io, n).map(|_| ()))?;
+        }
         let mut done = 0usize;
         let mut orphan_deadline = None;
         loop {
             let at = offset + done as u64;
-            let part = self.inner.write_part(at, data.len() - done);
+            let journaling = self.inner.data_journaling.load(Ordering::SeqCst);
+            let part = self.inner.write_part(at, data.len() - done, journaling);
             let rest = &data[done..done + part];
             let orphans_freed = self.inner.orphans_freed_so_far();
             let n_written = self.with_meta_running(&running, true, |m, io| {
                 m.acts_for(io, n)?;
-                m.write(io, n, at, rest)
+                m.write(io, n, at, rest, data.len())
             });
             match n_written {
                 Ok(w) => done += w as usize,
@@ -1882,7 +1902,10 @@ impl Inner {
             while m.sb.last_orphan() != 0 {
                 let ino = m.sb.last_orphan();
                 n += 1;
-                if n > m.sb.inodes_count() || !m.geo.valid_ino(u64::from(ino)) {
+                if n > m.sb.inodes_count()
+                    || !m.geo.valid_ino(u64::from(ino))
+                    || ino < m.sb.first_ino()
+                {
                     return Err(FsError::corrupt(
                         "orphan list loops or names an invalid inode",
                     ));
@@ -1896,6 +1919,7 @@ impl Inner {
                         self.commit_running()?;
                         m = self.meta.lock();
                     }
+                    m = self.commit_if_half_full(m)?;
                 } else {
                     m.sb.set_last_orphan(i.dtime());
                     m.sb_dirty = true;
@@ -2132,18 +2156,20 @@ impl Inner {
     }
 
     /// How much of a write of `len` bytes at `at` one operation takes: all of it, unless data
-    /// may be journaled and it spans more blocks than a quarter of the largest transaction
-    /// (a small journal cannot carry a large journaled write at once; ext4's `data=journal`
-    /// takes a handle per page): then up to the block boundary there. The same quarter
-    /// bounds the writes without the lock.
-    fn write_part(&self, at: u64, len: usize) -> usize {
-        if !self.data_journaling.load(Ordering::SeqCst) {
+    /// may be journaled (`journaling`) and it spans more blocks than a quarter of the largest
+    /// transaction (a small journal cannot carry a large journaled write at once; ext4's
+    /// `data=journal` takes a handle per page): then up to the block boundary there. The same
+    /// quarter bounds the writes without the lock.
+    fn write_part(&self, at: u64, len: usize, journaling: bool) -> usize {
+        if !journaling || len == 0 {
             return len;
         }
         let bs = u64::from(self.geo.block_size);
         let blocks = (self.io.journal.max_transaction_blocks() / 4).max(1) as u64;
-        let end = (at / bs + blocks) * bs;
-        usize::try_from(end - at).map_or(len, |n| n.min(len))
+        let end = (at / bs).saturating_add(blocks).saturating_mul(bs);
+        usize::try_from(end.saturating_sub(at))
+            .map_or(len, |n| n.min(len))
+            .max(1)
     }
 
     /// How many orphans were freed since mount (see [`Inner::wait_for_orphans`]).
@@ -2153,9 +2179,7 @@ impl Inner {
 
     /// Frees orphan `ino` under the metadata lock `m` (mount and unmount), in steps with a
     /// commit between them when it is too big for one transaction ([`Meta::free_step`]),
-    /// then commits when the transaction holds half of the journal's limit or more, so that
-    /// orphans freed one after another do not pile up in one transaction. Hands back the
-    /// lock (taken again after a commit).
+    /// then [`Inner::commit_if_half_full`]. Hands back the lock (taken again after a commit).
     fn free_orphan_now<'a>(
         &'a self,
         mut m: parking_lot::MutexGuard<'a, Meta>,
@@ -2166,6 +2190,16 @@ impl Inner {
             self.commit_running()?;
             m = self.meta.lock();
         }
+        self.commit_if_half_full(m)
+    }
+
+    /// Commits when the running transaction holds half of the journal's limit or more, so
+    /// that orphans finished one after another at mount or unmount do not pile up in one
+    /// transaction. Hands back the lock (taken again after a commit).
+    fn commit_if_half_full<'a>(
+        &'a self,
+        m: parking_lot::MutexGuard<'a, Meta>,
+    ) -> Result<parking_lot::MutexGuard<'a, Meta>> {
         if m.transaction_blocks() < self.io.journal.max_transaction_blocks() / 2 {
             return Ok(m);
         }
@@ -3040,7 +3074,7 @@ mod tests {
         assert_eq!(m.names.attr_unseen(n).map(|a| a.perm), Some(0o640));
         // A failed operation leaves them forgotten.
         let r = m.run_op(|m| {
-            m.write(io, n, 150, &[3u8; 10])?;
+            m.write(io, n, 150, &[3u8; 10], 10)?;
             Err::<(), _>(FsError::NoSpace)
         });
         assert!(matches!(r, Err(FsError::NoSpace)));
@@ -3050,6 +3084,41 @@ mod tests {
         );
         drop(m);
         assert_eq!(fs.getattr(f).unwrap().size, 150);
+        fs.unmount().unwrap();
+    }
+
+    /// Goal: an operation that would leave the running transaction larger than the limit it
+    /// is given is taken back whole and says so (None), so that no commit is ever larger than
+    /// the journal takes; within the limit it stays. Method: an inode change (one
+    /// inode-table block) with the limit at the transaction's size, then one more.
+    #[test]
+    fn an_operation_past_the_transaction_limit_is_taken_back_whole() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let f = new_file(&fs, b"f");
+        fs.sync().unwrap();
+        let io = &fs.inner.io;
+        let n = f as u32;
+        let mut m = fs.inner.meta.lock();
+        let mode = m.read_inode(io, n).unwrap().mode();
+        let before = m.transaction_size();
+        let chmod = |m: &mut Meta| {
+            let mut i = m.read_inode(io, n)?;
+            i.set_mode(0o100600);
+            m.write_inode(io, n, &mut i)
+        };
+        assert!(m.run_op_within(before, chmod).is_none());
+        assert_eq!(
+            m.transaction_size(),
+            before,
+            "the operation left blocks behind"
+        );
+        assert_eq!(m.read_inode(io, n).unwrap().mode(), mode);
+        assert!(matches!(m.run_op_within(before + 1, chmod), Some(Ok(()))));
+        assert_eq!(m.transaction_size(), before + 1);
+        assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100600);
+        drop(m);
         fs.unmount().unwrap();
     }
 

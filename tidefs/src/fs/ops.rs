@@ -1129,7 +1129,14 @@ impl Meta {
     /// data reaches the device at write-back, `fs/writeback.rs`). Pages over holes reserve a
     /// block each; when space runs out part-way, the blocks that fit are written and the
     /// write is short, as POSIX allows.
-    pub(crate) fn write(&mut self, io: &Io, ino: u32, offset: u64, data: &[u8]) -> Result<u32> {
+    pub(crate) fn write(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        offset: u64,
+        data: &[u8],
+        request_len: usize,
+    ) -> Result<u32> {
         if !data.is_empty() {
             self.kill_caps(io, ino)?;
         }
@@ -1174,7 +1181,7 @@ impl Meta {
                 home,
                 offset: in_block,
                 bytes: &data[written..written + len],
-                request_len: data.len(),
+                request_len,
             };
             self.put_data(io, ino, piece)?;
             pos += len as u64;
@@ -1257,8 +1264,40 @@ impl Meta {
         self.put_extent_map(ino, map);
         i.set_size(size);
         // Zero the tail of the new last block, so a later extension reads zeros.
+        if size < old {
+            self.zero_tail(io, ino, size, tail_home)?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes the bytes of file `ino` (now `i`, with extents) past its size in its last
+    /// block, where that block holds data.
+    fn zero_past_eof(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<()> {
+        let bs = u64::from(self.geo.block_size);
+        let size = i.size();
+        if size % bs == 0 {
+            return Ok(());
+        }
+        self.fetch_for_range(io, ino, i, (size, size), (true, false))?;
+        // The size is within the largest file, so its block is within u32.
+        let tail_home = self.extent_map(io, ino, i)?.map((size / bs) as u32);
+        self.zero_tail(io, ino, size, tail_home)
+    }
+
+    /// Zeroes the bytes of the block holding byte `size` of `ino` from there to its end, where
+    /// the block holds data (cached, or written at `tail_home`).
+    fn zero_tail(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        size: u64,
+        tail_home: Option<(u64, bool)>,
+    ) -> Result<()> {
+        let bs = u64::from(self.geo.block_size);
+        // Callers keep the size within the largest file.
+        let tail_lblk = (size / bs) as u32;
         let cached = self.data.lock().get(ino, tail_lblk).is_some();
-        if size < old && size % bs != 0 && (cached || matches!(tail_home, Some((_, false)))) {
+        if size % bs != 0 && (cached || matches!(tail_home, Some((_, false)))) {
             let zeros = vec![0u8; (bs - size % bs) as usize];
             let piece = Piece::zeros(tail_lblk, tail_home, (size % bs) as usize, &zeros);
             self.put_data(io, ino, piece)?;
@@ -1397,6 +1436,12 @@ impl Meta {
     /// its link in it (`i_dtime`) is cleared. Returns true when it is off the list.
     pub(crate) fn finish_linked_orphan_step(&mut self, io: &Io, ino: u32) -> Result<bool> {
         let mut i = self.read_inode(io, ino)?;
+        if i.is_reg() && i.flags() & flags::EXTENTS == 0 && i.blocks_512(self.geo.block_size) > 0 {
+            return Err(FsError::Incompatible(format!(
+                "inode {ino}, a block-mapped file (ext2/ext3 layout), is on the orphan list \
+                 with its links: tidefs cannot truncate it; run e2fsck -fy"
+            )));
+        }
         if i.is_reg() && i.flags() & flags::EXTENTS != 0 {
             let size = i.size();
             if !self.shrink_step(io, ino, size)? {
@@ -1404,6 +1449,9 @@ impl Meta {
             }
             i = self.read_inode(io, ino)?;
             self.truncate(io, ino, &mut i, size)?;
+            // The kernel zeroes the last block past the size too (a crash may leave the bytes
+            // a truncate cut there), so that a later extension reads zeros.
+            self.zero_past_eof(io, ino, &i)?;
         }
         self.remove_orphan(io, ino)?;
         i.set_dtime(0);
