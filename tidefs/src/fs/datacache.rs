@@ -50,7 +50,9 @@ use crate::cache::ByteRanges;
 /// One cached file block.
 #[derive(Clone, Debug)]
 pub(crate) struct Page {
-    pub bytes: Box<[u8]>,
+    /// Shared with the write-back that snapshots it (no copy per page at commit); a write
+    /// while that snapshot lives copies it first ([`Arc::make_mut`]).
+    pub bytes: Arc<[u8]>,
     /// Changed since the last write-back.
     pub dirty: bool,
     /// Holds a reserved block: the page is over a hole and not yet allocated.
@@ -72,7 +74,7 @@ pub(crate) struct Page {
 
 impl Page {
     /// A page holding `bytes` as they are where they belong (or zeros over a hole, `reserved`).
-    fn clean(bytes: Box<[u8]>, reserved: bool) -> Page {
+    fn clean(bytes: Arc<[u8]>, reserved: bool) -> Page {
         Page {
             bytes,
             dirty: false,
@@ -113,7 +115,8 @@ struct PageWrite<'a> {
 impl PageWrite<'_> {
     /// Writes into `p`; true if it was clean before.
     fn apply(&self, p: &mut Page) -> bool {
-        p.bytes[self.offset..self.offset + self.data.len()].copy_from_slice(self.data);
+        Arc::make_mut(&mut p.bytes)[self.offset..self.offset + self.data.len()]
+            .copy_from_slice(self.data);
         p.referenced = true;
         let newly_dirty = !p.dirty;
         if newly_dirty {
@@ -322,7 +325,7 @@ impl DataCache {
     /// meanwhile (the reader holds its data lock), so only a drop can have made the bytes
     /// stale (the file deleted and its number reused, or cut by a truncate). Not noted for an
     /// operation's undo: the page is the file's content whatever that operation does.
-    pub fn insert_read(&mut self, ino: u32, lblk: u32, bytes: Box<[u8]>, drops: u64) -> bool {
+    pub fn insert_read(&mut self, ino: u32, lblk: u32, bytes: Arc<[u8]>, drops: u64) -> bool {
         if drops != self.drops(ino) || self.get(ino, lblk).is_some() {
             return false;
         }
@@ -359,7 +362,7 @@ impl DataCache {
                 .map(|(l, p)| DirtyPage {
                     lblk: *l,
                     gen: p.gen,
-                    bytes: Arc::from(&p.bytes[..]),
+                    bytes: Arc::clone(&p.bytes),
                     changed: p.changed.clone(),
                     first_write: p.first_write,
                     mode: p.mode,
@@ -461,7 +464,7 @@ impl DataCache {
 
     /// Caches the content of a block as a clean page (read for a partial write, or loaded to
     /// be changed); `reserved` when the block does not exist yet.
-    pub fn insert(&mut self, ino: u32, lblk: u32, bytes: Box<[u8]>, reserved: bool) {
+    pub fn insert(&mut self, ino: u32, lblk: u32, bytes: Arc<[u8]>, reserved: bool) {
         if self.pages >= self.max_pages {
             self.evict();
         }
@@ -542,8 +545,7 @@ impl DataCache {
         let mut at = 0usize;
         for lblk in first..=last {
             if self.get(ino, lblk).is_none() {
-                let zeros = vec![0u8; block_size as usize].into_boxed_slice();
-                self.put_page(ino, lblk, Page::clean(zeros, true));
+                self.put_page(ino, lblk, Page::clean(zero_page(block_size as usize), true));
             }
             let pos = offset + at as u64;
             let in_block = (pos % bs) as usize;
@@ -727,6 +729,11 @@ impl DataCache {
         }
         picked
     }
+}
+
+/// A page of `len` zeros, made in place (a `Box` or `Vec` turned into an `Arc` is copied).
+pub(crate) fn zero_page(len: usize) -> Arc<[u8]> {
+    std::iter::repeat_n(0u8, len).collect()
 }
 
 #[cfg(test)]

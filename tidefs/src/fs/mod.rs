@@ -1785,7 +1785,7 @@ impl Inner {
         let bs = self.geo.bs();
         let total: usize = plan.iter().map(|s| s.len).sum();
         let mut out = vec![0u8; total];
-        let mut fetched: Vec<(u32, Box<[u8]>)> = Vec::new();
+        let mut fetched: Vec<(u32, Arc<[u8]>)> = Vec::new();
         let mut at = 0;
         for s in plan {
             match s.source {
@@ -1799,7 +1799,7 @@ impl Inner {
                     let mut buf = vec![0u8; (in_block + s.len).div_ceil(bs) * bs];
                     self.io.dev.read_at(block * bs as u64, &mut buf)?;
                     out[at..at + s.len].copy_from_slice(&buf[in_block..in_block + s.len]);
-                    fetched.extend((lblk..).zip(buf.chunks(bs).map(Box::from)));
+                    fetched.extend((lblk..).zip(buf.chunks(bs).map(Arc::<[u8]>::from)));
                 }
                 ReadSource::Bytes(b) => out[at..at + s.len].copy_from_slice(&b),
             }

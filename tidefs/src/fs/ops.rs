@@ -3,6 +3,8 @@
 //! attributes. Each public operation runs inside one critical section, so it lands whole in
 //! one transaction; each checks what can fail before it changes anything.
 
+use std::sync::Arc;
+
 use crate::format::ext4::dirent::{self, ft};
 use crate::format::ext4::inode::{self, flags, mode, Inode, InodeTime};
 use crate::format::ext4::xattr::{self, Xattr};
@@ -10,7 +12,7 @@ use crate::{FsError, Result};
 
 use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode};
 use super::cached_writes::{from_ts, later, to_ts};
-use super::datacache::DataCache;
+use super::datacache::{zero_page, DataCache};
 use super::extents::{inode_goal, ExtentMap};
 use super::meta::{Io, Meta};
 use super::mode_record;
@@ -1076,8 +1078,8 @@ impl Meta {
         }
         let bs = self.geo.bs();
         let page = match home {
-            Some((p, false)) if bytes.len() < bs => self.read_data_block(io, p)?,
-            _ => vec![0u8; bs].into_boxed_slice(),
+            Some((p, false)) if bytes.len() < bs => Arc::from(self.read_data_block(io, p)?),
+            _ => zero_page(bs),
         };
         let mut pages = self.data.lock();
         pages.insert(ino, lblk, page, home.is_none());
