@@ -309,31 +309,40 @@ impl Meta {
     /// Runs `f` as one operation: kept whole if it succeeds, taken back whole if it fails.
     pub fn run_op<T>(&mut self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
         // No bound: always an answer.
-        self.run_op_within(usize::MAX, f)
-            .unwrap_or(Err(FsError::Invalid(
-                "operation larger than any transaction",
-            )))
+        self.run_op_within(None, f).unwrap_or(Err(FsError::Invalid(
+            "operation larger than any transaction",
+        )))
     }
 
-    /// [`Meta::run_op`], and an operation that succeeds but leaves the running transaction
-    /// larger than `limit` blocks ([`Meta::transaction_size`]) is taken back whole too: None
-    /// then, for the caller to commit what came before and run it again alone. A commit larger
-    /// than the journal takes fails and puts the file system in its error state; operations
-    /// that can be large go in parts on their own (fallocate, frees, journaled writes), and
-    /// this catches whatever else would.
+    /// [`Meta::run_op`] within a bound on what the running transaction may need of the log:
+    /// `bound` is (that many journal blocks, revoke records per journal block). An operation
+    /// does not start when the transaction is over the bound already, and one that succeeds
+    /// but takes it over the bound is taken back whole: None then, for the caller to commit
+    /// what came before and run it again alone. A commit larger than the log fails and puts
+    /// the file system in its error state; operations that can be large go in parts on their
+    /// own (fallocate, frees, journaled writes), and this catches whatever else would. The
+    /// bound is far above what any operation needs, so that taking one back (which repeats
+    /// what the undo record does not cover, such as the open-file table) stays a last resort.
     pub fn run_op_within<T>(
         &mut self,
-        limit: usize,
+        bound: Option<(usize, usize)>,
         f: impl FnOnce(&mut Meta) -> Result<T>,
     ) -> Option<Result<T>> {
+        let before = bound.map(|(limit, per)| (limit, per, self.transaction_size(per)));
+        if before.is_some_and(|(limit, _, size)| size > limit) {
+            return None;
+        }
         self.begin_op();
         let r = f(self);
         // An operation that stopped for a deferred read is taken back even if it went on
         // (someone swallowed the error): it runs again once the block is read.
         if r.is_ok() && !self.reads.stopped() {
-            if self.transaction_size() > limit {
-                self.rollback_op();
-                return None;
+            if let Some((limit, per, size)) = before {
+                let after = self.transaction_size(per);
+                if after > limit && after > size {
+                    self.rollback_op();
+                    return None;
+                }
             }
             self.end_op();
         } else {
@@ -342,15 +351,18 @@ impl Meta {
         Some(r)
     }
 
-    /// What the running transaction will carry, in blocks: [`Meta::transaction_blocks`] and
-    /// the pages write-back will journal (all dirty pages, once data journaling is in use).
-    pub fn transaction_size(&self) -> usize {
+    /// The journal blocks the running transaction will need, about: its dirty blocks, its
+    /// revoke records packed `revokes_per_block` to a block, and the pages write-back will
+    /// journal (all dirty pages, once data journaling is in use).
+    pub fn transaction_size(&self, revokes_per_block: usize) -> usize {
         let journaled_pages = if self.derived.modes.data_journaling_seen() {
             self.data.lock().dirty_count()
         } else {
             0
         };
-        self.transaction_blocks() + journaled_pages
+        self.cache.dirty_count()
+            + self.tx.revoked.len().div_ceil(revokes_per_block.max(1))
+            + journaled_pages
     }
 
     /// Ends an operation that succeeded: its changes stay in the running transaction, and the

@@ -756,6 +756,10 @@ impl Fs {
         let mut retries = 0;
         let mut orphan_deadline = None;
         let limit = inner.io.journal.max_transaction_blocks();
+        let per_revoke_block = inner.io.journal.revokes_per_block();
+        // Far above what any operation needs (three quarters of the log, where a commit
+        // fails past all of it): see `Meta::run_op_within`.
+        let bound = (limit.saturating_mul(3), per_revoke_block);
         let mut alone = 0;
         loop {
             let orphans_freed = inner.orphans_freed_so_far();
@@ -768,7 +772,7 @@ impl Fs {
                     if write && m.read_only {
                         return Err(FsError::ReadOnly);
                     }
-                    m.run_op_within(limit, |m| f(m, &inner.io))
+                    m.run_op_within(Some(bound), |m| f(m, &inner.io))
                         .unwrap_or_else(|| {
                             too_big = Some(m.has_uncommitted_changes());
                             Err(FsError::Invalid(
@@ -786,7 +790,8 @@ impl Fs {
                     let pages = m.data.lock();
                     (pages.dirty_count(), pages.dirty_limit())
                 };
-                let big = m.transaction_size() >= limit / 2 || dirty_pages >= dirty_limit;
+                let big =
+                    m.transaction_size(per_revoke_block) >= limit / 2 || dirty_pages >= dirty_limit;
                 (r, big, m.frees_pending(), steps)
             };
             if too_big == Some(true) && alone < 3 {
@@ -2200,7 +2205,8 @@ impl Inner {
         &'a self,
         m: parking_lot::MutexGuard<'a, Meta>,
     ) -> Result<parking_lot::MutexGuard<'a, Meta>> {
-        if m.transaction_blocks() < self.io.journal.max_transaction_blocks() / 2 {
+        let size = m.transaction_size(self.io.journal.revokes_per_block());
+        if size < self.io.journal.max_transaction_blocks() / 2 {
             return Ok(m);
         }
         drop(m);
@@ -3087,39 +3093,60 @@ mod tests {
         fs.unmount().unwrap();
     }
 
-    /// Goal: an operation that would leave the running transaction larger than the limit it
-    /// is given is taken back whole and says so (None), so that no commit is ever larger than
-    /// the journal takes; within the limit it stays. Method: an inode change (one
-    /// inode-table block) with the limit at the transaction's size, then one more.
+    /// Goal: an operation that would take the running transaction over the bound it is
+    /// given is taken back whole and says so (None), so that no commit is ever larger than the
+    /// log takes; within the bound it stays; over the bound already, nothing starts; revoke
+    /// records count as the log packs them, hundreds to a block. Method: an inode change (one
+    /// inode-table block) with the bound at the transaction's size, then one more, then one
+    /// less; then a thousand revokes.
     #[test]
-    fn an_operation_past_the_transaction_limit_is_taken_back_whole() {
+    fn an_operation_past_the_transaction_bound_is_taken_back_whole() {
         let Some(fs) = mounted() else {
             return;
         };
         let f = new_file(&fs, b"f");
         fs.sync().unwrap();
         let io = &fs.inner.io;
+        let per = io.journal.revokes_per_block();
+        assert!(per > 100, "{per} revokes per block");
         let n = f as u32;
         let mut m = fs.inner.meta.lock();
         let mode = m.read_inode(io, n).unwrap().mode();
-        let before = m.transaction_size();
-        let chmod = |m: &mut Meta| {
-            let mut i = m.read_inode(io, n)?;
-            i.set_mode(0o100600);
-            m.write_inode(io, n, &mut i)
+        let before = m.transaction_size(per);
+        let chmod = |to: u16| {
+            move |m: &mut Meta| {
+                let mut i = m.read_inode(io, n)?;
+                i.set_mode(to);
+                m.write_inode(io, n, &mut i)
+            }
         };
-        assert!(m.run_op_within(before, chmod).is_none());
-        assert_eq!(
-            m.transaction_size(),
-            before,
-            "the operation left blocks behind"
-        );
+        assert!(m
+            .run_op_within(Some((before, per)), chmod(0o100600))
+            .is_none());
+        assert_eq!(m.transaction_size(per), before, "blocks left behind");
         assert_eq!(m.read_inode(io, n).unwrap().mode(), mode);
-        assert!(matches!(m.run_op_within(before + 1, chmod), Some(Ok(()))));
-        assert_eq!(m.transaction_size(), before + 1);
+        let within = m.run_op_within(Some((before + 1, per)), chmod(0o100600));
+        assert!(matches!(within, Some(Ok(()))));
+        assert_eq!(m.transaction_size(per), before + 1);
         assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100600);
+        // Over the bound already: the operation does not run.
+        let mut ran = false;
+        let r = m.run_op_within(Some((before, per)), |_| {
+            ran = true;
+            Ok(())
+        });
+        assert!(r.is_none() && !ran);
+        // A thousand revokes need a few log blocks, not a thousand.
+        let r = m.run_op_within(Some((before + 1 + 1000usize.div_ceil(per), per)), |m| {
+            for b in 0..1000u64 {
+                m.revoke(1_000_000 + b);
+            }
+            Ok(())
+        });
+        assert!(matches!(r, Some(Ok(()))));
         drop(m);
-        fs.unmount().unwrap();
+        // The made-up revokes name blocks past the device: never committed.
+        fs.crash();
     }
 
     /// Goal: whoever was shown a file's times sees every later write as newer (multigrain

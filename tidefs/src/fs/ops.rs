@@ -1438,7 +1438,8 @@ impl Meta {
     /// its link in it (`i_dtime`) is cleared. Returns true when it is off the list.
     pub(crate) fn finish_linked_orphan_step(&mut self, io: &Io, ino: u32) -> Result<bool> {
         let mut i = self.read_inode(io, ino)?;
-        if i.is_reg() && i.flags() & flags::EXTENTS == 0 && i.blocks_512(self.geo.block_size) > 0 {
+        // Block pointers in `i_block` (an empty file's xattr block does not count).
+        if i.is_reg() && i.flags() & flags::EXTENTS == 0 && i.i_block().iter().any(|&b| b != 0) {
             return Err(FsError::Incompatible(format!(
                 "inode {ino}, a block-mapped file (ext2/ext3 layout), is on the orphan list \
                  with its links: tidefs cannot truncate it; run e2fsck -fy"

@@ -62,6 +62,8 @@ pub trait CommitLog: Send + Sync {
     fn stats(&self) -> JournalStats;
     /// Largest number of blocks (logged plus revoked) one transaction may carry.
     fn max_transaction_blocks(&self) -> usize;
+    /// Revoke records one journal block holds.
+    fn revokes_per_block(&self) -> usize;
     /// The tid the next commit gets.
     fn next_tid(&self) -> Tid;
     /// How full the log is.
@@ -114,6 +116,9 @@ impl CommitLog for Journal {
     }
     fn max_transaction_blocks(&self) -> usize {
         super::log::JournalCore::max_transaction_blocks(self)
+    }
+    fn revokes_per_block(&self) -> usize {
+        super::log::JournalCore::revokes_per_block(self)
     }
     fn next_tid(&self) -> Tid {
         super::log::JournalCore::next_tid(self)

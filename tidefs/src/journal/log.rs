@@ -1534,6 +1534,17 @@ impl JournalCore {
         n.max(1)
     }
 
+    /// Revoke records one revoke block holds, for the widest record format (so the answer
+    /// never depends on features enabled later).
+    pub fn revokes_per_block(&self) -> usize {
+        let bs = usize::try_from(self.geom.block_size).unwrap_or(usize::MAX);
+        let widest = TagFormat {
+            csum: crate::format::jbd2::CsumVersion::V3,
+            bits64: true,
+        };
+        crate::format::jbd2::revoke::RevokeBlock::records_per_block(widest, bs).max(1)
+    }
+
     /// Journal blocks used by live (committed, not checkpointed) transactions.
     pub fn used_blocks(&self) -> u32 {
         self.used.load(Ordering::Acquire)
