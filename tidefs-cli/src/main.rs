@@ -215,6 +215,9 @@ enum BenchCommand {
     Burst(bench::burst::BurstArgs),
     /// Debian's postmark, one configuration for tidefs (FUSE), the kernel's ext4 and fuse2fs.
     Postmark(bench::postmark::PostmarkArgs),
+    /// The checkpoint of a parallel job: ranks each writing a file of their own sequentially,
+    /// then fsync; bandwidth, time and device bytes for tidefs, the kernel's ext4 and fuse2fs.
+    Checkpoint(bench::checkpoint::CheckpointArgs),
     /// SQLite inserts, updates and deletes (autocommit, synchronous=FULL), rollback journal
     /// and WAL; tidefs:split keeps the rollback journal in a lightweight directory.
     Sqlite(bench::sqlite::SqliteArgs),
@@ -456,6 +459,10 @@ fn run_bench(which: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Postmark(args) => {
             bench::catch_interrupts()?;
             bench::postmark::run(args)
+        }
+        BenchCommand::Checkpoint(args) => {
+            bench::catch_interrupts()?;
+            bench::checkpoint::run(args)
         }
         BenchCommand::Sqlite(args) => {
             bench::catch_interrupts()?;

@@ -623,3 +623,62 @@ fn streams_options_are_checked() {
         );
     }
 }
+
+/// Goal: the checkpoint bench writes one file per rank on tidefs, the kernel's ext4 and
+/// fuse2fs and reports bandwidth, time, device bytes and the ratio. Method: 2 ranks of 2 MiB
+/// in writes of 256 KiB; no timing asserted.
+#[test]
+fn checkpoint_reports_every_system() {
+    let test = "checkpoint_reports_every_system";
+    if bench_skip(test) {
+        return;
+    }
+    if tool("fuse2fs").is_none() {
+        skip(test, "fuse2fs is not installed (scripts/install-deps.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let (text, report) = run_bench(
+        dir.path(),
+        &[
+            "checkpoint",
+            "--threads",
+            "2",
+            "--file-size",
+            "2M",
+            "--chunk",
+            "256K",
+            "--systems",
+            "tidefs:ordered,tidefs:journal,ext4:ordered,fuse2fs",
+        ],
+    );
+    for header in [
+        "MB/s",
+        "total s",
+        "dev MB written",
+        "of which journal",
+        "vs ext4:ordered",
+    ] {
+        assert!(text.contains(header), "no column {header}:\n{text}");
+    }
+    assert_eq!(
+        names(&report["rows"], "system"),
+        [
+            "tidefs:ordered",
+            "tidefs:journal",
+            "ext4:ordered",
+            "fuse2fs"
+        ]
+    );
+    assert_compared(&report["rows"], "mb_per_s");
+    // Every system received at least the data: 4 MiB.
+    for row in report["rows"].as_array().expect("OK to unwrap: array") {
+        let written = row["device_bytes_written"]
+            .as_f64()
+            .expect("OK to unwrap: number");
+        assert!(written >= 4.0 * 1024.0 * 1024.0, "{row}");
+    }
+    // Bad sizes are usage errors.
+    let out = output(tidefs().args(["bench", "checkpoint", "--threads", "0"]));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}

@@ -4,6 +4,8 @@
 //! - `burst` ([`burst`]): threads each doing write(125 B) + fdatasync on their own file, on
 //!   tidefs through FUSE, tidefs in-process and the kernel's ext4; plus a read-latency probe.
 //! - `postmark` ([`postmark`]): Debian's `postmark` with one configuration for every system.
+//! - `checkpoint` ([`checkpoint`]): the checkpoint of a parallel job, each rank writing a file
+//!   of its own sequentially and fsyncing it.
 //! - `sqlite` ([`sqlite`]): SQLite inserts, updates and deletes, autocommit with
 //!   `synchronous=FULL`, the rollback journal moved to a directory of its own by the VFS of
 //!   [`sqlite_vfs`] (the only `unsafe` code of the benchmarks): on `tidefs:split` a
@@ -25,6 +27,7 @@
 //!   another run.
 
 pub mod burst;
+pub mod checkpoint;
 pub mod postmark;
 pub mod recovery;
 mod report;
@@ -45,7 +48,7 @@ pub fn default_dir() -> PathBuf {
     Path::new("/var/tmp").join("tidefs-bench")
 }
 
-/// The options the comparison benchmarks (burst, postmark, sqlite, streams) share.
+/// The options the comparison benchmarks (burst, postmark, checkpoint, sqlite, streams) share.
 #[derive(clap::Args, Debug)]
 pub struct CommonArgs {
     /// Rounds over every measurement; the tables show the median.
@@ -67,6 +70,30 @@ impl CommonArgs {
     pub fn dir(&self) -> PathBuf {
         self.dir.clone().unwrap_or_else(default_dir)
     }
+}
+
+/// Runs `one` for each of `systems` in each of `runs` rounds (the systems interleaved within a
+/// round, so a drift of the machine's speed touches them all), behind a progress bar
+/// labelled `label`; returns the samples in that order.
+fn rounds<S>(
+    what: &str,
+    label: &str,
+    runs: usize,
+    systems: &[systems::System],
+    mut one: impl FnMut(&systems::System, usize) -> Result<S, CliError>,
+) -> Result<Vec<S>, CliError> {
+    let bar = report::progress(runs * systems.len(), label);
+    let mut samples = Vec::new();
+    for run in 0..runs {
+        for system in systems {
+            check_interrupt(what)?;
+            bar.set_message(system.name());
+            samples.push(one(system, run)?);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(samples)
 }
 
 /// Set once a stop signal arrived ([`catch_interrupts`]).

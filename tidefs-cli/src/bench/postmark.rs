@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use super::report;
-use super::systems::{need_tool, run_tool, JournalPlace, System, Target, Traffic};
+use super::systems::{need_tool, run_tool, JournalPlace, System, Target, Traffic, TrafficMedians};
 use crate::CliError;
 
 /// Arguments of `tidefs bench postmark`.
@@ -68,10 +68,8 @@ struct Row {
     system: String,
     transactions_per_s: f64,
     seconds: f64,
-    device_bytes_written: f64,
-    /// Of which to the external journal device (`None` for fuse2fs).
-    journal_bytes_written: Option<f64>,
-    device_flushes: f64,
+    #[serde(flatten)]
+    device: TrafficMedians,
     /// FUSE round trips per postmark transaction (tidefs only; creations and deletions of the
     /// initial and final file sets included).
     fuse_requests_per_transaction: Option<f64>,
@@ -102,17 +100,9 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
     std::fs::create_dir_all(&dir)
         .map_err(|e| CliError::new(format!("{what}: {}", dir.display()), e.to_string()))?;
 
-    let bar = report::progress(args.common.runs * systems.len(), "postmark");
-    let mut samples = Vec::new();
-    for run in 0..args.common.runs {
-        for system in &systems {
-            super::check_interrupt(what)?;
-            bar.set_message(system.name());
-            samples.push(one_run(&postmark, system.clone(), &args, &dir, run)?);
-            bar.inc(1);
-        }
-    }
-    bar.finish_and_clear();
+    let samples = super::rounds(what, "postmark", args.common.runs, &systems, |s, run| {
+        one_run(&postmark, s.clone(), &args, &dir, run)
+    })?;
 
     let mut rows: Vec<Row> = systems
         .iter()
@@ -125,12 +115,7 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
                 system: s.name(),
                 transactions_per_s: pick(|x| x.transactions_per_s),
                 seconds: pick(|x| x.seconds),
-                device_bytes_written: pick(|x| x.device.total().bytes_written as f64),
-                journal_bytes_written: mine
-                    .iter()
-                    .all(|x| x.device.journal.is_some())
-                    .then(|| pick(|x| x.device.journal.map_or(0.0, |j| j.bytes_written as f64))),
-                device_flushes: pick(|x| x.device.total().flushes as f64),
+                device: TrafficMedians::of(&mine.iter().map(|x| x.device).collect::<Vec<_>>()),
                 fuse_requests_per_transaction: mine.iter().all(|x| x.fuse_requests.is_some()).then(
                     || pick(|x| x.fuse_requests.unwrap_or(0) as f64) / args.transactions as f64,
                 ),
@@ -161,10 +146,11 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
                 r.system.clone(),
                 format!("{:.0}", r.transactions_per_s),
                 format!("{:.2}", r.seconds),
-                format!("{:.1}", r.device_bytes_written / 1e6),
-                r.journal_bytes_written
+                format!("{:.1}", r.device.device_bytes_written / 1e6),
+                r.device
+                    .journal_bytes_written
                     .map_or_else(|| "-".into(), |j| format!("{:.1}", j / 1e6)),
-                format!("{:.0}", r.device_flushes),
+                format!("{:.0}", r.device.device_flushes),
                 r.fuse_requests_per_transaction
                     .map_or_else(|| "-".into(), |q| format!("{q:.1}")),
                 report::ratio_cell(r.ratio_to_ext4_ordered),
