@@ -244,7 +244,15 @@ impl ExtentMap {
             .csum_seed
             .map(|s| inode_csum_seed(s, ino, inode.generation()));
         let sectors = u64::from(meta.geo.block_size / 512);
-        for b in self.take_released() {
+        let released = self.take_released();
+        // A change of the tree's shape (a node made or removed) touches the root in the inode
+        // and more than one node: in-place writes (lightweight) could reach the disk in part
+        // and leave the index and its nodes disagreeing, which `fsck -p` cannot mend. Such a
+        // change is journaled as a stricter mode's (the inode's slot and the nodes).
+        if !released.is_empty() || self.unallocated().next().is_some() {
+            meta.act_strictly();
+        }
+        for b in released {
             meta.free_block(io, b, true)?;
             let n = inode
                 .blocks_512(meta.geo.block_size)
@@ -259,6 +267,13 @@ impl ExtentMap {
             inode.set_blocks_512(inode.blocks_512(meta.geo.block_size) + sectors);
         }
         let (dirty, root) = self.take_dirty();
+        let mut ib = [0u8; I_BLOCK_LEN];
+        write_node(&root, &mut ib);
+        // Entries moved between nodes, or a key of the root changed with a node below it:
+        // the same, as one change of several blocks.
+        if dirty.len() > 1 || (!dirty.is_empty() && inode.i_block() != &ib[..]) {
+            meta.act_strictly();
+        }
         let mut buf = vec![0u8; bs];
         for (nr, node) in dirty {
             buf.fill(0);
@@ -270,8 +285,6 @@ impl ExtentMap {
                 meta.block_mut(io, nr)?.copy_from_slice(&buf);
             }
         }
-        let mut ib = [0u8; I_BLOCK_LEN];
-        write_node(&root, &mut ib);
         inode.i_block_mut().copy_from_slice(&ib);
         inode.set_flags(inode.flags() | flags::EXTENTS);
         Ok(())

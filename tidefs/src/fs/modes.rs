@@ -166,6 +166,12 @@ impl Meta {
         }
     }
 
+    /// The rest of the operation is not lightweight: what it changes from here on is journaled
+    /// (a change of several blocks that must reach the disk together, `ExtentMap::store`).
+    pub(crate) fn act_strictly(&mut self) {
+        self.op_light = Some(false);
+    }
+
     /// Whether every inode the operation acts for is in `lightweight` mode: its frees wait
     /// for its in-place writes, and the blocks it changes may go home in place. An operation
     /// that named no inode counts as strict.
