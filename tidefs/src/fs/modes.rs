@@ -23,10 +23,18 @@ use super::derived::Derived;
 use super::meta::{Io, Meta};
 use super::mode_record::{Linked, ModeRecord, RecordKind};
 
-/// A lightweight commit's dirty blocks, sorted by [`Meta::sort_for_lightweight`]: those that
-/// go through the journal as usual, those written home in place once the commit is durable,
-/// and the inode-table blocks that do both (their stricter inodes' bytes as a range record).
-pub(crate) type LightweightSort = (Vec<DirtyBlock>, Vec<(u64, Arc<[u8]>)>, Vec<RangeUpdate>);
+/// A lightweight commit's dirty blocks, sorted by [`Meta::sort_for_lightweight`].
+pub(crate) struct LightweightSort {
+    /// Blocks that go through the journal as usual.
+    pub journaled: Vec<DirtyBlock>,
+    /// Blocks written home in place once the commit is durable.
+    pub in_place: Vec<(u64, Arc<[u8]>)>,
+    /// Inode-table blocks that do both: their stricter inodes' bytes as a range record.
+    pub shared: Vec<RangeUpdate>,
+    /// Some block only lightweight operations changed was journaled because the log still
+    /// holds an older copy of it: a checkpoint would let the next commits write it in place.
+    pub held_by_log: bool,
+}
 
 impl Meta {
     /// Sorts the dirty blocks of a transaction that holds lightweight operations
@@ -51,9 +59,12 @@ impl Meta {
         let mut journaled = Vec::new();
         let mut in_place = Vec::new();
         let mut shared = Vec::new();
+        let mut held_by_log = false;
         for d in dirty {
             let replayable = io.journal.is_logged(d.nr) || io.journal.pending(d.nr).is_some();
             if replayable || self.is_allocation_block(d.nr) {
+                held_by_log |=
+                    replayable && !self.is_allocation_block(d.nr) && !strict_blocks.contains(&d.nr);
                 journaled.push(d);
             } else if !strict_blocks.contains(&d.nr) {
                 if super::logs_as_ranges(&d, ranges_ok) {
@@ -72,7 +83,12 @@ impl Meta {
                 journaled.push(d);
             }
         }
-        (journaled, in_place, shared)
+        LightweightSort {
+            journaled,
+            in_place,
+            shared,
+            held_by_log,
+        }
     }
 
     /// When `d` is an inode-table block whose changed bytes lie partly in slots of inodes a
@@ -170,6 +186,15 @@ impl Meta {
     /// (a change of several blocks that must reach the disk together, `ExtentMap::store`).
     pub(crate) fn act_strictly(&mut self) {
         self.op_light = Some(false);
+    }
+
+    /// The operation changes names: a directory entry together with the link count of the
+    /// inode it names, or a new inode's first image, or the orphan list. Those blocks are
+    /// journaled in every mode, lightweight too: written in place, a cut between the entry and
+    /// the inode leaves an inode no entry names, or a directory nothing connects, which a
+    /// boot-time `fsck -p` will not mend (docs/DESIGN.md §3.1).
+    pub(crate) fn changes_names(&mut self) {
+        self.act_strictly();
     }
 
     /// Whether every inode the operation acts for is in `lightweight` mode: its frees wait

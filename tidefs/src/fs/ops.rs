@@ -287,6 +287,7 @@ impl Meta {
     ) -> Result<Attr> {
         let pi = self.dir_inode(io, parent)?;
         self.acts_for(io, parent)?;
+        self.changes_names();
         self.check_absent(io, parent, name)?;
         self.ensure_space(2)?;
         let m = u16::try_from(m & 0o177777).map_err(|_| FsError::Invalid("mode"))?;
@@ -316,6 +317,7 @@ impl Meta {
     pub(crate) fn tmpfile(&mut self, io: &Io, parent: u32, m: u32, creds: Creds) -> Result<Attr> {
         let pi = self.dir_inode(io, parent)?;
         self.acts_for(io, parent)?;
+        self.changes_names();
         let m = u16::try_from(m & 0o177777).map_err(|_| FsError::Invalid("mode"))?;
         let m = match m & mode::S_IFMT {
             0 | mode::S_IFREG => mode::S_IFREG | (m & 0o7777),
@@ -343,6 +345,7 @@ impl Meta {
     ) -> Result<Attr> {
         let mut pi = self.dir_inode(io, parent)?;
         self.acts_for(io, parent)?;
+        self.changes_names();
         self.check_absent(io, parent, name)?;
         self.ensure_space(3)?;
         let (ino, mut i) =
@@ -391,6 +394,7 @@ impl Meta {
     ) -> Result<Attr> {
         let pi = self.dir_inode(io, parent)?;
         self.acts_for(io, parent)?;
+        self.changes_names();
         self.check_absent(io, parent, name)?;
         let bs = self.geo.bs();
         if target.is_empty() {
@@ -460,6 +464,7 @@ impl Meta {
         self.dir_inode(io, new_parent)?;
         self.acts_for(io, ino)?;
         self.acts_for(io, new_parent)?;
+        self.changes_names();
         self.check_absent(io, new_parent, new_name)?;
         if i.links_count() >= LINK_MAX {
             return Err(FsError::TooManyLinks);
@@ -735,6 +740,7 @@ impl Meta {
         }
         self.acts_for(io, parent)?;
         self.acts_for(io, slot.ino)?;
+        self.changes_names();
         if i.links_count() <= 1 && !self.open.contains(slot.ino) {
             self.fetch_for_free(io, slot.ino, &i)?;
         }
@@ -765,6 +771,7 @@ impl Meta {
         }
         self.acts_for(io, parent)?;
         self.acts_for(io, slot.ino)?;
+        self.changes_names();
         if !self.open.contains(slot.ino) {
             self.fetch_for_free(io, slot.ino, &i)?;
         }
@@ -863,6 +870,7 @@ impl Meta {
         {
             self.acts_for(io, ino)?;
         }
+        self.changes_names();
         self.ensure_space(2)?;
         if fl.exchange {
             let dst = dst.ok_or(FsError::NotFound)?;
