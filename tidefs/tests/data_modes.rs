@@ -279,13 +279,14 @@ fn allocation_audit_agrees_with_e2fsck() {
 }
 
 /// Goal: lightweight appends to a file made in the same mount go in place once the log's copy
-/// of its inode-table block is home: a commit that had to journal such a block (the log still
-/// held it, and a checkpoint must never write that older copy over an in-place write) starts a
-/// checkpoint in the background, however empty the log. Without it the block stayed in the log
-/// (checkpoints start at half full) and every append journaled it.
-/// Method: a file is made (a change of names, journaled) and fsync'd, then 125-byte appends
-/// with fdatasync, one at a time, until one adds only its commit block to the journal (no
-/// descriptor and inode-table block); bounded at 100 appends, 5 ms apart.
+/// of its inode-table block is home. While the log holds a block, a lightweight change of it
+/// is journaled (a checkpoint must never write that older copy over an in-place write), and
+/// checkpoints start at half a log: every append journaled the block until then. Now after two
+/// commits in a row that journaled such blocks, the next commit checkpoints first.
+/// Method: a file is made (a change of names, journaled) and fsync'd, then 20 appends of 125
+/// bytes with fdatasync back to back (no pause for a background checkpoint to win a race);
+/// the journal bytes each added: the first allocates, the second journals the held block
+/// (descriptor, block, commit: 12 KiB), and from the fourth on only the commit block.
 #[test]
 fn lightweight_appends_go_in_place_once_the_log_lets_go() {
     let dir = tempfile::tempdir().unwrap();
@@ -299,31 +300,27 @@ fn lightweight_appends_go_in_place_once_the_log_lets_go() {
         .create(ROOT_INO, b"log", 0o100644, 0, Creds::ROOT)
         .unwrap();
     fs.fsync(f.ino, false).unwrap();
-    let mut per_append = Vec::new();
-    // 100 appends of three journal blocks each stay below half of this image's 1 024-block
-    // log, where a checkpoint would start anyway.
-    for k in 0..100u64 {
-        let before = fs.stats().journal_bytes;
-        fs.write(f.ino, k * 125, &pattern(k as u8, 125)).unwrap();
-        fs.fsync(f.ino, true).unwrap();
-        per_append.push(fs.stats().journal_bytes - before);
-        if per_append.last() <= Some(&4096) && per_append.len() > 1 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let last = *per_append.last().unwrap();
+    let per_append: Vec<u64> = (0..20u64)
+        .map(|k| {
+            let before = fs.stats().journal_bytes;
+            fs.write(f.ino, k * 125, &pattern(k as u8, 125)).unwrap();
+            fs.fsync(f.ino, true).unwrap();
+            fs.stats().journal_bytes - before
+        })
+        .collect();
     assert!(
-        last <= 4096,
-        "every append journaled its inode-table block: {} appends, journal bytes each {:?}",
-        per_append.len(),
-        &per_append[..per_append.len().min(8)]
+        per_append[1] > 8192,
+        "the second append should journal the block the log held: {per_append:?}"
     );
     assert!(
-        per_append[0] > 8192,
-        "the first append should journal the block the log held: {per_append:?}"
+        per_append[3..].iter().all(|&b| b <= 4096),
+        "appends kept journaling their inode-table block: {per_append:?}"
     );
     fs.unmount().unwrap();
     drop(fs);
     common::assert_fsck_clean(&img);
+    let fs = Fs::open(&img, &opts).unwrap();
+    let want: Vec<u8> = (0..20u64).flat_map(|k| pattern(k as u8, 125)).collect();
+    assert_eq!(fs.read(f.ino, 0, 4000).unwrap(), want);
+    fs.unmount().unwrap();
 }

@@ -406,8 +406,10 @@ pub struct MountOptions {
     pub cache_size_bytes: usize,
     /// How file data is journaled.
     pub data_mode: DataMode,
-    /// Never checkpoint on the timer (the log still checkpoints when it is full): for the
-    /// recovery benchmark, which needs a log full of transactions at the crash.
+    /// Never checkpoint before the log is full (not on the timer, not at half a log, not for
+    /// lightweight's in-place writes): for the recovery benchmark, which needs a log full of
+    /// transactions at the crash, and the crash harness, whose recordings must not depend on
+    /// thread timing.
     pub hold_checkpoints: bool,
     /// What a flush does on the image and journal files (`-o barrier=`); `None` is unsafe.
     pub barrier: crate::dev::Barrier,

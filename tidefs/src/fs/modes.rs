@@ -32,7 +32,7 @@ pub(crate) struct LightweightSort {
     /// Inode-table blocks that do both: their stricter inodes' bytes as a range record.
     pub shared: Vec<RangeUpdate>,
     /// Some block only lightweight operations changed was journaled because the log still
-    /// holds an older copy of it: a checkpoint would let the next commits write it in place.
+    /// holds an older copy of it: after a checkpoint the next commits write it in place.
     pub held_by_log: bool,
 }
 
@@ -189,7 +189,8 @@ impl Meta {
     }
 
     /// The operation changes names: a directory entry together with the link count of the
-    /// inode it names, or a new inode's first image, or the orphan list. Those blocks are
+    /// inode it names, or a new inode's first image, or the orphan list (which runs through
+    /// the inodes on it). Those blocks are
     /// journaled in every mode, lightweight too: written in place, a cut between the entry and
     /// the inode leaves an inode no entry names, or a directory nothing connects, which a
     /// boot-time `fsck -p` will not mend (docs/DESIGN.md §3.1).
@@ -268,6 +269,9 @@ impl Meta {
         if let Some(m) = mode {
             self.act_in_mode(m);
         }
+        // Mode records are extended attributes: journaled in every mode, here and in the
+        // files it governs (see `Fs::change_xattrs`).
+        self.act_strictly();
         rec.own = mode;
         self.store_mode_record(io, ino, &mut i, rec)?;
         i.set_ctime(super::ops::now());

@@ -700,6 +700,9 @@ impl Meta {
     }
 
     fn remove_orphan(&mut self, io: &Io, ino: u32) -> Result<()> {
+        // The list runs through inodes written in place otherwise: a cut between the head
+        // (journaled) or the previous orphan and this one would break it.
+        self.changes_names();
         let head = self.sb.last_orphan();
         if head == 0 {
             return Ok(());
@@ -987,6 +990,9 @@ impl Meta {
         if !has_caps {
             return Ok(());
         }
+        // An attribute change, journaled in every mode (see `Fs::change_xattrs`): in place, a
+        // shared attribute block's copy, its reference count and the inode could part.
+        self.act_strictly();
         self.removexattr(io, ino, b"security.capability")
     }
 

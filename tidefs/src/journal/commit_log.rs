@@ -70,8 +70,6 @@ pub trait CommitLog: Send + Sync {
     fn space(&self) -> LogSpace;
     /// Stops or allows checkpoints the log would start on its own.
     fn hold_checkpoints(&self, hold: bool);
-    /// Starts a checkpoint in the background, however full the log is (unless held).
-    fn checkpoint_soon(&self);
     /// Device blocks of the file-system device the log occupies, as (first, count) runs, which
     /// file data must never use.
     fn device_runs(&self) -> Vec<(u64, u64)>;
@@ -130,9 +128,6 @@ impl CommitLog for Journal {
             used: u64::from(self.used_blocks()),
             capacity: u64::from(self.capacity()),
         }
-    }
-    fn checkpoint_soon(&self) {
-        super::log::JournalCore::checkpoint_soon(self)
     }
     fn hold_checkpoints(&self, hold: bool) {
         super::log::JournalCore::hold_checkpoints(self, hold)

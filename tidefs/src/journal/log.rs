@@ -532,8 +532,6 @@ impl Drop for Journal {
 pub(super) struct Worker {
     /// A commit asked for a checkpoint since the worker last started one.
     requested: bool,
-    /// The request is for a checkpoint however full the log is ([`JournalCore::checkpoint_soon`]).
-    forced: bool,
     /// The journal is being dropped: the worker returns.
     stop: bool,
     /// The worker thread, started by the first request.
@@ -1466,23 +1464,9 @@ impl JournalCore {
     /// Wakes the background checkpointer (starting it the first time) once the log is half
     /// full, so that space is reclaimed before a commit has to wait for it.
     fn request_background_checkpoint(&self) {
-        self.wake_checkpointer(false);
-    }
-
-    /// Starts a checkpoint in the background however full the log is: lightweight mode asks
-    /// for one when it had to journal blocks it would write in place because the log still
-    /// held an older copy of them (a checkpoint must never write that copy over an in-place
-    /// write); once they are home, the next commits write them in place.
-    pub fn checkpoint_soon(&self) {
-        self.wake_checkpointer(true);
-    }
-
-    /// Asks the background checkpointer for one checkpoint: when the log is more than half
-    /// full, or in any case when `forced`.
-    fn wake_checkpointer(&self, forced: bool) {
         if self.opts.read_only
             || self.hold_checkpoints.load(Ordering::Acquire)
-            || (!forced && self.used.load(Ordering::Acquire) <= self.capacity() / 2)
+            || self.used.load(Ordering::Acquire) <= self.capacity() / 2
         {
             return;
         }
@@ -1491,7 +1475,6 @@ impl JournalCore {
             return;
         }
         w.requested = true;
-        w.forced |= forced;
         if w.handle.is_none() {
             let Some(core) = self.me.upgrade() else {
                 return;
@@ -1512,7 +1495,7 @@ impl JournalCore {
     /// or a checkpoint fails (which aborts the journal; the next commit reports it).
     fn background_loop(&self) {
         loop {
-            let forced = {
+            {
                 let mut w = self.worker.lock();
                 while !w.requested && !w.stop {
                     self.worker_wake.wait(&mut w);
@@ -1521,10 +1504,9 @@ impl JournalCore {
                     return;
                 }
                 w.requested = false;
-                std::mem::take(&mut w.forced)
-            };
+            }
             if self.hold_checkpoints.load(Ordering::Acquire)
-                || (!forced && self.used.load(Ordering::Acquire) <= self.capacity() / 2)
+                || self.used.load(Ordering::Acquire) <= self.capacity() / 2
             {
                 continue;
             }
