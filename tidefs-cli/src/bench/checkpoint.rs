@@ -85,20 +85,14 @@ pub fn run(args: CheckpointArgs) -> Result<(), CliError> {
         one_run(s.clone(), &args, &dir, run)
     })?;
 
-    let mut rows: Vec<Row> = systems
-        .iter()
-        .map(|s| {
-            let mine: Vec<&Sample> = samples.iter().filter(|x| x.system == s.name()).collect();
-            let pick = |f: fn(&Sample) -> f64| {
-                report::median(&mut mine.iter().map(|x| f(x)).collect::<Vec<_>>())
-            };
-            Row {
-                system: s.name(),
-                mb_per_s: pick(|x| x.mb_per_s),
-                seconds: pick(|x| x.seconds),
-                device: TrafficMedians::of(&mine.iter().map(|x| x.device).collect::<Vec<_>>()),
-                ratio_to_ext4_ordered: None,
-            }
+    let mut rows: Vec<Row> = report::by_system(&systems, &samples, |x| &x.system)
+        .into_iter()
+        .map(|(system, mine)| Row {
+            mb_per_s: report::median_by(&mine, |x| x.mb_per_s),
+            seconds: report::median_by(&mine, |x| x.seconds),
+            device: TrafficMedians::of(&mine.iter().map(|x| x.device).collect::<Vec<_>>()),
+            system,
+            ratio_to_ext4_ordered: None,
         })
         .collect();
     report::set_ratios(&mut rows);

@@ -104,23 +104,20 @@ pub fn run(args: PostmarkArgs) -> Result<(), CliError> {
         one_run(&postmark, s.clone(), &args, &dir, run)
     })?;
 
-    let mut rows: Vec<Row> = systems
-        .iter()
-        .map(|s| {
-            let mine: Vec<&Sample> = samples.iter().filter(|x| x.system == s.name()).collect();
-            let pick = |f: fn(&Sample) -> f64| {
-                report::median(&mut mine.iter().map(|x| f(x)).collect::<Vec<_>>())
-            };
-            Row {
-                system: s.name(),
-                transactions_per_s: pick(|x| x.transactions_per_s),
-                seconds: pick(|x| x.seconds),
-                device: TrafficMedians::of(&mine.iter().map(|x| x.device).collect::<Vec<_>>()),
-                fuse_requests_per_transaction: mine.iter().all(|x| x.fuse_requests.is_some()).then(
-                    || pick(|x| x.fuse_requests.unwrap_or(0) as f64) / args.transactions as f64,
-                ),
-                ratio_to_ext4_ordered: None,
-            }
+    let mut rows: Vec<Row> = report::by_system(&systems, &samples, |x| &x.system)
+        .into_iter()
+        .map(|(system, mine)| Row {
+            transactions_per_s: report::median_by(&mine, |x| x.transactions_per_s),
+            seconds: report::median_by(&mine, |x| x.seconds),
+            device: TrafficMedians::of(&mine.iter().map(|x| x.device).collect::<Vec<_>>()),
+            fuse_requests_per_transaction: mine.iter().all(|x| x.fuse_requests.is_some()).then(
+                || {
+                    report::median_by(&mine, |x| x.fuse_requests.unwrap_or(0) as f64)
+                        / args.transactions as f64
+                },
+            ),
+            system,
+            ratio_to_ext4_ordered: None,
         })
         .collect();
     report::set_ratios(&mut rows);

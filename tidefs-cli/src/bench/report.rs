@@ -136,6 +136,28 @@ pub fn ms_cell(us: u64) -> String {
     format!("{:.2}", us as f64 / 1000.0)
 }
 
+/// The samples measured on each of `systems`, in their order, with the system's name;
+/// `system_of(sample)` names the system a sample was measured on.
+pub fn by_system<'a, T>(
+    systems: &[super::systems::System],
+    samples: &'a [T],
+    system_of: impl Fn(&T) -> &str,
+) -> Vec<(String, Vec<&'a T>)> {
+    systems
+        .iter()
+        .map(|s| {
+            let name = s.name();
+            let mine = samples.iter().filter(|x| system_of(x) == name).collect();
+            (name, mine)
+        })
+        .collect()
+}
+
+/// The median of `f` over `samples`; 0 when there are none.
+pub fn median_by<T>(samples: &[&T], f: impl Fn(&T) -> f64) -> f64 {
+    median(&mut samples.iter().map(|x| f(x)).collect::<Vec<_>>())
+}
+
 /// The median of `values` (sorted here); 0 when empty.
 pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);

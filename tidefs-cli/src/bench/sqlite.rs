@@ -427,9 +427,7 @@ fn row(system: &str, mode: JournalMode, phase: &'static str, samples: &[Sample])
         .filter(|s| s.system == system && s.journal_mode == mode.name() && s.phase == phase)
         .collect();
     let per_txn = |s: &Sample, n: u64| n as f64 / s.transactions.max(1) as f64;
-    let median = |f: &dyn Fn(&Sample) -> f64| {
-        report::median(&mut mine.iter().map(|s| f(s)).collect::<Vec<_>>())
-    };
+    let median = |f: &dyn Fn(&Sample) -> f64| report::median_by(&mine, f);
     let has_commits = mine.iter().all(|s| s.commits.is_some());
     let has_requests = mine.iter().all(|s| s.fuse_requests.is_some());
     Row {

@@ -506,12 +506,6 @@ impl Meta {
         }
     }
 
-    /// Blocks the running transaction carries so far (changed blocks and revokes, each
-    /// counted as one), as the journal bounds it.
-    pub fn transaction_blocks(&self) -> usize {
-        self.cache.dirty_count() + self.tx.revoked.len()
-    }
-
     /// Whether a commit may make room: frees wait for it before their blocks can be
     /// allocated again, or cached data holds reservations (with their margin for extent-tree
     /// growth) that write-back turns into exact allocations.

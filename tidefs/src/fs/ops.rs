@@ -1310,13 +1310,29 @@ impl Meta {
         tail_home: Option<(u64, bool)>,
     ) -> Result<()> {
         let bs = u64::from(self.geo.block_size);
+        if size % bs == 0 {
+            return Ok(());
+        }
         // Callers keep the size within the largest file.
-        let tail_lblk = (size / bs) as u32;
-        let cached = self.data.lock().get(ino, tail_lblk).is_some();
-        if size % bs != 0 && (cached || matches!(tail_home, Some((_, false)))) {
-            let zeros = vec![0u8; (bs - size % bs) as usize];
-            let piece = Piece::zeros(tail_lblk, tail_home, (size % bs) as usize, &zeros);
-            self.put_data(io, ino, piece)?;
+        self.zero_in_block(io, ino, (size / bs) as u32, tail_home, size % bs, bs)
+    }
+
+    /// Zeroes bytes `from..to` of logical block `lblk` of `ino` (mapped at `home`) where the
+    /// block holds data: a cached page, or a written extent. A hole or an unwritten extent
+    /// reads as zeros already.
+    fn zero_in_block(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        lblk: u32,
+        home: Option<(u64, bool)>,
+        from: u64,
+        to: u64,
+    ) -> Result<()> {
+        let cached = self.data.lock().get(ino, lblk).is_some();
+        if cached || matches!(home, Some((_, false))) {
+            let zeros = vec![0u8; (to - from) as usize];
+            self.put_data(io, ino, Piece::zeros(lblk, home, from as usize, &zeros))?;
         }
         Ok(())
     }
@@ -1596,11 +1612,7 @@ impl Meta {
             let Ok(lblk) = u32::try_from(lblk) else {
                 continue;
             };
-            let home = map.map(lblk);
-            if self.data.lock().get(ino, lblk).is_some() || matches!(home, Some((_, false))) {
-                let zeros = vec![0u8; (to - from) as usize];
-                self.put_data(io, ino, Piece::zeros(lblk, home, from as usize, &zeros))?;
-            }
+            self.zero_in_block(io, ino, lblk, map.map(lblk), from, to)?;
         }
         Ok(())
     }
@@ -1766,8 +1778,9 @@ impl Meta {
     /// Maps every hole among logical blocks `[first, last)` of `map` to a new unwritten block,
     /// after checking that they and `spare` more (tree blocks) are available; returns how many
     /// were allocated and the logical block reached (`last`). With a `budget`, stops after the
-    /// run that brings the running transaction to that many blocks (at least one run is
-    /// allocated), and the block reached is where the holes left begin.
+    /// run that brings the running transaction to that size ([`Meta::transaction_size`], the
+    /// measure the bound of every operation uses; at least one run is allocated), and the
+    /// block reached is where the holes left begin.
     #[allow(clippy::too_many_arguments)]
     fn allocate_unwritten(
         &mut self,
@@ -1795,7 +1808,9 @@ impl Meta {
         let mut allocated = 0u64;
         for (mut l, end) in holes {
             while l < end {
-                if budget.is_some_and(|b| allocated > 0 && self.transaction_blocks() >= b) {
+                if budget.is_some_and(|b| {
+                    allocated > 0 && self.transaction_size(io.journal.revokes_per_block()) >= b
+                }) {
                     return Ok((allocated, l));
                 }
                 let (p, len) = self.alloc_run(io, goal, end - l)?;
