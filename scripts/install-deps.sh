@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what tidefs needs to build, run and test on Debian/Ubuntu: FUSE 3, e2fsprogs (mke2fs,
 # e2fsck), fuse2fs (a peer for comparisons), postmark (for `tidefs bench postmark`), pkg-config,
-# a C toolchain for linking and for SQLite's C source (`tidefs bench sqlite`), and Rust (via
+# a C toolchain for linking, for SQLite's C source (`tidefs bench sqlite`) and for mimalloc (the
+# `tidefs` binary's allocator), and Rust (via
 # rustup when reachable, else Debian's cargo). Quiet unless something fails. Safe to run again.
 set -euo pipefail
 

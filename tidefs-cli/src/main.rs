@@ -264,6 +264,13 @@ fn quiet_library() {
     }
 }
 
+/// The mount daemon allocates a 4 KiB page buffer per block written and frees it after
+/// write-back, from many request threads at once. Under glibc's allocator a quarter of the
+/// daemon's processor time went to growing and trimming its arenas (page faults, the kernel
+/// clearing the pages again, `madvise`); mimalloc keeps freed pages for reuse per thread.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // The library reports what it finds (errors that put the file system read-only, a replayed
     // journal error, a repaired superblock) through `log`; they go to stderr, which is the
