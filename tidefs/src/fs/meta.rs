@@ -65,6 +65,13 @@ pub(crate) struct OpUndo {
     /// so that a `getattr` or a read after a write need not take the lock; a rollback leaves
     /// them forgotten.
     pub(super) forgot: HashMap<u32, Option<Inode>>,
+    /// Inodes this operation opened a handle on (an `O_TMPFILE`): a rollback drops the
+    /// handles again, so an operation taken back and run again holds one, not two.
+    pub(super) opened: Vec<u32>,
+    /// Inodes whose times this operation changed, with whether they had changed unseen
+    /// before (`NameCache::changed_unseen`): a rollback puts back those that had been seen,
+    /// so the operation run again stamps its change by the same rule.
+    pub(super) times: Vec<(u32, bool)>,
     /// A file this operation wrote, with its mode, found without capabilities to remove: it
     /// may take writes without the lock once the operation ends well (`fs/cached_writes.rs`).
     pub(super) publish_write: Option<(u32, super::api::DataMode)>,
@@ -301,6 +308,8 @@ impl Meta {
             late_frees_len: self.alloc.late_frees.len(),
             derived: Vec::new(),
             forgot: HashMap::new(),
+            opened: Vec::new(),
+            times: Vec::new(),
             publish_write: None,
         });
         self.pending_seen.clear();
@@ -321,8 +330,10 @@ impl Meta {
     /// what came before and run it again alone. A commit larger than the log fails and puts
     /// the file system in its error state; operations that can be large go in parts on their
     /// own (fallocate, frees, journaled writes), and this catches whatever else would. The
-    /// bound is far above what any operation needs, so that taking one back (which repeats
-    /// what the undo record does not cover, such as the open-file table) stays a last resort.
+    /// bound is far above what any operation needs, so that taking one back stays a last
+    /// resort: the undo record covers what an operation changes (blocks, pages, allocator and
+    /// revoke state, derived caches, the handles it opened, the "changed unseen" marks of
+    /// times), so the operation run again finds the state it first found.
     pub fn run_op_within<T>(
         &mut self,
         bound: Option<(usize, usize)>,
@@ -396,6 +407,14 @@ impl Meta {
         let Some(u) = self.op_undo.take() else {
             return;
         };
+        for &ino in &u.opened {
+            self.open.release(ino, 1);
+        }
+        for &(ino, unseen) in u.times.iter().rev() {
+            if !unseen {
+                self.names.shown(ino);
+            }
+        }
         let metadata_changed = self.cache.undo_has_changes()
             || self.sb != u.sb
             || self.sb_dirty != u.sb_dirty

@@ -3350,6 +3350,45 @@ mod tests {
         fs.unmount().unwrap();
     }
 
+    /// Goal: an operation taken back after it succeeded (`Meta::run_op_within`, for making
+    /// the transaction too large) leaves nothing of itself outside the blocks either: the
+    /// handle an `O_TMPFILE` opened is dropped, and a file whose times had been seen before its
+    /// write counts as seen again, so the operation run again holds one handle and stamps its
+    /// write by the same rule. Method: a bound of zero takes back any operation that grows the
+    /// transaction.
+    #[test]
+    fn an_operation_taken_back_after_success_leaves_no_handle_or_mark() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        let f = new_file(&fs, b"f");
+        let n = f as u32;
+        fs.sync().unwrap();
+        fs.getattr(f).unwrap();
+        let io = &fs.inner.io;
+        let mut m = fs.inner.meta.lock();
+        assert!(!m.names.changed_unseen(n), "getattr showed the times");
+        let per = io.journal.revokes_per_block();
+        let mut made = None;
+        let r = m.run_op_within(Some((0, per)), |m| {
+            made = Some(m.tmpfile(io, ROOT_INO as u32, 0o100600, Creds::ROOT)?.ino);
+            m.write(io, n, 0, b"x", 1)
+        });
+        assert!(r.is_none(), "the operation was not taken back");
+        let made = made.unwrap() as u32;
+        assert!(
+            !m.open.contains(made),
+            "the taken-back tmpfile still holds a handle"
+        );
+        assert!(
+            !m.names.changed_unseen(n),
+            "the taken-back write left the times marked changed unseen"
+        );
+        drop(m);
+        fs.unmount().unwrap();
+    }
+
     /// Goal: a write without the metadata lock that lands between an operation's read of the
     /// inode and its store (a chmod, say) is neither lost nor shown older: the operation
     /// removes only the record it read, the attributes it caches as it ends carry the later

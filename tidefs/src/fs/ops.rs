@@ -331,6 +331,9 @@ impl Meta {
         self.sb_dirty = true;
         self.write_inode(io, ino, &mut i)?;
         self.open.add(ino);
+        if let Some(u) = &mut self.op_undo {
+            u.opened.push(ino);
+        }
         Ok(self.attr(ino, &i))
     }
 
@@ -1243,8 +1246,12 @@ impl Meta {
         // under its read lock), so the test below sees that look; a later reader misses the
         // cache and waits for this operation.
         self.forget_attr_in_op(ino);
-        let t = change_time_after(self.names.changed_unseen(ino), i.ctime());
+        let unseen = self.names.changed_unseen(ino);
+        let t = change_time_after(unseen, i.ctime());
         self.names.times_changed(ino);
+        if let Some(u) = &mut self.op_undo {
+            u.times.push((ino, unseen));
+        }
         t
     }
 
