@@ -64,13 +64,17 @@ fn recovery_bench_reports_every_mode_and_the_peer() {
             run["transactions"].as_u64().expect("OK to unwrap: number") > 0,
             "{m}"
         );
-        assert!(
-            run["blocks_replayed"]
-                .as_u64()
-                .expect("OK to unwrap: number")
-                > 0,
-            "{m}"
-        );
+        // Lightweight appends journal nothing once the log's copies of their inodes are home
+        // (a create's commit logs them, and a lightweight commit then checkpoints them).
+        if m["mode"].as_str() != Some("lightweight") {
+            assert!(
+                run["blocks_replayed"]
+                    .as_u64()
+                    .expect("OK to unwrap: number")
+                    > 0,
+                "{m}"
+            );
+        }
         // e2fsprogs refuses to replay a journal with tidefs's extension records.
         let extensions = matches!(m["mode"].as_str(), Some("wasteless" | "selective"));
         assert_eq!(

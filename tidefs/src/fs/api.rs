@@ -406,10 +406,10 @@ pub struct MountOptions {
     pub cache_size_bytes: usize,
     /// How file data is journaled.
     pub data_mode: DataMode,
-    /// Never checkpoint before the log is full (not on the timer, not at half a log, not for
-    /// lightweight's in-place writes): for the recovery benchmark, which needs a log full of
-    /// transactions at the crash, and the crash harness, whose recordings must not depend on
-    /// thread timing.
+    /// Never start a checkpoint on the timer or at half a log (the log is still checkpointed
+    /// when it is full, and by a lightweight commit whose blocks it holds, both set by the
+    /// commits alone): for the recovery benchmark, which needs a log full of transactions at
+    /// the crash, and the crash harness, whose recordings must not depend on thread timing.
     pub hold_checkpoints: bool,
     /// What a flush does on the image and journal files (`-o barrier=`); `None` is unsafe.
     pub barrier: crate::dev::Barrier,
