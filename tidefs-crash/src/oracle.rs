@@ -187,28 +187,6 @@ fn first_diff(a: &[u8], b: &[u8]) -> String {
     }
 }
 
-/// Whether the modes a key's object may have obeyed all promise it after an fsync: every mode
-/// but `lightweight` does (level 2 and durability).
-pub fn promised_by_mode(model: &Model, key: &Key, exp: &Expect) -> bool {
-    let file_ok = |fid| !model.modes_of_file(fid).contains(&DataMode::Lightweight);
-    let dir_ok = |d: &str| !model.modes_of_dir(d).contains(&DataMode::Lightweight);
-    match key {
-        Key::Content(fid) | Key::Xattrs(fid) => file_ok(*fid),
-        Key::Listing(d) => dir_ok(d),
-        Key::Entry(p) => {
-            let named_ok = match exp {
-                Expect::Entry(Some(ExpectEntry::File(ino))) => model
-                    .files
-                    .iter()
-                    .filter(|(_, f)| f.ino == *ino)
-                    .all(|(fid, _)| file_ok(*fid)),
-                _ => true,
-            };
-            named_ok && dir_ok(parent_of(p))
-        }
-    }
-}
-
 /// Checks every promise in force; appends what does not hold to `problems`.
 pub fn check_promises(tree: &RTree, expects: &BTreeMap<Key, Expect>, problems: &mut Vec<String>) {
     let by_ino: HashMap<Ino, (&String, &RObj)> =
