@@ -1424,10 +1424,6 @@ impl Fs {
         let blocks_changed = self.with_meta(true, |m, io| {
             let n = m.ino32(ino)?;
             m.acts_for(io, n)?;
-            // An extended attribute block and the inode that names it change together; in
-            // place, a cut between them leaves a bad block pointer that fsck -p will not
-            // clear. Attribute changes are rare in the workloads lightweight is for.
-            m.act_strictly();
             change(m, io, n)?;
             Ok(std::mem::take(&mut m.blocks_changed))
         })?;
@@ -2357,7 +2353,6 @@ impl Inner {
                     held_by_log: false,
                 }
             };
-
             let (blocks, mut ranges) = split_by_record(dirty, ranges_ok);
             ranges.extend(shared);
             let revoked: Vec<u64> = tx.revoked.into_iter().collect();

@@ -62,9 +62,9 @@ impl Meta {
         let mut held_by_log = false;
         for d in dirty {
             let replayable = io.journal.is_logged(d.nr) || io.journal.pending(d.nr).is_some();
-            if replayable || self.is_allocation_block(d.nr) {
-                held_by_log |=
-                    replayable && !self.is_allocation_block(d.nr) && !strict_blocks.contains(&d.nr);
+            let allocation = self.is_allocation_block(d.nr);
+            if replayable || allocation {
+                held_by_log |= replayable && !allocation && !strict_blocks.contains(&d.nr);
                 journaled.push(d);
             } else if !strict_blocks.contains(&d.nr) {
                 if super::logs_as_ranges(&d, ranges_ok) {
@@ -190,10 +190,10 @@ impl Meta {
 
     /// The operation changes names: a directory entry together with the link count of the
     /// inode it names, or a new inode's first image, or the orphan list (which runs through
-    /// the inodes on it). Those blocks are
-    /// journaled in every mode, lightweight too: written in place, a cut between the entry and
-    /// the inode leaves an inode no entry names, or a directory nothing connects, which a
-    /// boot-time `fsck -p` will not mend (docs/DESIGN.md §3.1).
+    /// the inodes on it). Those blocks are journaled in every mode, lightweight too: written in
+    /// place, a cut between the entry and the inode leaves an inode no entry names, or a
+    /// directory nothing connects, which a boot-time `fsck -p` will not mend
+    /// (docs/DESIGN.md §3.1).
     pub(crate) fn changes_names(&mut self) {
         self.act_strictly();
     }
@@ -269,9 +269,6 @@ impl Meta {
         if let Some(m) = mode {
             self.act_in_mode(m);
         }
-        // Mode records are extended attributes: journaled in every mode, here and in the
-        // files it governs (see `Fs::change_xattrs`).
-        self.act_strictly();
         rec.own = mode;
         self.store_mode_record(io, ino, &mut i, rec)?;
         i.set_ctime(super::ops::now());

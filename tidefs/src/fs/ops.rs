@@ -993,9 +993,6 @@ impl Meta {
         if !has_caps {
             return Ok(());
         }
-        // An attribute change, journaled in every mode (see `Fs::change_xattrs`): in place, a
-        // shared attribute block's copy, its reference count and the inode could part.
-        self.act_strictly();
         self.removexattr(io, ino, b"security.capability")
     }
 
@@ -1867,6 +1864,13 @@ impl Meta {
         i: &mut Inode,
         attrs: &[Xattr],
     ) -> Result<()> {
+        // Every change of extended attributes comes here (setxattr, removexattr, capabilities
+        // dropped by a write or chown, mode records) and is journaled in every mode, from here
+        // to the operation's end: written in place, an attribute block (a new one, or a
+        // shared one's copy and its reference count) and the inode naming it could part, a
+        // "bad extended attribute block" that `fsck -p` will not mend (docs/DESIGN.md §3.1).
+        // Its callers change nothing before this.
+        self.act_strictly();
         self.names.withdraw_xattrs(ino);
         self.data.lock().writes_mut().withdraw_mode(ino);
         let area_len = i.xattr_area().len();
