@@ -479,4 +479,8 @@ pub struct Stats {
     /// avoids (docs/DESIGN.md §4.1).
     #[cfg_attr(feature = "serde", serde(default))]
     pub stops_after_change: u64,
+    /// Operations (and commits closing their transaction) that took the file system's
+    /// metadata lock; the others ran without it (docs/DESIGN.md §2.5).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub metadata_locked: u64,
 }

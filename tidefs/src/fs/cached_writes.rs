@@ -17,8 +17,8 @@
 //!
 //! Invariants:
 //! - a file takes writes without the lock only while its journaling mode is published here
-//!   ([`CachedWrites::publish_mode`], at the end of a write under the lock, which found the
-//!   file without capabilities to remove); every change of the file's extended attributes
+//!   ([`CachedWrites::publish_mode`], at the end of a write, truncate or create under the
+//!   lock, which found or left the file without capabilities); every change of the file's extended attributes
 //!   (where its mode record and capabilities live) withdraws it first, as does freeing or
 //!   making the inode;
 //! - a record holds the newest size and times of its inode; it is removed only when the

@@ -32,8 +32,8 @@
 //! if it is still the file's content (docs/DESIGN.md §2.5, "Reads without the lock").
 //!
 //! Behind the same mutex sit the block maps published for such reads
-//! ([`DataCache::publish_map`]): a read planned under the metadata lock, a write under it and
-//! the commit's write-back of a file leave its map here, and later reads of blocks no page
+//! ([`DataCache::publish_map`]): a read planned under the metadata lock, a write, truncate or
+//! create under it and the commit's write-back of a file leave its map here, and later reads of blocks no page
 //! holds find them on the device through it without that lock, and writes without it find
 //! the holes they may fill with pages (reserving blocks set aside, [`DataCache::spare`]). Every change to a file's map withdraws it first (`Meta::take_extent_map`), and
 //! so does every drop of the file's pages ([`DataCache::drop_range`]), so a published map is

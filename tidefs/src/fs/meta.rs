@@ -72,8 +72,9 @@ pub(crate) struct OpUndo {
     /// before (`NameCache::changed_unseen`): a rollback puts back those that had been seen,
     /// so the operation run again stamps its change by the same rule.
     pub(super) times: Vec<(u32, bool)>,
-    /// A file this operation wrote, with its mode, found without capabilities to remove: it
-    /// may take writes without the lock once the operation ends well (`fs/cached_writes.rs`).
+    /// A file this operation wrote, truncated or created, with its mode, found or left without
+    /// capabilities: it may take writes without the lock once the operation ends well
+    /// (`Meta::allow_cached_writes`, `fs/cached_writes.rs`).
     pub(super) publish_write: Option<(u32, super::api::DataMode)>,
 }
 

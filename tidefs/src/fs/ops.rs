@@ -60,6 +60,17 @@ pub(crate) fn kind_of(m: u16) -> FileKind {
     }
 }
 
+/// Mode `m` without the set-ID bits a write, truncate or change of owner by a caller without
+/// `CAP_FSETID` clears, as the kernel does: set-user-ID always, set-group-ID when the group
+/// may execute the file (without that, the bit means mandatory locking and stays).
+pub(crate) fn without_set_id(m: u16) -> u16 {
+    let mut kept = m & !mode::S_ISUID;
+    if m & mode::S_IXGRP != 0 {
+        kept &= !mode::S_ISGID;
+    }
+    kept
+}
+
 pub(crate) fn ft_of(m: u16) -> u8 {
     match m & mode::S_IFMT {
         mode::S_IFDIR => ft::DIR,
@@ -308,6 +319,8 @@ impl Meta {
         self.write_inode(io, ino, &mut i)?;
         self.dir_add(io, parent, name, ino, ft_of(m))?;
         self.touch_dir(io, parent)?;
+        // A new file has no capabilities: its first writes need not take the lock.
+        self.allow_cached_writes(io, ino, &i)?;
         Ok(self.attr(ino, &i))
     }
 
@@ -1003,10 +1016,7 @@ impl Meta {
     pub(crate) fn kill_suidgid(&mut self, io: &Io, ino: u32) -> Result<()> {
         let mut i = self.live_inode(io, ino)?;
         let m = i.mode();
-        let mut kept = m & !mode::S_ISUID;
-        if m & mode::S_IXGRP != 0 {
-            kept &= !mode::S_ISGID;
-        }
+        let kept = without_set_id(m);
         if kept == m {
             return Ok(());
         }
@@ -1054,6 +1064,11 @@ impl Meta {
         }
         i.set_ctime(c.ctime.map_or(t, from_ts));
         self.write_inode(io, ino, &mut i)?;
+        if c.size.is_some() {
+            // A truncate took the map out; the writes that usually follow it (`O_TRUNC`, then
+            // a rewrite) need not take the lock. No capabilities are left (`kill_caps`).
+            self.allow_cached_writes(io, ino, &i)?;
+        }
         Ok(self.attr(ino, &i))
     }
 
@@ -1141,6 +1156,35 @@ impl Meta {
         Ok(segs)
     }
 
+    /// Blocks kept back from what writes may reserve, for extent-tree growth at write-back.
+    fn reservation_margin(&self) -> u64 {
+        8 + self.data.lock().reserved() / 64
+    }
+
+    /// Lets the next writes of `ino` (as `i`, just stored by this operation, which found or
+    /// left it without capabilities) go into its cached pages without the metadata lock
+    /// (`Fs::write`, docs/DESIGN.md §2.5) once this operation ends well: a regular file whose
+    /// times round-trip exactly gets its mode published, its attributes cached when the
+    /// operation ends, and its block map published with spare blocks set aside, so that those
+    /// writes find the holes they may fill and blocks to reserve for them. Called by every
+    /// operation that leaves a file's map as a write would find it: a write, a truncate (whose
+    /// change took the map out) and a create.
+    fn allow_cached_writes(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<()> {
+        if !i.is_reg() || !i.keeps_nanoseconds() {
+            return Ok(());
+        }
+        let mode = self.data_mode(io, ino)?;
+        self.extent_map(io, ino, i)?;
+        if let Some(u) = self.op_undo.as_mut() {
+            u.publish_write = Some((ino, mode));
+            u.forgot.insert(ino, Some(i.clone()));
+        }
+        self.publish_extent_map(ino);
+        let margin = self.reservation_margin();
+        self.top_up_spare(margin);
+        Ok(())
+    }
+
     /// Writes file data into the page cache (delayed allocation: blocks are allocated and
     /// data reaches the device at write-back, `fs/writeback.rs`). Pages over holes reserve a
     /// block each; when space runs out part-way, the blocks that fit are written and the
@@ -1174,9 +1218,7 @@ impl Meta {
         let (first, last) = ((offset / bs) as u32, ((end - 1) / bs) as u32);
         let map = self.extent_map(io, ino, &i)?;
         let homes: Vec<Option<(u64, bool)>> = (first..=last).map(|l| map.map(l)).collect();
-        // Blocks that may still be promised, keeping a margin for extent-tree growth at
-        // write-back.
-        let margin = 8 + self.data.lock().reserved() / 64;
+        let margin = self.reservation_margin();
         let mut room = self
             .allocatable_blocks_for(margin + u64::from(last - first) + 1)
             .saturating_sub(margin);
@@ -1213,20 +1255,8 @@ impl Meta {
         i.set_mtime(t);
         i.set_ctime(t);
         self.write_inode(io, ino, &mut i)?;
-        // The file has no capabilities left (`kill_caps` above): its next writes into cached
-        // pages need not take the lock (`Fs::write`), if its times round-trip exactly.
-        // Its attributes are cached when the operation ends, as such a write needs.
-        // Its block map is published so those writes find the holes they may fill, with
-        // spare blocks to reserve for them.
-        if i.is_reg() && i.keeps_nanoseconds() {
-            let mode = self.data_mode(io, ino)?;
-            if let Some(u) = self.op_undo.as_mut() {
-                u.publish_write = Some((ino, mode));
-                u.forgot.insert(ino, Some(i.clone()));
-            }
-            self.publish_extent_map(ino);
-            self.top_up_spare(margin);
-        }
+        // The file has no capabilities left (`kill_caps` above).
+        self.allow_cached_writes(io, ino, &i)?;
         // At most the request, itself at most u32::MAX from FUSE.
         Ok(written as u32)
     }
