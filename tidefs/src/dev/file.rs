@@ -156,8 +156,7 @@ impl FileDev {
             return self.write_raw(offset, buf, durable);
         }
         if self.aligned(offset, buf.len()) {
-            let mut a = AlignedBuf::zeroed(buf.len());
-            a.as_mut_slice().copy_from_slice(buf);
+            let a = AlignedBuf::from_pieces(buf.len(), [buf]);
             return self.write_raw(offset, a.as_slice(), durable);
         }
         let (start, end) = self.covering(offset, buf.len());
@@ -469,12 +468,7 @@ impl BlockDevice for FileDev {
                 j += 1;
             }
             check_range(offset, run_len, self.len)?;
-            let mut run = AlignedBuf::zeroed(run_len);
-            let mut at = 0;
-            for (_, b) in &pieces[i..j] {
-                run.as_mut_slice()[at..at + b.len()].copy_from_slice(b);
-                at += b.len();
-            }
+            let run = AlignedBuf::from_pieces(run_len, pieces[i..j].iter().map(|p| p.1));
             runs.push((offset, run));
             i = j;
         }
