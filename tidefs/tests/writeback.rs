@@ -104,6 +104,56 @@ fn files_written_in_turns_get_one_extent_each() {
     assert_eq!(extent_count(&img, "b"), 1, "b is fragmented");
 }
 
+/// Write-back gives the pages over a row of holes their blocks a run at a time: a row that
+/// crosses block groups, rows broken by gaps, and holes around blocks already on disk all
+/// land where the map says, with the bitmaps right, in every mode that writes data home.
+#[test]
+fn runs_of_holes_get_their_blocks_across_groups_and_gaps() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    for mode in [DataMode::Lightweight, DataMode::Ordered, DataMode::Journal] {
+        let dir = tempfile::tempdir().unwrap();
+        // 1 024 blocks per group: a 6 MiB row crosses groups.
+        let img = common::mkimage(dir.path(), "r.img", 64, &["-g", "1024"]);
+        let fs = Fs::open(&img, &options(mode)).unwrap();
+        let f = fs.create(ROOT_INO, b"r", 0o100644, 0, Creds::ROOT).unwrap();
+        let block = |k: u64| vec![(k % 251) as u8 + 1; BS];
+        // Blocks 2000..2010 on disk first; then rows around them and a gap.
+        let mut written: Vec<u64> = (2000..2010).collect();
+        for &k in &written {
+            fs.write(f.ino, k * BS as u64, &block(k)).unwrap();
+        }
+        fs.sync().unwrap();
+        let rows: Vec<u64> = (0..1500).chain(1600..1700).chain(1995..2015).collect();
+        for &k in &rows {
+            fs.write(f.ino, k * BS as u64, &block(k)).unwrap();
+        }
+        written.extend(rows);
+        fs.sync().unwrap();
+        fs.unmount().unwrap();
+        drop(fs);
+        common::assert_fsck_clean(&img);
+        assert!(
+            extent_count(&img, "r") <= 12,
+            "{mode:?}: {} extents for three rows",
+            extent_count(&img, "r")
+        );
+        let fs = Fs::open(&img, &options(mode)).unwrap();
+        let data = fs.read(f.ino, 0, 2015 * BS as u32).unwrap();
+        for k in 0..2015u64 {
+            let at = k as usize * BS;
+            let want = if written.contains(&k) {
+                block(k)
+            } else {
+                vec![0u8; BS]
+            };
+            assert!(data[at..at + BS] == want[..], "{mode:?}: block {k} differs");
+        }
+        fs.unmount().unwrap();
+    }
+}
+
 #[test]
 fn fdatasync_of_an_overwrite_needs_no_commit_and_survives_a_crash() {
     if !common::have_e2fsprogs() {

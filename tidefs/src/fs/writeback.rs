@@ -2,7 +2,8 @@
 //!
 //! Write-back runs inside one operation of the running transaction, at commit (every dirty
 //! file) or at fsync of one file. For each file it allocates the blocks of pages over holes
-//! (one goal after the other, so a file written in one go gets one extent), turns unwritten
+//! (one goal after the other, so a file written in one go gets one extent; a row of pages over
+//! holes that follow each other gets its blocks as one run), turns unwritten
 //! extents under dirty pages into written ones, stores the extent tree and the inode's block
 //! count, and then either
 //! - in `journal` mode, copies each page into the buffer cache as a dirty block of the running
@@ -17,6 +18,8 @@
 
 use std::sync::Arc;
 
+use super::datacache::DirtyPage;
+use super::extent_map::ExtentMap;
 use super::extents::inode_goal;
 use super::meta::{Io, Meta};
 use crate::format::ext4::inode::flags;
@@ -132,7 +135,13 @@ impl Meta {
             let mut goal = inode_goal(&map, self, ino);
             let mut new_blocks = 0u64;
             let mut map_changed = false;
-            for page in pages {
+            // For each page over a hole, how many pages from it on are over the holes that
+            // follow it: they get their blocks in one run (one bitmap checksum and descriptor
+            // update per run, not per block). Only a commit's write-back allocates.
+            let holes_from = holes_ahead(&pages, &map);
+            // The rest of the last run allocated: the next file block it serves, and its block.
+            let mut run: Option<(u32, u64, u32)> = None;
+            for (k, page) in pages.into_iter().enumerate() {
                 // `fresh`: nothing of this block's file content is at home or in the log (a
                 // block just allocated). A block of an unwritten extent has no content at
                 // home, but the log may still hold a copy journaled before the extent was
@@ -148,12 +157,22 @@ impl Meta {
                         (p, true, true)
                     }
                     None => {
-                        let near = page
-                            .lblk
-                            .checked_sub(1)
-                            .and_then(|l| map.map(l))
-                            .map_or(goal, |(p, _)| p + 1);
-                        let p = self.alloc_block(io, near)?;
+                        let p = match run {
+                            Some((lblk, p, left)) if lblk == page.lblk && left > 0 => {
+                                run = Some((lblk + 1, p + 1, left - 1));
+                                p
+                            }
+                            _ => {
+                                let near = page
+                                    .lblk
+                                    .checked_sub(1)
+                                    .and_then(|l| map.map(l))
+                                    .map_or(goal, |(p, _)| p + 1);
+                                let (p, got) = self.alloc_run(io, near, holes_from[k])?;
+                                run = Some((page.lblk + 1, p + 1, got - 1));
+                                p
+                            }
+                        };
                         map.insert(page.lblk, p, false);
                         goal = p + 1;
                         new_blocks += 1;
@@ -239,6 +258,22 @@ impl Meta {
             pages.written_back(w.ino, w.lblk, w.gen);
         }
     }
+}
+
+/// For each of `pages` (in file order), the number of pages from it on whose blocks are
+/// holes of `map` and follow each other in the file (0 for a page over a mapped block).
+fn holes_ahead(pages: &[DirtyPage], map: &ExtentMap) -> Vec<u32> {
+    let mut ahead = vec![0u32; pages.len()];
+    for k in (0..pages.len()).rev() {
+        if map.map(pages[k].lblk).is_some() {
+            continue;
+        }
+        let next = pages
+            .get(k + 1)
+            .filter(|n| Some(n.lblk) == pages[k].lblk.checked_add(1));
+        ahead[k] = 1 + next.map_or(0, |_| ahead[k + 1]);
+    }
+    ahead
 }
 
 /// Writes `writes` (sorted by offset) to the device in one call, which merges runs of
