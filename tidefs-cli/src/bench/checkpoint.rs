@@ -12,7 +12,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::report;
-use super::systems::{JournalPlace, System, Target, Traffic, TrafficMedians};
+use super::report::TrafficMedians;
+use super::systems::{JournalPlace, System, Target, Traffic};
 use crate::CliError;
 
 /// Arguments of `tidefs bench checkpoint`.

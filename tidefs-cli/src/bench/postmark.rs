@@ -16,7 +16,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use super::report;
-use super::systems::{need_tool, run_tool, JournalPlace, System, Target, Traffic, TrafficMedians};
+use super::report::TrafficMedians;
+use super::systems::{need_tool, run_tool, JournalPlace, System, Target, Traffic};
 use crate::CliError;
 
 /// Arguments of `tidefs bench postmark`.

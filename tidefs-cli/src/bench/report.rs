@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 
+use super::systems::Traffic;
 use crate::CliError;
 
 /// Percentiles of a set of latencies, in microseconds.
@@ -165,6 +166,31 @@ pub fn median(values: &mut [f64]) -> f64 {
         0.0
     } else {
         values[values.len() / 2]
+    }
+}
+
+/// A table row's medians of what the devices received over several runs.
+#[derive(Debug, serde::Serialize)]
+pub struct TrafficMedians {
+    pub device_bytes_written: f64,
+    /// Of which to the external journal device (`None` when a run had none, as fuse2fs).
+    pub journal_bytes_written: Option<f64>,
+    pub device_flushes: f64,
+}
+
+impl TrafficMedians {
+    /// The medians of `runs`.
+    pub fn of(runs: &[Traffic]) -> TrafficMedians {
+        let median =
+            |f: &dyn Fn(&Traffic) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+        TrafficMedians {
+            device_bytes_written: median(&|t| t.total().bytes_written as f64),
+            journal_bytes_written: runs
+                .iter()
+                .all(|t| t.journal.is_some())
+                .then(|| median(&|t| t.journal.map_or(0.0, |j| j.bytes_written as f64))),
+            device_flushes: median(&|t| t.total().flushes as f64),
+        }
     }
 }
 

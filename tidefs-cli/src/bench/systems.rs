@@ -360,32 +360,6 @@ impl Traffic {
     }
 }
 
-/// A table row's medians of what the devices received over several runs.
-#[derive(Debug, serde::Serialize)]
-pub struct TrafficMedians {
-    pub device_bytes_written: f64,
-    /// Of which to the external journal device (`None` when a run had none, as fuse2fs).
-    pub journal_bytes_written: Option<f64>,
-    pub device_flushes: f64,
-}
-
-impl TrafficMedians {
-    /// The medians of `runs`.
-    pub fn of(runs: &[Traffic]) -> TrafficMedians {
-        let median = |f: &dyn Fn(&Traffic) -> f64| {
-            super::report::median(&mut runs.iter().map(f).collect::<Vec<_>>())
-        };
-        TrafficMedians {
-            device_bytes_written: median(&|t| t.total().bytes_written as f64),
-            journal_bytes_written: runs
-                .iter()
-                .all(|t| t.journal.is_some())
-                .then(|| median(&|t| t.journal.map_or(0.0, |j| j.bytes_written as f64))),
-            device_flushes: median(&|t| t.total().flushes as f64),
-        }
-    }
-}
-
 /// Where a system's journal lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JournalPlace {
