@@ -112,6 +112,10 @@ const READDIR_BATCH: usize = 256;
 /// is planned again when its file's pages were dropped under it).
 const MAX_READ_PLANS: usize = 8;
 
+/// Plans an fsync makes without the metadata lock, each after a commit closed its
+/// transaction under it, before it plans under the lock (`Inner::fsync_plan_unlocked`).
+const MAX_SYNC_PLANS: usize = 4;
+
 /// Longest a commit waits for more fsyncs to join it (jbd2's max batch time is 15 ms; a
 /// user-space device round trip is shorter, so the cap is lower).
 const MAX_BATCH_WAIT: Duration = Duration::from_millis(2);
@@ -2088,26 +2092,38 @@ impl Inner {
     /// [`Inner::fsync_plan`] without the metadata lock (`fs/sync_view.rs`), for a file whose
     /// attributes are cached (so it is in use) on a writable mount without errors, when no
     /// commit's write-back ran while the plan read its inputs; `None` sends it to the lock.
+    /// A commit closing its transaction meanwhile is waited for, as the lock would make the
+    /// planner wait, and the plan made again after it (a few times at most): under a storm
+    /// of fsyncs commits close all the time, and every planner that met one took the lock.
     fn fsync_plan_unlocked(&self, n: u32, datasync: bool) -> Option<Option<SyncWork>> {
         if self.read_only {
             return None;
         }
-        let window = self.sync.writeback_count();
-        if window % 2 == 1 || self.names.attr_unseen(n).is_none() {
-            return None;
+        for _ in 0..MAX_SYNC_PLANS {
+            let window = self.sync.writeback_count();
+            if window % 2 == 1 {
+                self.sync.wait_closed(window);
+                continue;
+            }
+            // Cached attributes: the file is in use (else the lock's path checks it is live).
+            self.names.attr_unseen(n)?;
+            let running = self.sync.running();
+            let durable = self.committed_tid.load(Ordering::SeqCst);
+            let (dirty, pending) = self.pages.lock().sync_inputs(n);
+            let tids = self.sync.tids(n);
+            if self.sync.writeback_count() != window {
+                continue;
+            }
+            // The error state is read after the inputs: an fsync that starts after a failure
+            // reports it (under the lock), even when its own change was durable before.
+            if self.errored.load(Ordering::SeqCst) {
+                return None;
+            }
+            return Some(sync_view::plan(
+                n, datasync, running, durable, dirty, pending, tids,
+            ));
         }
-        let running = self.sync.running();
-        let durable = self.committed_tid.load(Ordering::SeqCst);
-        let (dirty, pending) = self.pages.lock().sync_inputs(n);
-        let tids = self.sync.tids(n);
-        // The error state is read after the inputs: an fsync that starts after a failure
-        // reports it (under the lock), even when its own change was durable before.
-        if self.sync.writeback_count() != window || self.errored.load(Ordering::SeqCst) {
-            return None;
-        }
-        Some(sync_view::plan(
-            n, datasync, running, durable, dirty, pending, tids,
-        ))
+        None
     }
 
     /// Does what an fsync or sync needs, on the calling thread.
@@ -3562,10 +3578,11 @@ mod tests {
         fs.unmount().unwrap();
     }
 
-    /// Goal: an fsync that finds nothing to wait for decides so without the metadata lock,
-    /// and takes the lock while a commit's write-back runs (whose transaction it cannot place)
-    /// or when the file's attributes are not cached. Method: the lock held by the test while
-    /// fdatasyncs run on another thread; a write-back window opened by hand.
+    /// Goal: an fsync that finds nothing to wait for decides so without the metadata lock;
+    /// while a commit's write-back runs (whose transaction it cannot place) it waits for that
+    /// write-back to end, then decides without the lock; it takes the lock when the file's
+    /// attributes are not cached. Method: the lock held by the test while fdatasyncs run on
+    /// another thread; a write-back window opened and closed by hand.
     #[test]
     fn an_fsync_with_nothing_to_wait_for_does_not_take_the_metadata_lock() {
         let Some(fs) = mounted() else {
@@ -3585,12 +3602,19 @@ mod tests {
         quick
             .expect("an fsync with nothing to do waited for the lock")
             .unwrap();
-        let (quick, rx) = fsync_while_held(true, waits);
+        let held = fs.inner.meta.lock();
+        let open = fs.inner.sync.writeback_window();
+        let fs2 = fs.clone();
+        let rx = on_thread(move || fs2.fsync(f, true));
         assert!(
-            quick.is_err(),
-            "planned without the lock during a write-back"
+            rx.recv_timeout(waits).is_err(),
+            "planned during a write-back"
         );
-        rx.recv().unwrap().unwrap();
+        drop(open);
+        rx.recv_timeout(answers)
+            .expect("the fsync waited for the lock once the write-back ended")
+            .unwrap();
+        drop(held);
         fs.drop_caches().unwrap();
         let (quick, rx) = fsync_while_held(false, waits);
         assert!(

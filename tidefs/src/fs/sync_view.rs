@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::cached_writes::PendingInode;
 use super::fsync_queue::SyncWork;
@@ -39,6 +39,8 @@ pub(crate) struct InodeTids {
 pub(crate) struct SyncView {
     running: AtomicU32,
     writeback: AtomicU64,
+    /// Wakes the planners waiting for a write-back window to close ([`SyncView::wait_closed`]).
+    closed: (Mutex<()>, Condvar),
     /// For each inode changed by a transaction not known durable yet, its [`InodeTids`].
     tids: Mutex<HashMap<u32, InodeTids>>,
 }
@@ -49,6 +51,7 @@ impl SyncView {
         SyncView {
             running: AtomicU32::new(tid),
             writeback: AtomicU64::new(0),
+            closed: (Mutex::new(()), Condvar::new()),
             tids: Mutex::new(HashMap::new()),
         }
     }
@@ -73,6 +76,15 @@ impl SyncView {
     /// The write-back counter (odd: a write-back runs).
     pub fn writeback_count(&self) -> u64 {
         self.writeback.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the counter is no longer `count` (the window it counts has closed).
+    pub fn wait_closed(&self, count: u64) {
+        let mut g = self.closed.0.lock();
+        // Read under the mutex the closer takes after counting: no wake-up is missed.
+        while self.writeback_count() == count {
+            self.closed.1.wait(&mut g);
+        }
     }
 
     /// The tids of `ino`'s last changes, if not known durable.
@@ -110,6 +122,8 @@ pub(crate) struct WritebackWindow<'a>(&'a SyncView);
 impl Drop for WritebackWindow<'_> {
     fn drop(&mut self) {
         self.0.writeback.fetch_add(1, Ordering::SeqCst);
+        let _g = self.0.closed.0.lock();
+        self.0.closed.1.notify_all();
     }
 }
 
