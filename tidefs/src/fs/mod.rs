@@ -112,9 +112,15 @@ const READDIR_BATCH: usize = 256;
 /// is planned again when its file's pages were dropped under it).
 const MAX_READ_PLANS: usize = 8;
 
-/// Plans an fsync makes without the metadata lock, each after a commit closed its
-/// transaction under it, before it plans under the lock (`Inner::fsync_plan_unlocked`).
+/// Tries an fsync makes to plan without the metadata lock, each after the commit closing its
+/// transaction meanwhile (if any) closed it, before it plans under the lock
+/// (`Inner::fsync_plan_unlocked`).
 const MAX_SYNC_PLANS: usize = 4;
+
+/// Longest an fsync planner waits without the metadata lock for a commit to close its
+/// transaction (a close takes well under a millisecond, or a device read's time when it stops
+/// for one); then it plans under the lock, which a close stopped for a read lets go.
+const MAX_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Longest a commit waits for more fsyncs to join it (jbd2's max batch time is 15 ms; a
 /// user-space device round trip is shorter, so the cap is lower).
@@ -2100,10 +2106,16 @@ impl Inner {
             return None;
         }
         for _ in 0..MAX_SYNC_PLANS {
-            let window = self.sync.writeback_count();
+            let mut window = self.sync.writeback_count();
             if window % 2 == 1 {
-                self.sync.wait_closed(window);
-                continue;
+                // A close stopped for a device read may take long: past a bound, the lock.
+                if !self.sync.wait_closed(window, MAX_CLOSE_WAIT) {
+                    return None;
+                }
+                window = self.sync.writeback_count();
+                if window % 2 == 1 {
+                    continue;
+                }
             }
             // Cached attributes: the file is in use (else the lock's path checks it is live).
             self.names.attr_unseen(n)?;
@@ -2351,7 +2363,7 @@ impl Inner {
             // Write-back: cached file data gets its blocks in this transaction (`None`:
             // nothing to commit, the timer fired on an idle file system; every closed
             // transaction is already durable, or the error state would have stopped us).
-            // Until the running tid moves on, fsync planning takes the lock (`fs/sync_view.rs`).
+            // Until the running tid moves on, fsync planners wait (`fs/sync_view.rs`).
             let window = self.sync.writeback_window();
             let written = self.lock_meta_reading(|m| {
                 m.has_uncommitted_changes()
@@ -3580,8 +3592,8 @@ mod tests {
 
     /// Goal: an fsync that finds nothing to wait for decides so without the metadata lock;
     /// while a commit's write-back runs (whose transaction it cannot place) it waits for that
-    /// write-back to end, then decides without the lock; it takes the lock when the file's
-    /// attributes are not cached. Method: the lock held by the test while fdatasyncs run on
+    /// write-back to end, then decides without the lock, or takes the lock if it does not end
+    /// for a long while; it takes the lock when the file's attributes are not cached. Method: the lock held by the test while fdatasyncs run on
     /// another thread; a write-back window opened and closed by hand.
     #[test]
     fn an_fsync_with_nothing_to_wait_for_does_not_take_the_metadata_lock() {
@@ -3593,12 +3605,11 @@ mod tests {
         fs.sync().unwrap();
         fs.getattr(f).unwrap();
         let (answers, waits) = (Duration::from_secs(20), Duration::from_millis(300));
-        let fsync_while_held = |window: bool, patience: Duration| {
-            let _open = window.then(|| fs.inner.sync.writeback_window());
+        let fsync_while_held = |patience: Duration| {
             let fs2 = fs.clone();
             while_meta_held(&fs, patience, move || fs2.fsync(f, true))
         };
-        let (quick, _) = fsync_while_held(false, answers);
+        let (quick, _) = fsync_while_held(answers);
         quick
             .expect("an fsync with nothing to do waited for the lock")
             .unwrap();
@@ -3615,8 +3626,17 @@ mod tests {
             .expect("the fsync waited for the lock once the write-back ended")
             .unwrap();
         drop(held);
+        // A window that stays open (a close stopped for a slow device read) sends the planner
+        // to the lock after a while.
+        let open = fs.inner.sync.writeback_window();
+        let fs2 = fs.clone();
+        on_thread(move || fs2.fsync(f, true))
+            .recv_timeout(answers)
+            .expect("an fsync waited for a write-back that did not end")
+            .unwrap();
+        drop(open);
         fs.drop_caches().unwrap();
-        let (quick, rx) = fsync_while_held(false, waits);
+        let (quick, rx) = fsync_while_held(waits);
         assert!(
             quick.is_err(),
             "planned without the lock for an uncached file"

@@ -78,13 +78,18 @@ impl SyncView {
         self.writeback.load(Ordering::SeqCst)
     }
 
-    /// Waits until the counter is no longer `count` (the window it counts has closed).
-    pub fn wait_closed(&self, count: u64) {
+    /// Waits until the counter is no longer `count` (the window it counts has closed), for
+    /// at most `patience`; whether it closed.
+    pub fn wait_closed(&self, count: u64, patience: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + patience;
         let mut g = self.closed.0.lock();
         // Read under the mutex the closer takes after counting: no wake-up is missed.
         while self.writeback_count() == count {
-            self.closed.1.wait(&mut g);
+            if self.closed.1.wait_until(&mut g, deadline).timed_out() {
+                return self.writeback_count() != count;
+            }
         }
+        true
     }
 
     /// The tids of `ino`'s last changes, if not known durable.
