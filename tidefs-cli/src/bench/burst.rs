@@ -93,6 +93,8 @@ struct Cell {
     latency: Latency,
     /// Journal commits during the measurement, where the system counts them.
     commits: Option<u64>,
+    /// Operations that took tidefs's metadata lock during the measurement (tidefs only).
+    metadata_locked: Option<u64>,
     device: DeviceCounters,
     #[serde(skip)]
     samples: Vec<u64>,
@@ -109,6 +111,9 @@ struct Row {
     latency: Latency,
     /// Median over the runs.
     commits: Option<u64>,
+    /// Operations that took tidefs's metadata lock per write + fdatasync, over all runs
+    /// (tidefs only).
+    metadata_locked_per_op: Option<f64>,
     device_bytes_per_op: f64,
     flushes_per_op: f64,
     /// ops/s divided by ext4:ordered's at the same thread count.
@@ -252,11 +257,15 @@ fn measure(
     let name = target.system.name();
     let label = format!("burst-{run}-{threads}");
     let commits_before = target.commits();
+    let locked_before = target.metadata_locked();
     let device_before = target.counters();
     let (elapsed, samples) =
         storm(target, &label, threads, budget, record, None).map_err(|e| err(&name, e))?;
     let commits = commits_before
         .zip(target.commits())
+        .map(|(a, b)| b.saturating_sub(a));
+    let metadata_locked = locked_before
+        .zip(target.metadata_locked())
         .map(|(a, b)| b.saturating_sub(a));
     let device = target.counters().since(device_before).total();
     let mut sorted = samples.clone();
@@ -271,6 +280,7 @@ fn measure(
         ops_per_s: ops as f64 / seconds.max(1e-9),
         latency: Latency::of(&mut sorted),
         commits,
+        metadata_locked,
         device,
         samples,
     })
@@ -502,6 +512,7 @@ fn aggregate(systems: &[System], threads: &[usize], cells: &[Cell]) -> Vec<Row> 
             let mut commits: Vec<u64> = mine.iter().filter_map(|c| c.commits).collect();
             commits.sort_unstable();
             let ops: u64 = mine.iter().map(|c| c.ops).sum::<u64>().max(1);
+            let locked = mine.iter().map(|c| c.metadata_locked).sum::<Option<u64>>();
             let device = mine
                 .iter()
                 .fold(DeviceCounters::default(), |acc, c| DeviceCounters {
@@ -514,6 +525,7 @@ fn aggregate(systems: &[System], threads: &[usize], cells: &[Cell]) -> Vec<Row> 
                 ops_per_s: report::median(&mut rates),
                 latency: Latency::of(&mut samples),
                 commits: commits.get(commits.len() / 2).copied(),
+                metadata_locked_per_op: locked.map(|l| l as f64 / ops as f64),
                 device_bytes_per_op: device.bytes_written as f64 / ops as f64,
                 flushes_per_op: device.flushes as f64 / ops as f64,
                 ratio_to_ext4_ordered: None,
@@ -543,7 +555,7 @@ fn print_rows(rows: &[Row], args: &BurstArgs, budget: Budget) {
         args.common.runs
     );
     report::print_table(
-        "system|threads|ops/s|p50|p99|max|commits|dev B/op|flush/op|vs ext4:ordered",
+        "system|threads|ops/s|p50|p99|max|commits|locks/op|dev B/op|flush/op|vs ext4:ordered",
         rows,
         |r| {
             [
@@ -555,6 +567,8 @@ fn print_rows(rows: &[Row], args: &BurstArgs, budget: Budget) {
                 r.latency.cells(),
                 vec![
                     r.commits.map_or_else(|| "-".into(), |c| c.to_string()),
+                    r.metadata_locked_per_op
+                        .map_or_else(|| "-".into(), |l| format!("{l:.2}")),
                     format!("{:.0}", r.device_bytes_per_op),
                     format!("{:.2}", r.flushes_per_op),
                     report::ratio_cell(r.ratio_to_ext4_ordered),

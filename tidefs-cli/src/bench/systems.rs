@@ -751,6 +751,16 @@ impl Target {
         }
     }
 
+    /// Operations (and commit closes) that took tidefs's metadata lock so far (`tidefs stats`'
+    /// `metadata_locked`); `None` for other systems.
+    pub fn metadata_locked(&self) -> Option<u64> {
+        match &self.mounted {
+            Mounted::Embedded(fs) => Some(fs.stats().metadata_locked),
+            Mounted::Tidefs(_) => self.daemon_stats()?["stats"]["metadata_locked"].as_u64(),
+            Mounted::Kernel(_) | Mounted::Fuse2fs(..) => None,
+        }
+    }
+
     /// FUSE requests the tidefs daemon has served so far (`tidefs stats`' `fuse_requests`, all
     /// kinds); `None` for systems without that count (the kernel's ext4, fuse2fs, the library).
     pub fn fuse_requests(&self) -> Option<u64> {
