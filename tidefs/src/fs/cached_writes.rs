@@ -35,7 +35,8 @@ use super::api::{Attr, DataMode, Timestamp};
 use crate::format::ext4::inode::{Inode, InodeTime};
 
 /// Blocks the metadata side keeps set aside for pages that writes without the lock make over
-/// holes (256 KiB of 4 KiB blocks): refilled by the next write under the lock once used up.
+/// holes (256 KiB of 4 KiB blocks): refilled by the next write, truncate or create under the
+/// lock once used up (`Meta::allow_cached_writes`).
 pub(crate) const SPARE_BLOCKS: u64 = 64;
 
 /// Files whose mode is published at most; the table is emptied when it passes this.

@@ -1,8 +1,10 @@
 //! The file system: inodes, directories, files, allocation, all through journal transactions.
 //! This is the embeddable library API; the FUSE adapter is a thin layer over [`Fs`].
 //!
-//! Concurrency: one lock (`meta`) guards all metadata; every operation runs inside it, so each
-//! lands whole in the running transaction. Commits are serialised by the commit gate and do their
+//! Concurrency: one lock (`meta`) guards all metadata; every operation that changes it runs
+//! inside it, so each lands whole in the running transaction (writes into cached pages, reads,
+//! lookups, attribute reads and fsync planning go without it when they can, docs/DESIGN.md §2.5
+//! and §4.3). Commits are serialised by the commit gate and do their
 //! journal I/O without holding `meta`, so operations go on while a transaction commits, and all
 //! the fsyncs that arrive during one commit share the next one (group commit). File reads hold
 //! a per-inode data lock that keeps a truncate from freeing the blocks being read; they plan
@@ -2109,7 +2111,7 @@ impl Inner {
             let mut window = self.sync.writeback_count();
             if window % 2 == 1 {
                 // A close stopped for a device read may take long: past a bound, the lock.
-                if !self.sync.wait_closed(window, MAX_CLOSE_WAIT) {
+                if !self.sync.wait_closed(window, MAX_CLOSE_WAIT) || self.life.is_closed() {
                     return None;
                 }
                 window = self.sync.writeback_count();

@@ -1166,9 +1166,9 @@ impl Meta {
     /// (`Fs::write`, docs/DESIGN.md §2.5) once this operation ends well: a regular file whose
     /// times round-trip exactly gets its mode published, its attributes cached when the
     /// operation ends, and its block map published with spare blocks set aside, so that those
-    /// writes find the holes they may fill and blocks to reserve for them. Called by every
-    /// operation that leaves a file's map as a write would find it: a write, a truncate (whose
-    /// change took the map out) and a create.
+    /// writes find the holes they may fill and blocks to reserve for them. Called by a write,
+    /// a truncate (whose change took the map out) and a create; a fallocate, punch-hole or
+    /// zero-range leaves the map out (the next write under the lock publishes it).
     fn allow_cached_writes(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<()> {
         if !i.is_reg() || !i.keeps_nanoseconds() {
             return Ok(());

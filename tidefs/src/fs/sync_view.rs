@@ -67,7 +67,8 @@ impl SyncView {
     }
 
     /// A commit's write-back is about to start: until the guard drops (after the running tid
-    /// moved on, or the commit gave up), planners without the lock step aside.
+    /// moved on, or the commit gave up), planners without the lock wait
+    /// ([`SyncView::wait_closed`]).
     pub fn writeback_window(&self) -> WritebackWindow<'_> {
         self.writeback.fetch_add(1, Ordering::SeqCst);
         WritebackWindow(self)
