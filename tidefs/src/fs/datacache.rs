@@ -163,6 +163,11 @@ pub(crate) struct DataCache {
     drops: Box<[u64]>,
     /// While an operation runs: the pages it touched as they were before (or `None`).
     undo: Option<HashMap<(u32, u32), Option<Page>>>,
+    /// While an operation runs: pages whose reservation it used up ([`DataCache::allocated`])
+    /// without touching them otherwise, so not saved whole in `undo`: a rollback gives them
+    /// their reservation back. A commit's write-back allocates thousands of pages at once,
+    /// and saving each whole cost most of its time under the metadata lock.
+    undo_reserved: Vec<(u32, u32)>,
     /// Block maps published for reads without the metadata lock (shared with `Meta::maps`).
     maps: HashMap<u32, Arc<ExtentMap>>,
     /// Writes without the metadata lock: which files may take them, and the size and times
@@ -204,6 +209,7 @@ impl DataCache {
             next_gen: 1,
             drops: vec![0; DROP_BUCKETS].into_boxed_slice(),
             undo: None,
+            undo_reserved: Vec::new(),
             maps: HashMap::new(),
             writes: CachedWrites::default(),
             journaled_files: Some(HashSet::new()),
@@ -403,6 +409,7 @@ impl DataCache {
     /// Ends the operation, keeping its changes.
     pub fn end_undo(&mut self) {
         self.undo = None;
+        self.undo_reserved.clear();
         self.writes.end_undo();
     }
 
@@ -417,6 +424,11 @@ impl DataCache {
             if let Some(p) = before {
                 self.put_page(ino, lblk, p);
             }
+        }
+        // After the pages saved whole: one saved after its reservation was used up comes
+        // back without it, and gets it here.
+        for (ino, lblk) in std::mem::take(&mut self.undo_reserved) {
+            self.set_reserved(ino, lblk, true);
         }
     }
 
@@ -613,12 +625,29 @@ impl DataCache {
         if !self.get(ino, lblk).is_some_and(|p| p.reserved) {
             return;
         }
-        self.note(ino, lblk);
+        if let Some(u) = &self.undo {
+            if !u.contains_key(&(ino, lblk)) {
+                self.undo_reserved.push((ino, lblk));
+            }
+        }
+        self.set_reserved(ino, lblk, false);
+    }
+
+    /// Marks page `(ino, lblk)`, if cached, as holding a reserved block or not, keeping the
+    /// counts right.
+    fn set_reserved(&mut self, ino: u32, lblk: u32, reserved: bool) {
         if let Some(f) = self.files.get_mut(&ino) {
             if let Some(p) = f.pages.get_mut(&lblk) {
-                p.reserved = false;
-                f.reserved -= 1;
-                self.reserved -= 1;
+                if p.reserved != reserved {
+                    p.reserved = reserved;
+                    if reserved {
+                        f.reserved += 1;
+                        self.reserved += 1;
+                    } else {
+                        f.reserved -= 1;
+                        self.reserved -= 1;
+                    }
+                }
             }
         }
     }
@@ -853,6 +882,56 @@ mod tests {
         assert!(!c.get(1, 0).unwrap().dirty);
         assert!(c.get(1, 1).is_none());
         assert_eq!((c.dirty_count(), c.reserved(), c.pages), (0, 0, 1));
+    }
+
+    /// Goal: a rollback gives back the reservations an operation used up, whether the page
+    /// was saved whole before (a write first), after (a write-back that marks it clean) or
+    /// not at all, and leaves a write without the lock made meanwhile in place.
+    #[test]
+    fn rollback_gives_back_used_up_reservations() {
+        let mut c = DataCache::new(64);
+        for l in 0..3 {
+            c.insert(4, l, vec![0u8; 8].into(), true);
+            c.write(4, l, 0, b"d", 1, DataMode::Journal);
+        }
+        c.publish_map(4, Arc::new(ExtentMap::default()));
+        assert_eq!(c.reserved(), 3);
+        c.begin_undo();
+        c.write(4, 0, 1, b"e", 1, DataMode::Journal);
+        for l in 0..3 {
+            c.allocated(4, l);
+        }
+        let gen = c.get(4, 2).unwrap().gen;
+        c.written_back(4, 2, gen);
+        assert_eq!(
+            c.write_cached(4, 4096 + 2, b"w", 4096, DataMode::Journal),
+            Some(0)
+        );
+        assert_eq!((c.reserved(), c.reserved_of(4)), (0, 0));
+        c.rollback();
+        assert_eq!((c.reserved(), c.reserved_of(4)), (3, 3));
+        for l in 0..3 {
+            assert!(
+                c.get(4, l).unwrap().reserved,
+                "page {l} lost its reservation"
+            );
+        }
+        assert_eq!(
+            &c.get(4, 0).unwrap().bytes[..2],
+            b"d\0",
+            "the write was taken back"
+        );
+        assert_eq!(
+            &c.get(4, 1).unwrap().bytes[..3],
+            b"d\0w",
+            "the write without the lock"
+        );
+        assert!(c.get(4, 2).unwrap().dirty, "the write-back was taken back");
+        c.begin_undo();
+        c.allocated(4, 1);
+        c.end_undo();
+        c.rollback();
+        assert_eq!(c.reserved(), 2, "an ended operation's use stays");
     }
 
     /// Goal: a page that joined the transaction inside an operation (journal mode's
