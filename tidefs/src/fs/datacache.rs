@@ -403,6 +403,7 @@ impl DataCache {
     /// Starts recording the old state of every page the operation touches.
     pub fn begin_undo(&mut self) {
         self.undo = Some(HashMap::new());
+        self.undo_reserved.clear();
         self.writes.begin_undo();
     }
 
@@ -784,7 +785,10 @@ mod tests {
             0,
             "a write with a page missing changed nothing"
         );
+        // The operation saves the page whole (its own write), then the write without the
+        // lock lands in the page and in that saved copy.
         c.begin_undo();
+        c.write(5, 0, 0, b"z", 1, DataMode::Ordered);
         c.allocated(5, 0);
         assert_eq!(c.write_cached(5, 2, b"ab", 16, DataMode::Ordered), Some(0));
         c.rollback();
