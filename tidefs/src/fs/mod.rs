@@ -1164,9 +1164,7 @@ impl Fs {
         // have no set-ID bit to clear: their cached attributes (cached under the lock as each
         // change of the inode ends) say so without the lock. The kernel holds the file's lock
         // across this and the write, so no change of its mode comes in between.
-        if !inner.read_only
-            && !inner.life.is_closed()
-            && !inner.errored.load(Ordering::SeqCst)
+        if inner.changes_without_lock()
             && inner
                 .names
                 .attr_unseen(n)
@@ -1175,7 +1173,6 @@ impl Fs {
             return Ok(());
         }
         self.with_meta(true, |m, io| {
-            let n = m.ino32(ino)?;
             m.acts_for(io, n)?;
             m.kill_suidgid(io, n)
         })
@@ -1664,6 +1661,13 @@ impl Io {
 }
 
 impl Inner {
+    /// Whether a change may be made or answered without the metadata lock at all: a
+    /// writable mount, open, not in the error state (else the change goes under the lock,
+    /// which refuses it as it should).
+    fn changes_without_lock(&self) -> bool {
+        !self.read_only && !self.life.is_closed() && !self.errored.load(Ordering::SeqCst)
+    }
+
     /// Serves [`Fs::write`] without the metadata lock (docs/DESIGN.md §2.5, "Writes without
     /// the lock") when the file's mode is published, its attributes are cached, and every
     /// block the write covers has a page or is a hole that a spare block can reserve (the
@@ -1676,11 +1680,7 @@ impl Inner {
     /// nothing changed, the write goes under the lock (which also starts the commits that a
     /// growing amount of dirty data asks for).
     fn write_cached(&self, n: u32, offset: u64, data: &[u8]) -> bool {
-        if data.is_empty()
-            || self.read_only
-            || self.life.is_closed()
-            || self.errored.load(Ordering::SeqCst)
-        {
+        if data.is_empty() || !self.changes_without_lock() {
             return false;
         }
         let Some(end) = offset.checked_add(data.len() as u64) else {
