@@ -4,7 +4,10 @@
 //! bitmap, the bitmaps and group descriptors an unlink, rmdir, rename-over, truncate or
 //! punch-hole frees into or an allocation takes from, the partial edge blocks a truncate,
 //! punch-hole or zero-range keeps, the index of a directory moved to another parent (its
-//! `..` entry changes), and the inodes, maps and bitmaps a commit's write-back needs.
+//! `..` entry changes), the inodes, maps and bitmaps a commit's write-back needs (past the
+//! blocks waiting in quarantine and those the files before it take), the new extent-tree
+//! block of a punch that splits an extent, the truncate of a file with capabilities, and the
+//! orphan list walked to an inode that leaves it.
 //!
 //! Method: an image made by the real `mkfs.ext4` with several block groups and inode-table
 //! blocks that were never read, mounted in memory; each phase starts with every cache
@@ -214,6 +217,133 @@ fn data_and_attribute_operations_stop_for_reads_only_before_their_first_change()
             fs.write(f, 0, b"hello").unwrap();
         }
     });
+    // As many extents as the inode holds, four blocks each, the last in another group than
+    // the others (a file filled their group first): a hole inside the first needs a leaf,
+    // allocated near the last.
+    let spread = fs.mkdir(ROOT_INO, b"spread", 0o755, creds).unwrap().ino;
+    let pieces = fs
+        .create(spread, b"pieces", 0o100644, 0, creds)
+        .unwrap()
+        .ino;
+    for k in 0..3u64 {
+        fs.write(pieces, k * 32768, &[5u8; 16384]).unwrap();
+    }
+    fs.sync().unwrap();
+    let filler = fs
+        .create(spread, b"filler", 0o100644, 0, creds)
+        .unwrap()
+        .ino;
+    fs.write(filler, 0, &vec![4u8; 20 << 20]).unwrap();
+    fs.sync().unwrap();
+    fs.write(pieces, 1 << 20, &[5u8; 16384]).unwrap();
+    let capped = fs
+        .create(ROOT_INO, b"capped", 0o100644, 0, creds)
+        .unwrap()
+        .ino;
+    fs.write(capped, 0, &vec![6u8; 64 << 10]).unwrap();
+    fs.setxattr(capped, b"security.capability", b"caps", XattrSetMode::Any)
+        .unwrap();
+    // An O_TMPFILE file, then open but unlinked files, in directories of different groups:
+    // the orphan list runs through inode-table blocks of their own.
+    let d4 = fs.lookup(ROOT_INO, b"d4").unwrap().ino;
+    let unnamed = fs.tmpfile(d4, 0o644, creds).unwrap().ino;
+    let orphans: Vec<u64> = (0..4)
+        .map(|k| {
+            let dir = fs.lookup(ROOT_INO, format!("d{k}").as_bytes()).unwrap().ino;
+            let f = fs.create(dir, b"orphan", 0o100644, 0, creds).unwrap().ino;
+            fs.write(f, 0, &[9u8; 8192]).unwrap();
+            fs.open_inode(f).unwrap();
+            fs.unlink(dir, b"orphan").unwrap();
+            f
+        })
+        .collect();
+    fs.sync().unwrap();
+    seen = (fs.stats().deferred_reads, fs.stats().stops_after_change);
+    let mut cold = |what: &str, op: &dyn Fn()| {
+        fs.drop_caches().unwrap();
+        op();
+        fs.sync().unwrap();
+        seen = assert_stops_only_before_changes(&fs, what, seen);
+    };
+    cold("punch-hole splitting a full leaf", &|| {
+        fs.punch_hole(pieces, 4096, 4096).unwrap();
+    });
+    cold("truncate of a file with capabilities", &|| {
+        fs.setattr(capped, &truncate(4096)).unwrap();
+    });
+    cold("release of an orphan behind others", &|| {
+        fs.release_inode(orphans[1]).unwrap();
+    });
+    cold("link of an unnamed file behind orphans", &|| {
+        fs.link(unnamed, d4, b"named").unwrap();
+    });
+    fs.unmount().unwrap();
+    common::assert_mem_fsck_clean(&mem);
+}
+
+/// Goal: a write-back that allocates right after an unlink freed the groups its goal would
+/// lead it to (the freed blocks wait in quarantine until the commit, yet the group
+/// descriptors count them free) fetches the groups it will really take its blocks from,
+/// before its first change. Method: a 40 MiB file is unlinked and, in the same transaction,
+/// another 40 MiB file in the same directory is written, with every cache dropped between.
+#[test]
+fn writeback_after_an_unlink_fetches_past_blocks_in_quarantine() {
+    let Some((fs, mem)) = mounted() else {
+        return;
+    };
+    let creds = Creds::ROOT;
+    let dir = fs.mkdir(ROOT_INO, b"d", 0o755, creds).unwrap().ino;
+    let old = fs.create(dir, b"old", 0o100644, 0, creds).unwrap().ino;
+    for k in 0..40u64 {
+        fs.write(old, k << 20, &vec![1u8; 1 << 20]).unwrap();
+    }
+    fs.sync().unwrap();
+    let before = (fs.stats().deferred_reads, fs.stats().stops_after_change);
+    fs.drop_caches().unwrap();
+    fs.unlink(dir, b"old").unwrap();
+    let new = fs.create(dir, b"new", 0o100644, 0, creds).unwrap().ino;
+    for k in 0..40u64 {
+        fs.write(new, k << 20, &vec![2u8; 1 << 20]).unwrap();
+    }
+    fs.sync().unwrap();
+    assert_stops_only_before_changes(&fs, "write-back after an unlink", before);
+    fs.unmount().unwrap();
+    common::assert_mem_fsck_clean(&mem);
+}
+
+/// Goal: a write-back of several new files whose block searches start in the same group
+/// fetches, for each file, the groups it will take its blocks from after the files before it
+/// took theirs, before its first change. Method: three 12 MiB files in one directory (one
+/// goal, groups of 16 MiB) written in one transaction with every cache dropped before; a
+/// file written and deleted there first leaves the groups' bitmaps on disk (a group never
+/// used has its bitmap made in memory, with no read).
+#[test]
+fn writeback_of_files_sharing_a_goal_fetches_past_each_others_blocks() {
+    let Some((fs, mem)) = mounted() else {
+        return;
+    };
+    let creds = Creds::ROOT;
+    let dir = fs.mkdir(ROOT_INO, b"d", 0o755, creds).unwrap().ino;
+    let first = fs.create(dir, b"first", 0o100644, 0, creds).unwrap().ino;
+    for m in 0..48u64 {
+        fs.write(first, m << 20, &vec![9u8; 1 << 20]).unwrap();
+    }
+    fs.sync().unwrap();
+    fs.unlink(dir, b"first").unwrap();
+    fs.sync().unwrap();
+    let before = (fs.stats().deferred_reads, fs.stats().stops_after_change);
+    fs.drop_caches().unwrap();
+    for k in 0..3u8 {
+        let f = fs
+            .create(dir, &[b'f', b'0' + k], 0o100644, 0, creds)
+            .unwrap()
+            .ino;
+        for m in 0..12u64 {
+            fs.write(f, m << 20, &vec![k; 1 << 20]).unwrap();
+        }
+    }
+    fs.sync().unwrap();
+    assert_stops_only_before_changes(&fs, "write-back of files sharing a goal", before);
     fs.unmount().unwrap();
     common::assert_mem_fsck_clean(&mem);
 }

@@ -374,7 +374,7 @@ impl Meta {
 
     /// Where [`Meta::alloc_block`] searches from for `goal` (the cursor for a goal outside
     /// the file system), and that block's group.
-    fn search_start(&self, goal: u64) -> (u64, u32) {
+    pub(super) fn search_start(&self, goal: u64) -> (u64, u32) {
         let goal = if goal < self.geo.first_data_block || goal >= self.geo.blocks_count {
             self.alloc.block_cursor
         } else {
@@ -392,9 +392,9 @@ impl Meta {
     /// groups) until their free counts cover it: called before an operation's first change,
     /// so that one that must read them stops with nothing to take back (docs/DESIGN.md
     /// §4.1). The goal's own group counts for nothing, since its free blocks may lie before
-    /// the goal, which the allocator reaches only after every other group; blocks waiting in
-    /// quarantine may still send it one group further. Nothing is loaded when the blocks are
-    /// not there to be had: the operation will fail for lack of space first.
+    /// the goal, which the allocator reaches only after every other group; nor do blocks
+    /// waiting in quarantine. Nothing is loaded when the blocks are not there to be had: the
+    /// operation will fail for lack of space first.
     pub fn fetch_for_allocation(&mut self, io: &Io, goal: u64, need: u64) -> Result<()> {
         let need = need + 8;
         if self.free_blocks() < need {
@@ -414,7 +414,12 @@ impl Meta {
             }
             self.load_block_group(io, g)?;
             if step > 0 {
-                left = left.saturating_sub(u64::from(info.free_blocks));
+                // Blocks freed by the running transaction are counted free but wait for its
+                // commit (`quarantine`): the allocator passes over them.
+                let first = self.geo.group_first_block(g);
+                let end = first + u64::from(self.geo.blocks_in_group(g));
+                let waiting = self.alloc.quarantine.count_in(first, end);
+                left = left.saturating_sub(u64::from(info.free_blocks).saturating_sub(waiting));
             }
         }
         Ok(())

@@ -98,6 +98,24 @@ impl BlockRuns {
         self.end_of_run_holding(b).is_some()
     }
 
+    /// Blocks of the set in `[first, end)`.
+    pub fn count_in(&self, first: u64, end: u64) -> u64 {
+        if first >= end {
+            return 0;
+        }
+        let before = self
+            .runs
+            .range(..first)
+            .next_back()
+            .map_or(0, |(_, &e)| e.min(end).saturating_sub(first));
+        let inside: u64 = self
+            .runs
+            .range(first..end)
+            .map(|(&s, &e)| e.min(end) - s)
+            .sum();
+        before + inside
+    }
+
     /// The first block of the set at `b` or after it.
     pub fn first_at_or_after(&self, b: u64) -> Option<u64> {
         if self.contains(b) {
@@ -243,6 +261,10 @@ mod tests {
             }
             assert_eq!(blocks(&r), model.iter().copied().collect::<Vec<_>>());
             assert_eq!(r.len(), model.len() as u64);
+            let (a, b) = ((x >> 8) % 220, (x >> 30) % 220);
+            let (lo, hi) = (a.min(b), a.max(b));
+            let counted = model.range(lo..hi).count() as u64;
+            assert_eq!(r.count_in(lo, hi), counted, "[{lo}, {hi})");
             // Runs never touch: each is maximal.
             let v: Vec<(u64, u64)> = r.runs.iter().map(|(&s, &e)| (s, e)).collect();
             assert!(v.windows(2).all(|w| w[0].1 < w[1].0));

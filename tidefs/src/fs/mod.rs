@@ -3364,6 +3364,43 @@ mod tests {
         fs.unmount().unwrap();
     }
 
+    /// Goal: a commit's write-back fetches each file's journaling-mode record before its
+    /// first change (docs/DESIGN.md §4.1), so one whose record is not known and whose
+    /// attribute block is cold stops for the read before it allocates anything. Method: two
+    /// files with data to write back, the second (written back after the first) with an
+    /// attribute block; the test forgets every mode record and drops the clean blocks, as a
+    /// trim of the records past their bound and memory pressure would, then commits.
+    #[test]
+    fn writeback_fetches_mode_records_before_its_first_change() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let first = new_file(&fs, b"first");
+        let second = new_file(&fs, b"second");
+        fs.setxattr(second, b"user.big", &[b'x'; 3000], XattrSetMode::Any)
+            .unwrap();
+        fs.drop_caches().unwrap();
+        fs.write(first, 0, &[1u8; 8192]).unwrap();
+        fs.write(second, 0, &[2u8; 8192]).unwrap();
+        {
+            let mut m = fs.inner.meta.lock();
+            m.derived.modes.clear();
+            m.cache.drop_clean();
+        }
+        let before = fs.stats();
+        fs.sync().unwrap();
+        let after = fs.stats();
+        assert!(
+            after.deferred_reads > before.deferred_reads,
+            "the write-back should meet cold blocks"
+        );
+        assert_eq!(
+            after.stops_after_change, before.stops_after_change,
+            "the write-back stopped for a read after its first change"
+        );
+        assert_eq!(fs.read(second, 0, 8192).unwrap(), vec![2u8; 8192]);
+    }
+
     /// Goal: the writes that follow a create or a truncate (`O_TRUNC`), and the set-ID check
     /// FUSE sends before each write by a caller without `CAP_FSETID`, do not take the
     /// metadata lock; a file with a set-ID bit to clear still does, and loses the bit; what

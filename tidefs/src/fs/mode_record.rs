@@ -257,7 +257,6 @@ impl ModeTable {
     }
 
     /// Whether the record of `ino` is held.
-    #[cfg(test)]
     pub fn holds(&self, ino: u32) -> bool {
         self.records.contains_key(&ino)
     }

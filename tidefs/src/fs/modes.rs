@@ -132,8 +132,25 @@ impl Meta {
             return Ok(r);
         }
         let i = self.read_inode(io, ino)?;
-        let attrs = self.load_xattrs(io, ino, &i)?;
-        let rec = ModeRecord::from_inode(ino, &i, &attrs)?;
+        self.mode_record_of(io, ino, &i)
+    }
+
+    /// Loads the mode record of `ino` if it is not known, from the inode as stored: for a
+    /// commit's write-back, which fetches what it reads before its first change
+    /// (docs/DESIGN.md §4.1) and must not read the inode with writes without the lock folded
+    /// in yet (they change sizes and times, never the record).
+    pub(crate) fn fetch_mode_record(&mut self, io: &Io, ino: u32) -> Result<()> {
+        if !self.derived.modes.holds(ino) {
+            let i = self.stored_inode(io, ino)?;
+            self.mode_record_of(io, ino, &i)?;
+        }
+        Ok(())
+    }
+
+    /// The mode record of `ino`, now `i`, read from its attributes and kept.
+    fn mode_record_of(&mut self, io: &Io, ino: u32, i: &Inode) -> Result<ModeRecord> {
+        let attrs = self.load_xattrs(io, ino, i)?;
+        let rec = ModeRecord::from_inode(ino, i, &attrs)?;
         self.note_mode_record(ino, rec);
         Ok(rec)
     }

@@ -486,6 +486,9 @@ impl Meta {
             return Err(FsError::TooManyLinks);
         }
         self.ensure_space(2)?;
+        if i.links_count() == 0 {
+            self.orphan_link(io, ino)?;
+        }
         self.dir_add(io, new_parent, new_name, ino, ft_of(i.mode()))?;
         if i.links_count() == 0 {
             // An O_TMPFILE inode (or an unlinked one still open) gets a name: it leaves the
@@ -547,7 +550,9 @@ impl Meta {
             runs.push((acl, 1));
         }
         let own = (ino - 1) / self.geo.inodes_per_group;
-        self.fetch_bitmaps(io, &runs, Some(own))
+        self.fetch_bitmaps(io, &runs, Some(own))?;
+        self.orphan_link(io, ino)?;
+        Ok(())
     }
 
     /// The runs of blocks (first block, count) that freeing logical blocks `[from, to)` of
@@ -719,31 +724,48 @@ impl Meta {
         // The list runs through inodes written in place otherwise: a cut between the head
         // (journaled) or the previous orphan and this one would break it.
         self.changes_names();
+        let Some(before) = self.orphan_link(io, ino)? else {
+            return Ok(());
+        };
+        let next = self.stored_inode(io, ino)?.dtime();
+        match before {
+            None => {
+                self.sb.set_last_orphan(next);
+                self.sb_dirty = true;
+                Ok(())
+            }
+            Some(prev) => {
+                let mut pi = self.read_inode(io, prev)?;
+                pi.set_dtime(next);
+                self.write_inode(io, prev, &mut pi)
+            }
+        }
+    }
+
+    /// Where `ino` sits on the orphan list: `Some(None)` at its head, `Some(Some(prev))`
+    /// after orphan `prev`, `None` when it is not on it. Changes nothing and reads every inode
+    /// up to it and its own, so an operation that will take `ino` off the list calls it before
+    /// its first change too (docs/DESIGN.md §4.1, fetch before change).
+    fn orphan_link(&mut self, io: &Io, ino: u32) -> Result<Option<Option<u32>>> {
         let head = self.sb.last_orphan();
         if head == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        if head == ino {
-            let i = self.read_inode(io, ino)?;
-            self.sb.set_last_orphan(i.dtime());
-            self.sb_dirty = true;
-            return Ok(());
-        }
+        let mut before = None;
         let mut cur = head;
         for _ in 0..self.sb.inodes_count() {
-            let mut ci = self.read_inode(io, cur)?;
-            let next = ci.dtime();
+            // As stored: writes without the lock change sizes and times, never `i_dtime`.
+            let next = self.stored_inode(io, cur)?.dtime();
+            if cur == ino {
+                return Ok(Some(before));
+            }
             if next == 0 {
                 break;
             }
-            if next == ino {
-                let ni = self.read_inode(io, ino)?;
-                ci.set_dtime(ni.dtime());
-                return self.write_inode(io, cur, &mut ci);
-            }
+            before = Some(cur);
             cur = next;
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Removes a non-directory entry.
@@ -1028,11 +1050,7 @@ impl Meta {
     /// Applies attribute changes.
     pub(crate) fn setattr(&mut self, io: &Io, ino: u32, c: &SetAttr) -> Result<Attr> {
         self.acts_for(io, ino)?;
-        if c.size.is_some() || c.uid.is_some() || c.gid.is_some() {
-            self.kill_caps(io, ino)?;
-        }
-        let mut i = self.live_inode(io, ino)?;
-        let t = now();
+        let i = self.live_inode(io, ino)?;
         if let Some(size) = c.size {
             if i.is_dir() {
                 return Err(FsError::IsDir);
@@ -1040,6 +1058,15 @@ impl Meta {
             if !i.is_reg() {
                 return Err(FsError::Invalid("size of a special file"));
             }
+            // Before the capabilities go, which is a change already.
+            self.fetch_for_truncate(io, ino, &i, size)?;
+        }
+        if c.size.is_some() || c.uid.is_some() || c.gid.is_some() {
+            self.kill_caps(io, ino)?;
+        }
+        let mut i = self.live_inode(io, ino)?;
+        let t = now();
+        if let Some(size) = c.size {
             self.truncate(io, ino, &mut i, size)?;
             i.set_mtime(t);
         }
@@ -1282,6 +1309,22 @@ impl Meta {
         t
     }
 
+    /// Fetches what a truncate of `ino` (now `i`) to `size` will change, before its first
+    /// change (docs/DESIGN.md §4.1): the bitmaps and descriptors of the groups the cut frees
+    /// into and the partial last block it keeps.
+    fn fetch_for_truncate(&mut self, io: &Io, ino: u32, i: &Inode, size: u64) -> Result<()> {
+        let bs = u64::from(self.geo.block_size);
+        let old = i.size();
+        if size <= old {
+            let runs = self.runs_from(io, ino, i, size.div_ceil(bs), u64::MAX)?;
+            self.fetch_bitmaps(io, &runs, None)?;
+            if size < old {
+                self.fetch_for_range(io, ino, i, (size, size), (true, false))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Sets the size of a regular file: frees blocks past the end and zeroes the tail of the
     /// last partial block, so a later extension reads zeros.
     pub(crate) fn truncate(&mut self, io: &Io, ino: u32, i: &mut Inode, size: u64) -> Result<()> {
@@ -1290,15 +1333,7 @@ impl Meta {
             return Err(FsError::FileTooBig);
         }
         let old = i.size();
-        if size <= old {
-            // What the cut frees, and the partial last block it keeps, fetched before the
-            // first change (docs/DESIGN.md §4.1).
-            let runs = self.runs_from(io, ino, i, size.div_ceil(bs), u64::MAX)?;
-            self.fetch_bitmaps(io, &runs, None)?;
-            if size < old {
-                self.fetch_for_range(io, ino, i, (size, size), (true, false))?;
-            }
-        }
+        self.fetch_for_truncate(io, ino, i, size)?;
         // Cached pages past the new end never reach the device.
         self.data
             .lock()
@@ -1724,6 +1759,20 @@ impl Meta {
         let runs = self.runs_from(io, ino, i, from, to)?;
         self.fetch_bitmaps(io, &runs, None)?;
         self.fetch_for_range(io, ino, i, (offset, end), (true, false))?;
+        // ... which `ExtentMap::store` allocates near the file's last extent, when the hole
+        // splits an extent in two (the only way a punch adds one).
+        let map = self.shared_extent_map(io, ino, i)?;
+        let splits = map.extents().iter().any(|e| {
+            let (start, end) = (
+                u64::from(e.logical),
+                u64::from(e.logical) + u64::from(e.len),
+            );
+            start < from && end > to
+        });
+        if splits {
+            let goal = inode_goal(&map, self, ino);
+            self.fetch_for_allocation(io, goal, 4)?;
+        }
         let mut map = self.take_extent_map(io, ino, i)?;
         let edges = map.excerpt([offset / bs, end / bs]);
         self.data.lock().drop_range(ino, from, to);

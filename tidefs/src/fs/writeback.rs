@@ -16,6 +16,7 @@
 //! Pages become clean only once their bytes are at home (`Meta::finish_home_writes`), and only
 //! if no write changed them meanwhile.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::datacache::DirtyPage;
@@ -58,7 +59,7 @@ impl Meta {
 
     /// Loads what writing back `files` reads, before the write-back's first change (so that
     /// one that must read from the device stops with nothing to take back, docs/DESIGN.md
-    /// §4.1): each file's inode-table block and, for a file with blocks to allocate, its
+    /// §4.1): each file's inode-table block and mode record and, for a file with blocks to allocate, its
     /// block map and the block bitmaps and descriptors of the groups its new blocks will
     /// come from (`Meta::fetch_for_allocation`, from its goal for its reservations). The
     /// inode is read as stored: `read_inode` here would note the writes without the lock
@@ -71,7 +72,11 @@ impl Meta {
             let pages = self.data.lock();
             files.iter().map(|&ino| pages.reserved_of(ino)).collect()
         };
+        // Blocks the files before claim from each group where a search starts: new files of
+        // one directory share a goal, and each takes its blocks after those of the others.
+        let mut claimed: HashMap<u32, u64> = HashMap::new();
         for (&ino, need) in files.iter().zip(needs) {
+            self.fetch_mode_record(io, ino)?;
             if need == 0 {
                 let (nr, _) = self.inode_location(ino)?;
                 self.load(io, nr)?;
@@ -83,7 +88,10 @@ impl Meta {
             }
             let map = self.shared_extent_map(io, ino, &inode)?;
             let goal = inode_goal(&map, self, ino);
-            match self.fetch_for_allocation(io, goal, need) {
+            let before = claimed.entry(self.search_start(goal).1).or_default();
+            let ahead = *before;
+            *before += need;
+            match self.fetch_for_allocation(io, goal, ahead + need) {
                 Err(e) if !self.reads.stopped() => {
                     log::debug!("write-back of inode {ino}: bitmaps not fetched ahead: {e}");
                 }
