@@ -589,7 +589,7 @@ pub fn requests_table(requests: &[(String, u64)]) -> String {
 
 /// The human form of the counters.
 pub fn stats_table(s: &tidefs::fs::Stats) -> String {
-    let rows: [(&str, String); 17] = [
+    let rows: [(&str, String); 18] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),
         ("commits", s.commits.to_string()),
@@ -609,6 +609,7 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("compact_commits", s.compact_commits.to_string()),
         ("deferred_reads", s.deferred_reads.to_string()),
         ("stops_after_change", s.stops_after_change.to_string()),
+        ("undone_after_change", s.undone_after_change.to_string()),
         ("metadata_locked", s.metadata_locked.to_string()),
     ];
     rows.iter()

@@ -479,6 +479,12 @@ pub struct Stats {
     /// avoids (docs/DESIGN.md §4.1).
     #[cfg_attr(feature = "serde", serde(default))]
     pub stops_after_change: u64,
+    /// Operations taken back after changing cached metadata for another cause than a device
+    /// read: a failure found only half-way (space, a check), a transaction grown too large,
+    /// an I/O error or corruption. Step 1 of the plan in docs/DESIGN.md §8 aims at none
+    /// outside device errors and damage.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub undone_after_change: u64,
     /// Operations (and commits closing their transaction) that took the file system's
     /// metadata lock; the others ran without it (docs/DESIGN.md §2.5).
     #[cfg_attr(feature = "serde", serde(default))]

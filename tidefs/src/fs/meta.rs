@@ -194,6 +194,11 @@ pub(crate) struct Meta {
     /// operation stores the inode, that record (or an older one) has reached it, whatever
     /// copy it stores (every copy was read at or after that first read).
     pub pending_seen: HashMap<u32, u64>,
+    /// Operations taken back after they had changed metadata, for any cause but a stop for
+    /// a device read (those are counted apart): a check that came after a change, space found
+    /// short half-way, a transaction grown too large, an I/O error or corruption found
+    /// half-way. Moved into the file system's counters by `Inner::lock_meta_reading`.
+    pub undone_after_change: u64,
 }
 
 /// Reads block `nr` (of `bs` bytes) from the fs device.
@@ -424,6 +429,9 @@ impl Meta {
             || !u.quarantined.is_empty()
             || self.alloc.freed_running.len() != u.freed_running_len
             || self.alloc.late_frees.len() != u.late_frees_len;
+        if metadata_changed && !self.reads.stopped() {
+            self.undone_after_change += 1;
+        }
         if !metadata_changed {
             // A failure before any change of metadata (a lookup that finds nothing, a refused
             // argument, a write that stopped for the old bytes of its last block after filling

@@ -102,6 +102,8 @@ struct Counters {
     /// Operations stopped for a device read, and those of them that had changed metadata.
     deferred_reads: AtomicU64,
     stops_after_change: AtomicU64,
+    /// Operations taken back after a change for another cause (`Meta::undone_after_change`).
+    undone_after_change: AtomicU64,
     /// Operations and commit closes that took the metadata lock (`Inner::lock_meta_reading`).
     metadata_locked: AtomicU64,
 }
@@ -591,6 +593,7 @@ impl Fs {
             blocks_changed: Vec::new(),
             reads: deferred_reads::DeferredReads::default(),
             pending_seen: HashMap::new(),
+            undone_after_change: 0,
         };
         meta.load_groups(&io)?;
         meta.sum_free_counts();
@@ -1624,6 +1627,7 @@ impl Fs {
             deferred_reads: c.deferred_reads.load(Ordering::Relaxed),
             metadata_locked: c.metadata_locked.load(Ordering::Relaxed),
             stops_after_change: c.stops_after_change.load(Ordering::Relaxed),
+            undone_after_change: c.undone_after_change.load(Ordering::Relaxed),
         }
     }
 }
@@ -1762,7 +1766,7 @@ impl Inner {
         if offset >= attr.size || size == 0 {
             return Some((Vec::new(), pages.drops(n)));
         }
-        let end = attr.size.min(offset + u64::from(size));
+        let end = attr.size.min(offset.saturating_add(u64::from(size)));
         let bs = self.geo.block_size;
         // On a mount where some files' data is journaled, those files' blocks may have a
         // newer copy than home's in the buffer cache; other files' blocks do not.
@@ -1901,6 +1905,12 @@ impl Inner {
             m.reads
                 .begin(fetched, rounds < deferred_reads::MAX_DEFERRED_ROUNDS);
             let r = f(&mut m);
+            let undone = std::mem::take(&mut m.undone_after_change);
+            if undone > 0 {
+                self.counters
+                    .undone_after_change
+                    .fetch_add(undone, Ordering::Relaxed);
+            }
             let wanted;
             (wanted, fetched) = m.reads.end();
             let Some(nr) = wanted else {

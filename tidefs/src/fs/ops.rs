@@ -1158,11 +1158,15 @@ impl Meta {
         if i.is_dir() {
             return Err(FsError::IsDir);
         }
+        if !i.is_reg() {
+            // Only a regular file's size is bounded by what its block map can address.
+            return Err(FsError::Invalid("read of a special file"));
+        }
         let fsize = i.size();
         if offset >= fsize || size == 0 {
             return Ok(Vec::new());
         }
-        let end = fsize.min(offset + u64::from(size));
+        let end = fsize.min(offset.saturating_add(u64::from(size)));
         let map = self.shared_extent_map(io, ino, &i)?;
         let segs = {
             let mut pages = self.data.lock();
@@ -1230,6 +1234,11 @@ impl Meta {
         let mut i = self.live_inode(io, ino)?;
         if i.is_dir() {
             return Err(FsError::IsDir);
+        }
+        if !i.is_reg() {
+            // A symbolic link's target is no file data (a slow link's block holds it), and
+            // device nodes, fifos and sockets have none.
+            return Err(FsError::Invalid("write to a special file"));
         }
         if data.is_empty() {
             return Ok(0);
