@@ -772,3 +772,109 @@ fn writes_and_reads_of_special_files_are_refused() {
     fs.unmount().unwrap();
     common::assert_fsck_clean(&image);
 }
+
+/// Goal: a superblock whose geometry cannot be a file system tidefs can hold — block counts
+/// that make billions of block groups, fewer blocks or inodes per group than e2fsck allows —
+/// is refused as corrupt, naming the field, without a panic (an overflowing product of
+/// inodes per group and groups once did) and without trying to allocate a summary per group.
+/// Method: fields of a fresh image's superblock changed one case at a time, checksum fixed.
+#[test]
+fn impossible_group_geometry_is_refused() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let put = |b: &mut Vec<u8>, off: usize, v: u32| {
+        b[SB + off..SB + off + 4].copy_from_slice(&v.to_le_bytes());
+    };
+    // (what, edits as (offset, value), a word the message names)
+    type Case<'a> = (&'a str, &'a [(usize, u32)], &'a str);
+    let cases: [Case; 4] = [
+        (
+            "2^52 blocks in groups of 8",
+            &[(0x150, 0x0010_0000), (0x04, 0), (0x20, 8), (0x28, 32768)],
+            "groups",
+        ),
+        (
+            "2^63 blocks in groups of 1",
+            &[(0x150, 0x8000_0000), (0x04, 0), (0x20, 1), (0x28, 2)],
+            "blocks per group",
+        ),
+        ("4 blocks per group", &[(0x20, 4)], "blocks per group"),
+        ("one inode per group", &[(0x28, 1)], "inodes per group"),
+    ];
+    for (i, (what, edits, word)) in cases.iter().enumerate() {
+        let img = fresh(dir.path(), &format!("g{i}.img"));
+        edit(&img, |b| {
+            for &(off, v) in edits.iter() {
+                put(b, off, v);
+            }
+            fix_sb_csum(b);
+        });
+        eprintln!("{what}:");
+        assert_refused(&img, &[false, true], is_corrupt, &[word]);
+    }
+}
+
+/// Goal: when the primary superblock is damaged, a backup in group 1 that does not hold up —
+/// one marked as an external journal device with a first data block past the block count,
+/// which once made the group count underflow and panic — is not adopted: the primary's
+/// damage is the error, and the image is left as it was. Method: an image of two groups, the
+/// primary's checksum broken, the backup's fields changed with its checksum fixed.
+#[test]
+fn a_damaged_primary_with_a_bad_backup_is_refused() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "b.img", 32, &["-g", "4096"]);
+    edit(&img, |b| {
+        // The backup superblock of group 1 starts at block 4096.
+        let at = 4096 * 4096;
+        let backup = &mut b[at - SB..];
+        or_u32(backup, SB + 0x60, 0x8);
+        backup[SB + 0x14..SB + 0x18].copy_from_slice(&u32::MAX.to_le_bytes());
+        fix_sb_csum(backup);
+        b[SB + 0x3FC] ^= 0x5A;
+    });
+    assert_refused(&img, &[false, true], is_corrupt, &["checksum"]);
+}
+
+/// Goal: a superblock asking new inodes for an extra size that is not a multiple of 4, or
+/// that does not fit the inode, still gets inodes that tidefs and e2fsck accept (the kernel
+/// clamps it the same way): once, every file made afterwards read back as corrupt. Method:
+/// `s_want_extra_isize` of a fresh image set to 34, then to 200 (256-byte inodes); files
+/// made, caches dropped, read back; the real `e2fsck -fn` on the image.
+#[test]
+fn odd_wanted_extra_inode_sizes_give_valid_inodes() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for want in [34u16, 200] {
+        let img = fresh(dir.path(), &format!("x{want}.img"));
+        edit(&img, |b| {
+            b[SB + 0x15E..SB + 0x160].copy_from_slice(&want.to_le_bytes());
+            fix_sb_csum(b);
+        });
+        let fs = Fs::open(&img, &opts(false)).unwrap();
+        let f = fs
+            .create(ROOT_INO, b"f", 0o100644, 0, Creds::ROOT)
+            .unwrap()
+            .ino;
+        fs.write(f, 0, b"kept").unwrap();
+        fs.drop_caches().unwrap();
+        assert_eq!(fs.read(f, 0, 10).unwrap(), b"kept", "want {want}");
+        fs.unmount().unwrap();
+        let out = std::process::Command::new("e2fsck")
+            .arg("-fn")
+            .arg(&img)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !text.contains("Inode") || out.status.success(),
+            "want {want}: e2fsck complains about an inode:\n{text}"
+        );
+    }
+}

@@ -268,6 +268,15 @@ fn read_superblock(dev: &dyn BlockDevice, read_only: bool, verify: bool) -> Resu
     let mut buf = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(SUPERBLOCK_OFFSET, &mut buf)?;
     let sb = Superblock::parse_checked(&buf, verify)?;
+    check_superblock(&sb, dev, read_only)?;
+    Ok(sb)
+}
+
+/// Refuses a superblock tidefs cannot mount on `dev`: an external journal device, features
+/// it does not implement (ro_compat ones only for a read-write mount), no journal or no
+/// extents read-write, a size past the device's end. Every superblock a mount adopts goes
+/// through it: the primary, the backup of group 1, one that recovery replayed.
+fn check_superblock(sb: &Superblock, dev: &dyn BlockDevice, read_only: bool) -> Result<()> {
     if sb.has_incompat(incompat::JOURNAL_DEV) {
         return Err(FsError::Incompatible(
             "journal_dev: this is an external journal device, not a file system".into(),
@@ -316,7 +325,24 @@ fn read_superblock(dev: &dyn BlockDevice, read_only: bool, verify: bool) -> Resu
             dev.len_bytes()
         )));
     }
-    Ok(sb)
+    Ok(())
+}
+
+/// Refuses `other`, a superblock a mount would adopt in place of `first` (the backup of
+/// group 1, or a copy recovery replayed), unless it describes the same file system with the
+/// same journal: the journal was opened, and its blocks kept out of allocation, by `first`.
+fn check_same_fs(first: &Superblock, other: &Superblock) -> Result<()> {
+    if other.uuid() != first.uuid()
+        || other.block_size() != first.block_size()
+        || other.journal_inum() != first.journal_inum()
+        || other.journal_uuid() != first.journal_uuid()
+    {
+        return Err(FsError::corrupt(
+            "a superblock from the backup or the journal describes another file system \
+             (UUID, block size or journal differ from the primary's)",
+        ));
+    }
+    Ok(())
 }
 
 /// The backup superblock of group 1 for the geometry `damaged` claims, if it verifies and
@@ -324,6 +350,7 @@ fn read_superblock(dev: &dyn BlockDevice, read_only: bool, verify: bool) -> Resu
 fn read_backup_superblock(
     dev: &dyn BlockDevice,
     damaged: &Superblock,
+    read_only: bool,
 ) -> Option<(Superblock, u64)> {
     if damaged.group_count() < 2 {
         return None;
@@ -333,7 +360,10 @@ fn read_backup_superblock(
     let mut buf = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(offset, &mut buf).ok()?;
     let mut sb = Superblock::parse(&buf).ok()?;
-    if sb.uuid() != damaged.uuid() || sb.blocks_count() != damaged.blocks_count() {
+    if sb.blocks_count() != damaged.blocks_count()
+        || check_same_fs(damaged, &sb).is_err()
+        || check_superblock(&sb, dev, read_only).is_err()
+    {
         return None;
     }
     sb.set_block_group_nr(0);
@@ -497,7 +527,7 @@ impl Fs {
         // A damaged primary with nothing in the journal to repair it: the backup in group 1,
         // as e2fsck -b does; mount writes it back as the primary.
         let (sb, torn_superblock) = match (torn_superblock, journal.needs_recovery()) {
-            (Some(c), false) => match read_backup_superblock(dev.as_ref(), &sb) {
+            (Some(c), false) => match read_backup_superblock(dev.as_ref(), &sb, ro) {
                 Some((backup, at)) => {
                     log::warn!(
                         "the primary superblock is damaged ({c}); using the backup at block {at}"
@@ -526,9 +556,12 @@ impl Fs {
             // The superblock is logged only at mount and unmount, so replay may not hold it: a
             // primary still damaged after replay is replaced by the backup in group 1.
             Some(_) if !ro => match read_superblock(dev.as_ref(), ro, true) {
-                Ok(sb) => sb,
+                Ok(replayed) => {
+                    check_same_fs(&sb, &replayed)?;
+                    replayed
+                }
                 Err(FsError::Corrupt(c)) if c.what.starts_with("superblock checksum mismatch") => {
-                    match read_backup_superblock(dev.as_ref(), &sb) {
+                    match read_backup_superblock(dev.as_ref(), &sb, ro) {
                         Some((backup, at)) => {
                             log::warn!(
                                 "the primary superblock is damaged ({c}); using the backup at \
@@ -546,7 +579,10 @@ impl Fs {
                 match journal.pending(SUPERBLOCK_OFFSET / bs) {
                     Some(copy) => {
                         let off = (SUPERBLOCK_OFFSET % bs) as usize;
-                        Superblock::parse(&copy[off..off + SUPERBLOCK_SIZE])?
+                        let replayed = Superblock::parse(&copy[off..off + SUPERBLOCK_SIZE])?;
+                        check_superblock(&replayed, dev.as_ref(), ro)?;
+                        check_same_fs(&sb, &replayed)?;
+                        replayed
                     }
                     None => match torn_superblock {
                         Some(c) => return Err(FsError::Corrupt(c)),

@@ -34,6 +34,11 @@ pub const SUPERBLOCK_OFFSET: u64 = 1024;
 /// ext2/3/4 magic number.
 pub const EXT4_MAGIC: u16 = 0xEF53;
 
+/// Block groups a file system may have: tidefs keeps a summary of each in memory (and
+/// mke2fs's default geometry reaches this only at 2 PiB with 4 KiB blocks), so a superblock
+/// claiming billions of tiny groups is refused rather than exhausting memory.
+pub const MAX_GROUPS: u64 = 1 << 24;
+
 const S_INODES_COUNT: usize = 0x00;
 const S_BLOCKS_COUNT_LO: usize = 0x04;
 const S_R_BLOCKS_COUNT_LO: usize = 0x08;
@@ -303,17 +308,19 @@ impl Superblock {
             ));
         }
         let bs = sb.block_size();
+        // The bounds e2fsck checks: at least 8 blocks (one bitmap byte) and a block of
+        // inodes per group, at most what one bitmap block maps.
         let bpg = sb.blocks_per_group();
-        if bpg == 0 || bpg > bs * 8 {
+        if bpg < 8 || bpg > bs * 8 {
             return Err(Corrupt::new(format!("invalid blocks per group {bpg}")));
-        }
-        let ipg = sb.inodes_per_group();
-        if ipg == 0 || ipg > bs * 8 {
-            return Err(Corrupt::new(format!("invalid inodes per group {ipg}")));
         }
         let isz = u32::from(sb.inode_size());
         if isz < 128 || isz > bs || !isz.is_power_of_two() {
             return Err(Corrupt::new(format!("invalid inode size {isz}")));
+        }
+        let ipg = sb.inodes_per_group();
+        if ipg < bs / isz || ipg > bs * 8 {
+            return Err(Corrupt::new(format!("invalid inodes per group {ipg}")));
         }
         if sb.blocks_count() <= u64::from(sb.first_data_block()) {
             return Err(Corrupt::new(
@@ -321,7 +328,13 @@ impl Superblock {
             ));
         }
         let groups = sb.group_count();
-        if u64::from(ipg) * groups != u64::from(sb.inodes_count()) {
+        if groups > MAX_GROUPS {
+            return Err(Corrupt::new(format!(
+                "{groups} block groups (of {bpg} blocks): more than tidefs keeps in memory \
+                 ({MAX_GROUPS})"
+            )));
+        }
+        if u64::from(ipg).checked_mul(groups) != Some(u64::from(sb.inodes_count())) {
             return Err(Corrupt::new(format!(
                 "inode count {} does not match {groups} groups of {ipg} inodes",
                 sb.inodes_count()
@@ -406,7 +419,9 @@ impl Superblock {
     }
     /// Number of block groups.
     pub fn group_count(&self) -> u64 {
-        let data = self.blocks_count() - u64::from(self.first_data_block());
+        let data = self
+            .blocks_count()
+            .saturating_sub(u64::from(self.first_data_block()));
         data.div_ceil(u64::from(self.blocks_per_group().max(1)))
     }
     /// Revision level (0 = fixed 128-byte inodes).
