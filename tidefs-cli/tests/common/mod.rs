@@ -182,10 +182,26 @@ impl Mount {
         out
     }
 
-    /// `tidefs umount`, which must succeed.
+    /// `tidefs umount`, which must succeed. A busy mount is tried again for up to 2 s: tests
+    /// run in threads of one process, and a child another test forks holds a copy of every
+    /// descriptor open at that moment until it executes its program (the descriptors are
+    /// close-on-exec), so a file this test has just closed can keep the mount busy a moment
+    /// longer on a loaded machine.
     pub fn umount_ok(&mut self) {
-        let out = self.umount();
-        assert!(out.status.success(), "umount failed: {}", stderr(&out));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            let out = self.umount();
+            if out.status.success() {
+                return;
+            }
+            let busy = stderr(&out).contains("busy");
+            assert!(
+                busy && std::time::Instant::now() < deadline,
+                "umount failed: {}",
+                stderr(&out)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// A path inside the mount.

@@ -252,17 +252,47 @@ impl Meta {
     /// Regular file `ino` was linked into (or renamed into) directory `dir`: from now on it
     /// obeys `dir`. The caller writes the inode.
     pub(crate) fn relink_mode(&mut self, io: &Io, ino: u32, i: &mut Inode, dir: u32) -> Result<()> {
+        match self.relinked_record(io, ino, dir)? {
+            Some(rec) => self.store_mode_record(io, ino, i, rec),
+            None => Ok(()),
+        }
+    }
+
+    /// The record regular file `ino` gets when linked into `dir`, if it changes.
+    fn relinked_record(&mut self, io: &Io, ino: u32, dir: u32) -> Result<Option<ModeRecord>> {
         let mut rec = self.mode_record(io, ino)?;
         if rec.kind != RecordKind::File {
-            return Ok(());
+            return Ok(None);
         }
         let own = self.mode_record(io, dir)?.own;
         let linked = Linked { dir, mode: own };
         if rec.linked == Some(linked) || (rec.linked.is_none() && own.is_none()) {
-            return Ok(());
+            return Ok(None);
         }
         rec.linked = Some(linked);
-        self.store_mode_record(io, ino, i, rec)
+        Ok(Some(rec))
+    }
+
+    /// The new attribute blocks that linking each `(inode, directory)` of `moves` takes
+    /// (`Meta::relink_mode`), for an operation that checks its space before its first change;
+    /// `NoSpace` when a record would fit nowhere.
+    pub(crate) fn relink_blocks(&mut self, io: &Io, moves: &[(u32, u32)]) -> Result<u64> {
+        let mut blocks = 0;
+        for &(ino, dir) in moves {
+            if let Some(rec) = self.relinked_record(io, ino, dir)? {
+                let i = self.read_inode(io, ino)?;
+                blocks += self.record_blocks(io, ino, &i, rec)?;
+            }
+        }
+        Ok(blocks)
+    }
+
+    /// The new attribute blocks storing `rec` as the record of `ino` (now `i`) takes.
+    fn record_blocks(&mut self, io: &Io, ino: u32, i: &Inode, mut rec: ModeRecord) -> Result<u64> {
+        let mut after = i.clone();
+        let mut attrs = self.load_xattrs(io, ino, i)?;
+        rec.apply(&mut after, &mut attrs);
+        self.xattr_blocks_needed(io, &after, &attrs)
     }
 
     /// Sets (or with `None` clears) the own mode of directory `ino` or the explicit mode of
@@ -287,18 +317,41 @@ impl Meta {
             self.act_in_mode(m);
         }
         rec.own = mode;
+        // Every record it changes, and the attribute blocks they take, known before the first
+        // change (docs/DESIGN.md §4.1): a directory's files follow it.
+        let governed = if rec.kind == RecordKind::Dir {
+            self.governed_records(io, ino, mode)?
+        } else {
+            Vec::new()
+        };
+        let mut blocks = self.record_blocks(io, ino, &i, rec)?;
+        for &(f, frec) in &governed {
+            let fi = self.read_inode(io, f)?;
+            blocks += self.record_blocks(io, f, &fi, frec)?;
+        }
+        if blocks > 0 {
+            self.ensure_space(blocks)?;
+        }
         self.store_mode_record(io, ino, &mut i, rec)?;
         i.set_ctime(super::ops::now());
         self.write_inode(io, ino, &mut i)?;
-        if rec.kind == RecordKind::Dir {
-            self.update_governed_files(io, ino, mode)?;
+        for (f, frec) in governed {
+            self.acts_for(io, f)?;
+            let mut fi = self.read_inode(io, f)?;
+            self.store_mode_record(io, f, &mut fi, frec)?;
+            self.write_inode(io, f, &mut fi)?;
         }
         Ok(old)
     }
 
-    /// Directory `dir` now has own mode `own`: every regular file in it that obeys it (or
-    /// obeys no directory yet) records the new mode.
-    fn update_governed_files(&mut self, io: &Io, dir: u32, own: Option<DataMode>) -> Result<()> {
+    /// Directory `dir` gets own mode `own`: the regular files in it that obey it (or obey no
+    /// directory yet), each with the record it then has.
+    fn governed_records(
+        &mut self,
+        io: &Io,
+        dir: u32,
+        own: Option<DataMode>,
+    ) -> Result<Vec<(u32, ModeRecord)>> {
         let mut files = Vec::new();
         let mut offset = 0;
         loop {
@@ -312,21 +365,19 @@ impl Meta {
         files.sort_unstable();
         files.dedup();
         let linked = Linked { dir, mode: own };
+        let mut governed = Vec::new();
         for f in files {
             let mut rec = self.mode_record(io, f)?;
             if rec.kind != RecordKind::File {
                 continue;
             }
-            let governed = rec.linked.is_none_or(|l| l.dir == dir);
-            if !governed || rec.linked == Some(linked) || (rec.linked.is_none() && own.is_none()) {
+            let obeys = rec.linked.is_none_or(|l| l.dir == dir);
+            if !obeys || rec.linked == Some(linked) || (rec.linked.is_none() && own.is_none()) {
                 continue;
             }
-            self.acts_for(io, f)?;
             rec.linked = Some(linked);
-            let mut i = self.read_inode(io, f)?;
-            self.store_mode_record(io, f, &mut i, rec)?;
-            self.write_inode(io, f, &mut i)?;
+            governed.push((f, rec));
         }
-        Ok(())
+        Ok(governed)
     }
 }

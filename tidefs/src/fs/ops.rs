@@ -263,7 +263,7 @@ impl Meta {
 
     /// Blocks an operation may need beyond data: inode-table and bitmap blocks are already
     /// allocated, so this covers a new directory block plus extent-tree growth.
-    fn ensure_space(&self, blocks: u64) -> Result<()> {
+    pub(super) fn ensure_space(&self, blocks: u64) -> Result<()> {
         if self.allocatable_blocks_for(blocks + 8) < blocks + 8 {
             return Err(FsError::NoSpace);
         }
@@ -485,7 +485,9 @@ impl Meta {
         if i.links_count() >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
-        self.ensure_space(2)?;
+        // A new directory block and its tree block, and the file's mode record.
+        let record = self.relink_blocks(io, &[(ino, new_parent)])?;
+        self.ensure_space(2 + record)?;
         if i.links_count() == 0 {
             self.orphan_link(io, ino)?;
         }
@@ -912,7 +914,19 @@ impl Meta {
             self.acts_for(io, ino)?;
         }
         self.changes_names();
-        self.ensure_space(2)?;
+        // A new directory block and its tree block, and the mode records of what moves to
+        // another directory.
+        let moves: Vec<(u32, u32)> = if parent == new_parent {
+            Vec::new()
+        } else if fl.exchange {
+            std::iter::once((src.ino, new_parent))
+                .chain(dst.map(|d| (d.ino, parent)))
+                .collect()
+        } else {
+            vec![(src.ino, new_parent)]
+        };
+        let records = self.relink_blocks(io, &moves)?;
+        self.ensure_space(2 + records)?;
         if fl.exchange {
             let dst = dst.ok_or(FsError::NotFound)?;
             let di = self.read_inode(io, dst.ino)?;
@@ -1961,21 +1975,8 @@ impl Meta {
         self.act_strictly();
         self.names.withdraw_xattrs(ino);
         self.data.lock().writes_mut().withdraw_mode(ino);
-        let area_len = i.xattr_area().len();
-        let bs = self.geo.bs();
-        // Greedy: as many as fit in the inode, the rest in one block.
-        let mut inside = Vec::new();
-        let mut outside = Vec::new();
-        for a in attrs {
-            let mut trial = inside.clone();
-            trial.push(a.clone());
-            if outside.is_empty() && xattr::fits_in_inode(&trial, area_len) {
-                inside = trial;
-            } else {
-                outside.push(a.clone());
-            }
-        }
-        if !xattr::fits_in_block(&outside, bs) {
+        let (inside, outside) = split_xattrs(attrs, i.xattr_area().len());
+        if !xattr::fits_in_block(&outside, self.geo.bs()) {
             return Err(FsError::NoSpace);
         }
         let old_blk = i.file_acl();
@@ -2017,6 +2018,28 @@ impl Meta {
         }
         xattr::write_inode_area(i.xattr_area_mut(), &inside);
         Ok(())
+    }
+
+    /// The new attribute blocks storing `attrs` as all the extended attributes of inode `i`
+    /// takes (`store_xattrs`): 1 when some go to a block and the inode has none, or shares
+    /// its block with others (a copy); else 0. `NoSpace` when they fit neither the inode nor
+    /// one block. For operations that check their space before their first change.
+    pub(super) fn xattr_blocks_needed(
+        &mut self,
+        io: &Io,
+        i: &Inode,
+        attrs: &[Xattr],
+    ) -> Result<u64> {
+        let (_, outside) = split_xattrs(attrs, i.xattr_area().len());
+        if !xattr::fits_in_block(&outside, self.geo.bs()) {
+            return Err(FsError::NoSpace);
+        }
+        if outside.is_empty() {
+            return Ok(0);
+        }
+        let old = i.file_acl();
+        let shared = old != 0 && xattr::block_refcount(self.block(io, old)?) > 1;
+        Ok(u64::from(old == 0 || shared))
     }
 
     pub(crate) fn getxattr(&mut self, io: &Io, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
@@ -2125,6 +2148,23 @@ impl Meta {
         i.set_ctime(now());
         self.write_inode(io, ino, &mut i)
     }
+}
+
+/// `attrs` as `Meta::store_xattrs` places them, greedily: as many as fit in an inode area of
+/// `area_len` bytes, in order, then the rest (for one attribute block).
+fn split_xattrs(attrs: &[Xattr], area_len: usize) -> (Vec<Xattr>, Vec<Xattr>) {
+    let mut inside = Vec::new();
+    let mut outside = Vec::new();
+    for a in attrs {
+        let mut trial = inside.clone();
+        trial.push(a.clone());
+        if outside.is_empty() && xattr::fits_in_inode(&trial, area_len) {
+            inside = trial;
+        } else {
+            outside.push(a.clone());
+        }
+    }
+    (inside, outside)
 }
 
 /// The value of stored attribute `index`/`suffix` among `attrs`, as `getxattr` answers it
