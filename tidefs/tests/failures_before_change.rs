@@ -304,6 +304,16 @@ fn mode_records_without_room_fail_before_their_first_change() {
         }
     }
     fs.sync().unwrap();
+    // The checks a rename makes come before its need for space, as the kernel's do.
+    let noreplace = RenameFlags {
+        noreplace: true,
+        exchange: false,
+    };
+    let r = fs.rename(d, b"f0", d, b"f1", noreplace);
+    assert!(
+        matches!(r, Err(FsError::Exists)),
+        "rename onto a name: {r:?}"
+    );
     check(
         "mode change",
         fs.set_journal_mode(d, Some(DataMode::Journal)).map(|_| ()),

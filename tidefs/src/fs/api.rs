@@ -479,10 +479,11 @@ pub struct Stats {
     /// avoids (docs/DESIGN.md §4.1).
     #[cfg_attr(feature = "serde", serde(default))]
     pub stops_after_change: u64,
-    /// Operations taken back after changing cached metadata for another cause than a device
-    /// read: a failure found only half-way (space, a check), a transaction grown too large,
-    /// an I/O error or corruption. Step 1 of the plan in docs/DESIGN.md §8 aims at none
-    /// outside device errors and damage.
+    /// Operations that failed after changing cached metadata, and were taken back, for
+    /// another cause than a device read: a failure found only half-way (space, a check), an
+    /// I/O error or corruption (an operation taken back for making its transaction too large
+    /// runs again after a commit and is not counted). Step 1 of the plan in docs/DESIGN.md §8
+    /// aims at none outside device errors and damage.
     #[cfg_attr(feature = "serde", serde(default))]
     pub undone_after_change: u64,
     /// Operations (and commits closing their transaction) that took the file system's

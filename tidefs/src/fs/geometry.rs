@@ -28,8 +28,9 @@ impl Geometry {
         let groups = u32::try_from(sb.group_count())
             .map_err(|_| FsError::corrupt("too many block groups"))?;
         let inode_size = u32::from(sb.inode_size());
-        // What new inodes get, as the kernel clamps it: a multiple of 4 (inodes check it)
-        // that fits the inode, else the 32 bytes of today's fields.
+        // What new inodes get: a multiple of 4 (inodes require it) that fits the inode, else
+        // the 32 bytes of today's fields (the kernel refuses to mount with a wish past the
+        // inode; tidefs mounts and gives new inodes the 32).
         let extra = if inode_size > 128 {
             let want = sb.want_extra_isize().max(sb.min_extra_isize()).max(32) & !3;
             if 128 + u32::from(want) > inode_size {

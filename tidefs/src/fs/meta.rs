@@ -194,10 +194,11 @@ pub(crate) struct Meta {
     /// operation stores the inode, that record (or an older one) has reached it, whatever
     /// copy it stores (every copy was read at or after that first read).
     pub pending_seen: HashMap<u32, u64>,
-    /// Operations taken back after they had changed metadata, for any cause but a stop for
-    /// a device read (those are counted apart): a check that came after a change, space found
-    /// short half-way, a transaction grown too large, an I/O error or corruption found
-    /// half-way. Moved into the file system's counters by `Inner::lock_meta_reading`.
+    /// Operations that failed after they had changed metadata, and were taken back, for any
+    /// cause but a stop for a device read (counted apart): a check that came after a change,
+    /// space found short half-way, an I/O error or corruption found half-way. (An operation
+    /// taken back for making the transaction too large runs again and is not counted.) Moved
+    /// into the file system's counters by `Inner::lock_meta_reading`.
     pub undone_after_change: u64,
 }
 
@@ -357,13 +358,14 @@ impl Meta {
             if let Some((limit, per, size)) = before {
                 let after = self.transaction_size(per);
                 if after > limit && after > size {
-                    self.rollback_op();
+                    // Not a failure: it runs again after a commit (not counted).
+                    self.rollback_op(false);
                     return None;
                 }
             }
             self.end_op();
         } else {
-            self.rollback_op();
+            self.rollback_op(true);
         }
         Some(r)
     }
@@ -408,7 +410,7 @@ impl Meta {
     /// derived from blocks it did not change, and stay: a create that stops for a cold
     /// inode-table block must not cost the rebuild of its large directory's index, nor the
     /// reload of every mode record). A rollback of pages only keeps them all.
-    fn rollback_op(&mut self) {
+    fn rollback_op(&mut self, failed: bool) {
         self.op_light = None;
         let Some(u) = self.op_undo.take() else {
             return;
@@ -429,7 +431,7 @@ impl Meta {
             || !u.quarantined.is_empty()
             || self.alloc.freed_running.len() != u.freed_running_len
             || self.alloc.late_frees.len() != u.late_frees_len;
-        if metadata_changed && !self.reads.stopped() {
+        if failed && metadata_changed && !self.reads.stopped() {
             self.undone_after_change += 1;
         }
         if !metadata_changed {

@@ -329,17 +329,18 @@ fn check_superblock(sb: &Superblock, dev: &dyn BlockDevice, read_only: bool) -> 
 }
 
 /// Refuses `other`, a superblock a mount would adopt in place of `first` (the backup of
-/// group 1, or a copy recovery replayed), unless it describes the same file system with the
-/// same journal: the journal was opened, and its blocks kept out of allocation, by `first`.
+/// group 1, or a copy recovery replayed), unless it has the same block size and journal: the
+/// journal was opened, and its blocks kept out of allocation, by `first`, and neither can
+/// change while a journal runs. (The UUID can: the kernel journals an online change of it;
+/// `read_backup_superblock` compares it for the backup.)
 fn check_same_fs(first: &Superblock, other: &Superblock) -> Result<()> {
-    if other.uuid() != first.uuid()
-        || other.block_size() != first.block_size()
+    if other.block_size() != first.block_size()
         || other.journal_inum() != first.journal_inum()
         || other.journal_uuid() != first.journal_uuid()
     {
         return Err(FsError::corrupt(
             "a superblock from the backup or the journal describes another file system \
-             (UUID, block size or journal differ from the primary's)",
+             (block size or journal differ from the primary's)",
         ));
     }
     Ok(())
@@ -360,7 +361,8 @@ fn read_backup_superblock(
     let mut buf = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(offset, &mut buf).ok()?;
     let mut sb = Superblock::parse(&buf).ok()?;
-    if sb.blocks_count() != damaged.blocks_count()
+    if sb.uuid() != damaged.uuid()
+        || sb.blocks_count() != damaged.blocks_count()
         || check_same_fs(damaged, &sb).is_err()
         || check_superblock(&sb, dev, read_only).is_err()
     {

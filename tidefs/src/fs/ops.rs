@@ -914,8 +914,8 @@ impl Meta {
             self.acts_for(io, ino)?;
         }
         self.changes_names();
-        // A new directory block and its tree block, and the mode records of what moves to
-        // another directory.
+        // After the checks, before the first change: room for a new directory block and its
+        // tree block, and for the mode records of what moves to another directory.
         let moves: Vec<(u32, u32)> = if parent == new_parent {
             Vec::new()
         } else if fl.exchange {
@@ -925,8 +925,10 @@ impl Meta {
         } else {
             vec![(src.ino, new_parent)]
         };
-        let records = self.relink_blocks(io, &moves)?;
-        self.ensure_space(2 + records)?;
+        let check_space = |m: &mut Meta| {
+            let records = m.relink_blocks(io, &moves)?;
+            m.ensure_space(2 + records)
+        };
         if fl.exchange {
             let dst = dst.ok_or(FsError::NotFound)?;
             let di = self.read_inode(io, dst.ino)?;
@@ -941,6 +943,7 @@ impl Meta {
                 self.fetch_moved_dir(io, src.ino, src_dir)?;
                 self.fetch_moved_dir(io, dst.ino, dst_dir)?;
             }
+            check_space(self)?;
             self.dir_retarget(io, parent, name, dst.ino, dst.file_type)?;
             self.dir_retarget(io, new_parent, new_name, src.ino, src.file_type)?;
             if parent != new_parent {
@@ -991,6 +994,7 @@ impl Meta {
             if di.is_dir() && !self.dir_is_empty(io, d.ino)? {
                 return Err(FsError::NotEmpty);
             }
+            check_space(self)?;
             if (di.is_dir() || di.links_count() <= 1) && !self.open.contains(d.ino) {
                 self.fetch_for_free(io, d.ino, &di)?;
             }
@@ -1003,6 +1007,7 @@ impl Meta {
                 self.drop_link(io, d.ino)?;
             }
         } else {
+            check_space(self)?;
             self.fetch_moved_dir(io, src.ino, src_dir && parent != new_parent)?;
             self.dir_add(io, new_parent, new_name, src.ino, src.file_type)?;
             self.dir_remove(io, parent, name)?;
