@@ -66,17 +66,31 @@ fn path_key(path: &Path) -> String {
     format!("{hash:016x}")
 }
 
-/// The socket file of the daemon serving `mountpoint`, if one exists in any runtime dir.
+/// Whether `dir` is a directory of our own that nobody else may write or read: the runtime
+/// directory holds the control socket and the log, and one in `/tmp` could have been made
+/// first by another user (who could then plant a socket that answers for the daemon, or a
+/// symbolic link where the log goes).
+fn is_private_dir(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(dir).is_ok_and(|m| {
+        m.file_type().is_dir() && m.uid() == crate::sys::geteuid() && m.mode() & 0o077 == 0
+    })
+}
+
+/// The socket file of the daemon serving `mountpoint`, if one exists in a runtime dir of
+/// our own.
 pub fn find_socket(mountpoint: &Path) -> Option<PathBuf> {
     let key = path_key(&canonical_mountpoint(mountpoint));
     runtime_dirs()
         .into_iter()
+        .filter(|dir| is_private_dir(dir))
         .map(|dir| dir.join(format!("{key}.sock")))
         .find(|p| p.exists())
 }
 
 /// Where a new daemon for `mountpoint` puts its socket and log: the first runtime dir it can
-/// create and write. Returns (socket path, log path).
+/// create and write and that is private to us ([`is_private_dir`]). Returns (socket path,
+/// log path).
 pub fn daemon_paths(mountpoint: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
     let key = path_key(&canonical_mountpoint(mountpoint));
     let mut last_error = None;
@@ -84,6 +98,13 @@ pub fn daemon_paths(mountpoint: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
         match std::fs::create_dir_all(&dir) {
             Ok(()) => {
                 let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+                if !is_private_dir(&dir) {
+                    last_error = Some(std::io::Error::other(format!(
+                        "{} is not a directory of our own that only we may use",
+                        dir.display()
+                    )));
+                    continue;
+                }
                 let probe = dir.join(format!(".probe-{}", std::process::id()));
                 match std::fs::write(&probe, b"") {
                     Ok(()) => {
@@ -267,12 +288,17 @@ pub fn serve<D: Daemon>(listener: UnixListener, daemon: std::sync::Arc<D>) {
     }
 }
 
+/// Bytes a control request may take, its newline included.
+const MAX_REQUEST: u64 = 64;
+
 fn handle<D: Daemon>(stream: UnixStream, daemon: &D) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
-    let mut reader = BufReader::new(read_half);
+    // A request is one short word: a client that sends more without a newline is cut off
+    // there, not buffered without end.
+    let mut reader = BufReader::new(read_half).take(MAX_REQUEST);
     let mut line = String::new();
     if reader.read_line(&mut line).is_err() {
         return;
@@ -394,5 +420,74 @@ mod tests {
         );
         assert_eq!(unescape_mountinfo("/plain"), PathBuf::from("/plain"));
         assert_eq!(unescape_mountinfo("/end\\"), PathBuf::from("/end\\"));
+    }
+
+    /// A daemon that answers every request by name, and nothing else.
+    struct Idle;
+
+    impl Daemon for Idle {
+        fn status(&self) -> Value {
+            json!({"ok": true})
+        }
+        fn stats(&self) -> Stats {
+            Stats::default()
+        }
+        fn requests(&self) -> Vec<(String, u64)> {
+            Vec::new()
+        }
+        fn sync(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn unmount(&self, _stream: UnixStream) {}
+    }
+
+    /// A client that sends bytes without ever ending its line is answered (refused) once
+    /// it has sent more than a request can be, instead of being read, and buffered, until
+    /// it stops or the 30-second timeout.
+    #[test]
+    fn an_endless_request_is_cut_off() {
+        let (mut client, server) = UnixStream::pair().unwrap();
+        let handler = std::thread::spawn(move || handle(server, &Idle));
+        client.write_all(&[b'x'; 4096]).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut reply = String::new();
+        BufReader::new(&client)
+            .read_line(&mut reply)
+            .expect("the daemon answers without waiting for a newline");
+        let reply: Value = serde_json::from_str(&reply).unwrap();
+        assert_eq!(reply["ok"], json!(false), "{reply}");
+        handler.join().unwrap();
+    }
+
+    /// A runtime directory is trusted only when it is a real directory of ours that nobody
+    /// else may use: not one opened to others, not a symbolic link to one of ours (either
+    /// could have been made in /tmp by another user).
+    #[test]
+    fn only_private_directories_of_our_own_are_runtime_dirs() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let base = tempfile::tempdir().unwrap();
+        let own = base.path().join("own");
+        std::fs::create_dir(&own).unwrap();
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(super::is_private_dir(&own));
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink(&own, &link).unwrap();
+        assert!(!super::is_private_dir(&link));
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(!super::is_private_dir(&own));
+        assert!(!super::is_private_dir(&base.path().join("missing")));
+        let file = base.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(!super::is_private_dir(&file));
+        // Another user's, where we may give one away (as root).
+        let theirs = base.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+        if std::os::unix::fs::chown(&theirs, Some(65534), None).is_ok() {
+            assert!(!super::is_private_dir(&theirs));
+        }
     }
 }

@@ -121,10 +121,15 @@ impl FuseFs {
 ///
 /// Corruption answers EUCLEAN ("structure needs cleaning"), as the kernel's ext4 answers
 /// EFSCORRUPTED, and is logged on stderr (the daemon's log) with the inode and block numbers
-/// the library found, since the caller only sees the errno.
+/// the library found, since the caller only sees the errno. Something tidefs does not
+/// implement (a file in the ext2/ext3 block-map layout) answers EOPNOTSUPP and is logged the
+/// same way. A device error that is the host running out of room under the image (a sparse
+/// image file on a full disk) answers ENOSPC, not EIO: the medium is fine.
 pub fn errno(error: &FsError) -> Errno {
-    if let FsError::Corrupt(c) = error {
-        log_corrupt(c);
+    match error {
+        FsError::Corrupt(c) => log_corrupt(c),
+        FsError::Incompatible(what) => eprintln!("tidefs: not supported: {what}"),
+        _ => {}
     }
     match error {
         FsError::NotFound => Errno::ENOENT,
@@ -145,7 +150,11 @@ pub fn errno(error: &FsError) -> Errno {
         FsError::NotSupported => Errno::EOPNOTSUPP,
         FsError::Busy(_) => Errno::EBUSY,
         FsError::Corrupt(_) => Errno::from_i32(libc::EUCLEAN),
-        FsError::Io(_) | FsError::Incompatible(_) => Errno::EIO,
+        FsError::Incompatible(_) => Errno::EOPNOTSUPP,
+        FsError::Io(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+            Errno::ENOSPC
+        }
+        FsError::Io(_) => Errno::EIO,
         _ => Errno::EIO,
     }
 }
@@ -1000,6 +1009,22 @@ mod tests {
             (FsError::NotSupported, Errno::EOPNOTSUPP),
             (FsError::corrupt("bad"), Errno::from_i32(libc::EUCLEAN)),
             (FsError::Io(std::io::Error::other("disk")), Errno::EIO),
+            (
+                FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)),
+                Errno::EIO,
+            ),
+            (
+                FsError::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+                Errno::ENOSPC,
+            ),
+            (
+                FsError::Io(std::io::Error::from_raw_os_error(libc::EDQUOT)),
+                Errno::ENOSPC,
+            ),
+            (
+                FsError::Incompatible("block maps".into()),
+                Errno::EOPNOTSUPP,
+            ),
         ];
         for (error, expected) in cases {
             assert_eq!(errno(&error), expected, "{error:?}");

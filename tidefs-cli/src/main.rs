@@ -314,6 +314,12 @@ fn main() -> ExitCode {
             return ExitCode::from(if is_fsck { fsck::USAGE } else { 2 });
         }
     };
+    if matches!(
+        cli.command,
+        Command::DumpJournal(_) | Command::Stats { .. } | Command::Status { .. }
+    ) {
+        sys::default_sigpipe();
+    }
     match run(cli.command) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

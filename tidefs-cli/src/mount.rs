@@ -404,8 +404,18 @@ fn start_background(args: &MountArgs, config: &MountConfig) -> Result<(), CliErr
         .map_err(|e| CliError::new(what, e))?;
     let (_, log_path) = control::daemon_paths(&mountpoint)
         .map_err(|e| CliError::new(what, format!("no runtime directory: {e}")))?;
-    let log = std::fs::File::create(&log_path)
-        .map_err(|e| CliError::new(what, format!("{}: {e}", log_path.display())))?;
+    // Never through a symbolic link planted where the log goes.
+    let log = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(&log_path)
+    }
+    .map_err(|e| CliError::new(what, format!("{}: {e}", log_path.display())))?;
     let exe = std::env::current_exe()
         .map_err(|e| CliError::new(what, format!("cannot find my own executable: {e}")))?;
     let mut child = Command::new(exe)

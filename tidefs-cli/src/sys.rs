@@ -74,6 +74,16 @@ pub fn stdout_to_null() -> io::Result<()> {
     Ok(())
 }
 
+/// Lets a closed standard output end the process quietly, as it ends `cat` (SIGPIPE's
+/// default action), instead of a panic in `println!` (Rust ignores SIGPIPE). Only for
+/// commands that just print: the daemon writes to sockets, and a benchmark or fsck must not
+/// stop half-way.
+pub fn default_sigpipe() {
+    // SAFETY: signal() with a valid signal number and SIG_DFL has no preconditions; the
+    // process has no handler of its own for SIGPIPE to lose.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 /// The effective user id.
 pub fn geteuid() -> u32 {
     // SAFETY: geteuid cannot fail and has no preconditions.

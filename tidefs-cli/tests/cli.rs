@@ -436,3 +436,53 @@ fn the_mount_helper_takes_mount_8_arguments() {
         &["tidefs: mount: ", "x.img", "no such file or directory"],
     );
 }
+
+/// Goal: `tidefs fsck IMAGE` on a machine without e2fsck still replays the journal but does
+/// not call the image clean: the full check did not run, fsck(8)'s operational error (8),
+/// saying so and naming the package. Method: as root, a private mount namespace
+/// (`unshare -m`) with an empty directory mounted over every directory where e2fsck could
+/// be found, and no PATH.
+#[test]
+fn fsck_without_e2fsck_is_not_clean() {
+    let test = "fsck_without_e2fsck_is_not_clean";
+    if !need_root(test, "hides e2fsck in a mount namespace") {
+        return;
+    }
+    let Some(unshare) = tool("unshare") else {
+        skip(test, "unshare (util-linux) is not installed");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
+    let image = dir.path().join("img");
+    common::mkfs(&image, "64M", &[]);
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("OK to unwrap: mkdir");
+    let exe = env!("CARGO_BIN_EXE_tidefs");
+    // Each directory find_e2fsprogs_tool looks in (on merged-/usr systems /sbin and /bin are
+    // links to these).
+    let script = format!(
+        "for d in /usr/sbin /usr/bin /sbin /bin; do \
+           [ -L $d ] || mount --bind '{empty}' $d || exit 90; \
+         done; \
+         PATH=/nonexistent exec '{exe}' fsck '{image}'",
+        empty = empty.display(),
+        image = image.display()
+    );
+    let out = output(
+        std::process::Command::new(unshare)
+            .args(["-m", "--propagation", "private", "/bin/sh", "-c"])
+            .arg(script),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(8),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let text = stdout(&out);
+    assert!(
+        text.contains("e2fsck: not installed") && text.contains("not fully checked"),
+        "{text}"
+    );
+}

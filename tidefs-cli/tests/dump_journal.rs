@@ -299,3 +299,43 @@ fn a_torn_last_transaction_is_reported_as_torn_not_as_damage() {
         "nothing of the torn one is"
     );
 }
+
+/// Goal: `tidefs dump-journal IMAGE | head -1` ends quietly when the reader goes away, as
+/// `cat` does (SIGPIPE), instead of a panic in the printing code (exit 101 and a backtrace).
+/// Method: the command's standard output is a pipe whose reading end is closed before it
+/// starts; it must die of SIGPIPE with nothing on standard error.
+#[test]
+fn a_closed_output_pipe_ends_dump_journal_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    if tool("mke2fs").is_none() {
+        skip(
+            "a_closed_output_pipe_ends_dump_journal_quietly",
+            "mke2fs is not installed",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("img");
+    common::mkfs(&image, "64M", &[]);
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = tidefs()
+        .arg("dump-journal")
+        .arg(&image)
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -910,3 +910,44 @@ fn unusual_but_valid_geometries_mount() {
         common::assert_fsck_clean(&img);
     }
 }
+
+/// Goal: a directory entry that names a reserved inode — the journal (8), the bad-blocks
+/// inode (1) — is corruption of that directory, not a file to open: through the entry the
+/// journal's inode took writes, and inode 1 would have shown as a second root. Method: the
+/// entries made with e2fsprogs' `debugfs ln`, then a lookup and a listing of the directory
+/// (corrupt), and another directory still served.
+#[test]
+fn entries_naming_reserved_inodes_are_corruption() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = fresh(dir.path(), "r.img");
+    let fs = Fs::open(&img, &opts(false)).unwrap();
+    fs.mkdir(ROOT_INO, b"bad", 0o755, Creds::ROOT).unwrap();
+    fs.mkdir(ROOT_INO, b"good", 0o755, Creds::ROOT).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    for (name, ino) in [("journal", 8), ("first", 1)] {
+        let out = std::process::Command::new("debugfs")
+            .args(["-w", "-R", &format!("ln <{ino}> /bad/{name}")])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "debugfs: {out:?}");
+    }
+    let fs = Fs::open(&img, &opts(false)).unwrap();
+    let bad = fs.lookup(ROOT_INO, b"bad").unwrap().ino;
+    for name in [&b"journal"[..], b"first"] {
+        let r = fs.lookup(bad, name);
+        assert!(
+            matches!(r, Err(FsError::Corrupt(_))),
+            "lookup of an entry naming a reserved inode: {r:?}"
+        );
+    }
+    let listed = fs.readdir(bad, 0, &mut |_| true);
+    assert!(matches!(listed, Err(FsError::Corrupt(_))), "{listed:?}");
+    let good = fs.lookup(ROOT_INO, b"good").unwrap().ino;
+    fs.create(good, b"f", 0o100644, 0, Creds::ROOT).unwrap();
+    fs.unmount().unwrap();
+}

@@ -139,6 +139,23 @@ impl Meta {
         if index_block && lblk != 0 {
             recs.clear();
         }
+        // An entry names the root or an inode past the reserved ones (the journal, the resize
+        // inode and the others below `s_first_ino` are never in a directory): opened by
+        // name, the journal's inode would take writes.
+        if let Some(r) = recs.iter().find(|r| {
+            r.inode != 0
+                && (!self.geo.valid_ino(u64::from(r.inode))
+                    || (u64::from(r.inode) != super::api::ROOT_INO && r.inode < self.geo.first_ino))
+        }) {
+            return Err(FsError::corrupt_inode(
+                dir,
+                format!(
+                    "directory block {lblk} (block {pblk}): an entry names inode {}, which no \
+                     directory may hold",
+                    r.inode
+                ),
+            ));
+        }
         Ok(recs)
     }
 

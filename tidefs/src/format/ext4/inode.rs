@@ -361,11 +361,16 @@ impl Inode {
     }
 
     fn set_time(&mut self, base: usize, extra: usize, t: InodeTime) {
+        // What the fields hold, as the kernel clamps a time to them (`s_time_min` and
+        // `s_time_max`): 1901-12-13 to 2038-01-19 in the base field alone, to 2446-05-10
+        // with the 2-bit epoch of the extra field.
+        let wide = self.has_extra_field(extra);
+        let max = i64::from(i32::MAX) + if wide { 3 << 32 } else { 0 };
+        let sec = t.sec.clamp(i64::from(i32::MIN), max);
         // The low 32 bits go to the base field; the bits above are the 2-bit epoch.
-        put_le32(&mut self.raw, base, (t.sec & 0xFFFF_FFFF) as u32);
-        if self.has_extra_field(extra) {
-            let epoch =
-                (((t.sec - i64::from((t.sec & 0xFFFF_FFFF) as u32 as i32)) >> 32) & 3) as u32;
+        put_le32(&mut self.raw, base, (sec & 0xFFFF_FFFF) as u32);
+        if wide {
+            let epoch = (((sec - i64::from((sec & 0xFFFF_FFFF) as u32 as i32)) >> 32) & 3) as u32;
             put_le32(&mut self.raw, extra, (t.nsec.min(999_999_999) << 2) | epoch);
         }
     }
@@ -502,6 +507,26 @@ mod tests {
         let t = InodeTime { sec: -5, nsec: 7 };
         ino.set_atime(t);
         assert_eq!(ino.atime(), t);
+    }
+
+    /// Times past what the fields hold are clamped to their ends, as the kernel does, never
+    /// wrapped (year 2603 was stored as 2059) and never an overflow (`i64::MAX` panicked).
+    #[test]
+    fn times_out_of_range_are_clamped() {
+        let wide_max = i64::from(i32::MAX) + (3 << 32);
+        for (size, extra, max) in [(256, 32, wide_max), (128, 0, i64::from(i32::MAX))] {
+            let mut ino = Inode::new_zeroed(size, extra);
+            for (sec, want) in [
+                (20_000_000_000, max),
+                (i64::MAX, max),
+                (i64::MIN, i64::from(i32::MIN)),
+                (max, max),
+                (-5, -5),
+            ] {
+                ino.set_mtime(InodeTime { sec, nsec: 0 });
+                assert_eq!(ino.mtime().sec, want, "inode of {size} bytes, {sec}");
+            }
+        }
     }
 
     #[test]
