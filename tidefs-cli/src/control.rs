@@ -205,6 +205,15 @@ impl Client {
         })
     }
 
+    /// Gives up on a reply that takes longer than `patience` (for questions the daemon
+    /// answers at once, `status` and `stats`: a stopped or wedged daemon is then an error,
+    /// not a client that waits for ever). Commands that wait for the device (`sync`,
+    /// `unmount`) keep no limit.
+    pub fn patience(self, patience: Duration) -> Client {
+        let _ = self.reader.get_ref().set_read_timeout(Some(patience));
+        self
+    }
+
     /// Sends `command` and returns the first reply.
     pub fn request(&mut self, command: &str) -> Result<Value, ClientError> {
         let stream = self.reader.get_mut();
@@ -217,10 +226,20 @@ impl Client {
     /// Reads the next JSON reply line; an `"ok":false` reply becomes an error.
     pub fn next_reply(&mut self) -> Result<Value, ClientError> {
         let mut line = String::new();
-        let n = self
-            .reader
-            .read_line(&mut line)
-            .map_err(|e| ClientError::Failed(format!("cannot read the daemon's reply: {e}")))?;
+        let n = self.reader.read_line(&mut line).map_err(|e| {
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                ClientError::Failed(
+                    "the daemon did not answer in time (is it stopped or stuck? its log is \
+                     beside its socket)"
+                        .into(),
+                )
+            } else {
+                ClientError::Failed(format!("cannot read the daemon's reply: {e}"))
+            }
+        })?;
         if n == 0 {
             return Err(ClientError::Failed(
                 "the daemon closed the connection without a reply".into(),
@@ -287,6 +306,9 @@ pub fn serve<D: Daemon>(listener: UnixListener, daemon: std::sync::Arc<D>) {
             .spawn(move || handle(stream, &*daemon));
     }
 }
+
+/// How long `status` and `stats` wait for the daemon's answer.
+pub const QUICK_ANSWER: Duration = Duration::from_secs(30);
 
 /// Bytes a control request may take, its newline included.
 const MAX_REQUEST: u64 = 64;
@@ -459,6 +481,21 @@ mod tests {
         let reply: Value = serde_json::from_str(&reply).unwrap();
         assert_eq!(reply["ok"], json!(false), "{reply}");
         handler.join().unwrap();
+    }
+
+    /// A daemon that takes the question and never answers (stopped, or stuck) makes a
+    /// client with patience fail with a message saying so, instead of waiting for ever.
+    #[test]
+    fn a_silent_daemon_is_an_error_once_patience_runs_out() {
+        let (client_end, _daemon_end) = UnixStream::pair().unwrap();
+        let mut client = Client {
+            reader: BufReader::new(client_end),
+        }
+        .patience(Duration::from_millis(200));
+        match client.request("status") {
+            Err(ClientError::Failed(why)) => assert!(why.contains("did not answer"), "{why}"),
+            other => panic!("a silent daemon gave {other:?}"),
+        }
     }
 
     /// A runtime directory is trusted only when it is a real directory of ours that nobody

@@ -407,7 +407,8 @@ fn run(command: Command) -> Result<u8, CliError> {
         }
         Command::Status { mountpoint } => {
             let mut client = control::Client::connect(&mountpoint)
-                .map_err(|_| not_tidefs("status", &mountpoint))?;
+                .map_err(|_| not_tidefs("status", &mountpoint))?
+                .patience(control::QUICK_ANSWER);
             let reply = client.request("status").map_err(|e| match e {
                 control::ClientError::NotTidefs => not_tidefs("status", &mountpoint),
                 control::ClientError::Failed(why) => CliError::new("status", why),
@@ -545,8 +546,9 @@ fn sync(mountpoint: &std::path::Path) -> Result<(), CliError> {
 
 fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
     let what = "stats";
-    let mut client =
-        control::Client::connect(mountpoint).map_err(|_| not_tidefs(what, mountpoint))?;
+    let mut client = control::Client::connect(mountpoint)
+        .map_err(|_| not_tidefs(what, mountpoint))?
+        .patience(control::QUICK_ANSWER);
     let reply = client.request("stats").map_err(|e| match e {
         control::ClientError::NotTidefs => not_tidefs(what, mountpoint),
         control::ClientError::Failed(why) => CliError::new(what, why),
