@@ -88,6 +88,18 @@ pub fn find_socket(mountpoint: &Path) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
+/// A socket for `mountpoint` in a runtime dir that is not private to us (`find_socket` passes
+/// it over): its daemon may be alive, so a mount without a socket we trust is not proof that
+/// the daemon is gone.
+pub fn untrusted_socket(mountpoint: &Path) -> Option<PathBuf> {
+    let key = path_key(&canonical_mountpoint(mountpoint));
+    runtime_dirs()
+        .into_iter()
+        .filter(|dir| !is_private_dir(dir))
+        .map(|dir| dir.join(format!("{key}.sock")))
+        .find(|p| p.exists())
+}
+
 /// Where a new daemon for `mountpoint` puts its socket and log: the first runtime dir it can
 /// create and write and that is private to us ([`is_private_dir`]). Returns (socket path,
 /// log path).
@@ -146,6 +158,7 @@ pub fn mount_of_image(image: &Path) -> Option<(u32, PathBuf)> {
     let wanted = std::fs::metadata(image).ok()?;
     runtime_dirs()
         .into_iter()
+        .filter(|dir| is_private_dir(dir))
         .filter_map(|dir| std::fs::read_dir(dir).ok())
         .flatten()
         .flatten()

@@ -314,10 +314,7 @@ fn main() -> ExitCode {
             return ExitCode::from(if is_fsck { fsck::USAGE } else { 2 });
         }
     };
-    if matches!(
-        cli.command,
-        Command::DumpJournal(_) | Command::Stats { .. } | Command::Status { .. }
-    ) {
+    if matches!(cli.command, Command::DumpJournal(_)) {
         sys::default_sigpipe();
     }
     match run(cli.command) {
@@ -413,6 +410,8 @@ fn run(command: Command) -> Result<u8, CliError> {
                 control::ClientError::NotTidefs => not_tidefs("status", &mountpoint),
                 control::ClientError::Failed(why) => CliError::new("status", why),
             })?;
+            // Only now: the request itself went over a socket.
+            sys::default_sigpipe();
             println!("{reply}");
             Ok(0)
         }
@@ -503,6 +502,18 @@ pub fn umount(mountpoint: &std::path::Path) -> Result<(), CliError> {
     let mut client = match control::Client::connect(mountpoint) {
         Ok(client) => client,
         Err(_) if control::is_tidefs_mounted(mountpoint) => {
+            if let Some(socket) = control::untrusted_socket(mountpoint) {
+                return Err(CliError::new(
+                    what,
+                    format!(
+                        "{}: its daemon's socket {} is in a directory that is not private to \
+                         this user (another user's, or open to others); not detaching a mount \
+                         whose daemon may be alive",
+                        mountpoint.display(),
+                        socket.display()
+                    ),
+                ));
+            }
             // A tidefs mount without a daemon: it was killed. Detach what is left.
             let path = control::canonical_mountpoint(mountpoint);
             mount::kernel_unmount(&path, true)
@@ -553,6 +564,8 @@ fn stats(mountpoint: &std::path::Path, as_json: bool) -> Result<(), CliError> {
         control::ClientError::NotTidefs => not_tidefs(what, mountpoint),
         control::ClientError::Failed(why) => CliError::new(what, why),
     })?;
+    // Only now: the request itself went over a socket.
+    sys::default_sigpipe();
     let value = reply.get("stats").cloned().unwrap_or_default();
     let stats: tidefs::fs::Stats = serde_json::from_value(value)
         .map_err(|e| CliError::new(what, format!("bad reply from the daemon: {e}")))?;

@@ -76,8 +76,8 @@ pub fn stdout_to_null() -> io::Result<()> {
 
 /// Lets a closed standard output end the process quietly, as it ends `cat` (SIGPIPE's
 /// default action), instead of a panic in `println!` (Rust ignores SIGPIPE). Only for
-/// commands that just print: the daemon writes to sockets, and a benchmark or fsck must not
-/// stop half-way.
+/// commands that just print, once they are done with any socket: the daemon writes to
+/// sockets, and a benchmark or fsck must not stop half-way.
 pub fn default_sigpipe() {
     // SAFETY: signal() with a valid signal number and SIG_DFL has no preconditions; the
     // process has no handler of its own for SIGPIPE to lose.

@@ -452,6 +452,18 @@ fn fsck_without_e2fsck_is_not_clean() {
         skip(test, "unshare (util-linux) is not installed");
         return;
     };
+    if !std::process::Command::new(&unshare)
+        .args(["-m", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        skip(test, "cannot make a mount namespace (no CAP_SYS_ADMIN?)");
+        return;
+    }
+    if tool("mke2fs").is_none() {
+        skip(test, "mke2fs is not installed");
+        return;
+    }
     let dir = tempfile::tempdir().expect("OK to unwrap: temp dir");
     let image = dir.path().join("img");
     common::mkfs(&image, "64M", &[]);

@@ -317,8 +317,13 @@ fn a_closed_output_pipe_ends_dump_journal_quietly() {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("img");
     common::mkfs(&image, "64M", &[]);
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
+    // The writing end of a pipe whose reader has exited: the standard input of `true`.
+    let mut reader = std::process::Command::new("true")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let writer = reader.stdin.take().unwrap();
+    reader.wait().unwrap();
     let out = tidefs()
         .arg("dump-journal")
         .arg(&image)

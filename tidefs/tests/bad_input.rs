@@ -924,29 +924,32 @@ fn entries_naming_reserved_inodes_are_corruption() {
     let dir = tempfile::tempdir().unwrap();
     let img = fresh(dir.path(), "r.img");
     let fs = Fs::open(&img, &opts(false)).unwrap();
-    fs.mkdir(ROOT_INO, b"bad", 0o755, Creds::ROOT).unwrap();
-    fs.mkdir(ROOT_INO, b"good", 0o755, Creds::ROOT).unwrap();
+    // Each in a directory of its own: one bad entry makes its directory block corrupt.
+    for name in ["journal", "first", "good"] {
+        fs.mkdir(ROOT_INO, name.as_bytes(), 0o755, Creds::ROOT)
+            .unwrap();
+    }
     fs.unmount().unwrap();
     drop(fs);
     for (name, ino) in [("journal", 8), ("first", 1)] {
         let out = std::process::Command::new("debugfs")
-            .args(["-w", "-R", &format!("ln <{ino}> /bad/{name}")])
+            .args(["-w", "-R", &format!("ln <{ino}> /{name}/entry")])
             .arg(&img)
             .output()
             .unwrap();
         assert!(out.status.success(), "debugfs: {out:?}");
     }
     let fs = Fs::open(&img, &opts(false)).unwrap();
-    let bad = fs.lookup(ROOT_INO, b"bad").unwrap().ino;
     for name in [&b"journal"[..], b"first"] {
-        let r = fs.lookup(bad, name);
+        let bad = fs.lookup(ROOT_INO, name).unwrap().ino;
+        let r = fs.lookup(bad, b"entry");
         assert!(
             matches!(r, Err(FsError::Corrupt(_))),
             "lookup of an entry naming a reserved inode: {r:?}"
         );
+        let listed = fs.readdir(bad, 0, &mut |_| true);
+        assert!(matches!(listed, Err(FsError::Corrupt(_))), "{listed:?}");
     }
-    let listed = fs.readdir(bad, 0, &mut |_| true);
-    assert!(matches!(listed, Err(FsError::Corrupt(_))), "{listed:?}");
     let good = fs.lookup(ROOT_INO, b"good").unwrap().ino;
     fs.create(good, b"f", 0o100644, 0, Creds::ROOT).unwrap();
     fs.unmount().unwrap();

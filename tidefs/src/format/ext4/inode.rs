@@ -371,7 +371,13 @@ impl Inode {
         put_le32(&mut self.raw, base, (sec & 0xFFFF_FFFF) as u32);
         if wide {
             let epoch = (((sec - i64::from((sec & 0xFFFF_FFFF) as u32 as i32)) >> 32) & 3) as u32;
-            put_le32(&mut self.raw, extra, (t.nsec.min(999_999_999) << 2) | epoch);
+            // A clamped time is the end itself, as the kernel's `timestamp_truncate` makes it.
+            let nsec = if sec == t.sec {
+                t.nsec.min(999_999_999)
+            } else {
+                0
+            };
+            put_le32(&mut self.raw, extra, (nsec << 2) | epoch);
         }
     }
 
@@ -523,8 +529,12 @@ mod tests {
                 (max, max),
                 (-5, -5),
             ] {
-                ino.set_mtime(InodeTime { sec, nsec: 0 });
+                ino.set_mtime(InodeTime { sec, nsec: 5 });
                 assert_eq!(ino.mtime().sec, want, "inode of {size} bytes, {sec}");
+                if size > 128 {
+                    let nsec = if sec == want { 5 } else { 0 };
+                    assert_eq!(ino.mtime().nsec, nsec, "{sec}");
+                }
             }
         }
     }
