@@ -104,8 +104,8 @@ enum Command {
         #[arg(short, long)]
         foreground: bool,
         /// Mount options: ro, rw, commit=SECONDS, journal_device=PATH, cache_size=SIZE,
-        /// data=MODE, barrier=flush|none, allow_other, private, nosuid, nodev, noexec (see
-        /// the README).
+        /// data=MODE, barrier=flush|none, fenced_commits, fuse_uring, allow_other, private,
+        /// nosuid|suid, nodev|dev, noexec|exec (see the README).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Internal: started by a background mount; report on stdout.

@@ -101,6 +101,14 @@ fn is_generic_option(item: &str) -> bool {
         || item.starts_with("comment=")
 }
 
+/// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`), if it can be read.
+fn memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 impl MountConfig {
     /// Parses `-o` arguments (each a comma-separated list).
     pub fn parse(lists: &[String]) -> Result<MountConfig, String> {
@@ -161,6 +169,12 @@ impl MountConfig {
                     if size < (1 << 20) {
                         return Err(format!("cache_size={v}: at least 1M"));
                     }
+                    if let Some(memory) = memory_bytes().filter(|&m| size > m) {
+                        return Err(format!(
+                            "cache_size={v}: more than this machine's memory ({} MiB)",
+                            memory >> 20
+                        ));
+                    }
                     config.cache_size_bytes = Some(size);
                 }
                 (
@@ -189,6 +203,14 @@ impl MountConfig {
             let path = path
                 .canonicalize()
                 .map_err(|e| format!("journal device {}: {e}", path.display()))?;
+            if path.as_os_str().as_encoded_bytes().contains(&b',') {
+                // Options travel to the daemon as one comma-separated list.
+                return Err(format!(
+                    "journal device {}: a path with a comma cannot be a mount option; use a \
+                     link without one",
+                    path.display()
+                ));
+            }
             items.push(format!("journal_device={}", path.display()));
         }
         if let Some(size) = self.cache_size_bytes {
@@ -858,6 +880,27 @@ mod tests {
             opts.commit_interval,
             MountOptions::default().commit_interval
         );
+    }
+
+    /// A cache larger than the machine's memory is refused when the options are read, not
+    /// found out by the daemon being killed later; a journal device whose path has a comma
+    /// (the options travel as one comma-separated list) is refused with a way out.
+    #[test]
+    fn oversized_caches_and_comma_paths_are_refused() {
+        let memory = super::memory_bytes().expect("/proc/meminfo");
+        let too_big = format!("cache_size={}", memory + (1 << 30));
+        let e = parse(&[too_big.as_str()]).expect_err("more than the memory");
+        assert!(e.contains("memory"), "{e}");
+        parse(&["cache_size=64M"]).expect("OK to unwrap: a small cache");
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join("jour,nal");
+        std::fs::write(&odd, b"").unwrap();
+        let config = MountConfig {
+            journal_device: Some(odd),
+            ..MountConfig::default()
+        };
+        let e = config.to_option_string().expect_err("a comma in the path");
+        assert!(e.contains("comma"), "{e}");
     }
 
     #[test]
