@@ -453,3 +453,64 @@ fn fs_truncate_light(mem: &std::sync::Arc<tidefs::dev::MemDev>, light: u64) {
     .unwrap();
     fs.unmount().unwrap();
 }
+
+/// Goal: a directory with more files than one transaction carries the inodes of can still
+/// change its mode: its files take the new mode in steps, each committed, the directory last
+/// (before, the one operation was refused as larger than a transaction, EINVAL); every file
+/// obeys the new mode after, also after a remount, and the image is clean. Method: 1 KiB
+/// blocks (four inodes per inode-table block) and the smallest journal (1 024 blocks, a
+/// transaction of at most 256), 3 600 files in one directory, `journal` set on it.
+#[test]
+fn a_directory_with_more_files_than_a_transaction_changes_its_mode() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkfs_raw(
+        dir.path(),
+        "many.img",
+        64,
+        &[
+            "-b",
+            "1024",
+            "-N",
+            "8192",
+            "-J",
+            "size=1",
+            "-O",
+            "metadata_csum,64bit",
+        ],
+    );
+    let fs = Fs::open(&img, &opts(DataMode::Ordered)).unwrap();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, Creds::ROOT).unwrap().ino;
+    let files: Vec<u64> = (0..3600)
+        .map(|k| {
+            fs.create(d, format!("f{k}").as_bytes(), 0o100644, 0, Creds::ROOT)
+                .unwrap()
+                .ino
+        })
+        .collect();
+    fs.sync().unwrap();
+    let commits = fs.stats().commits;
+    fs.set_journal_mode(d, Some(DataMode::Journal)).unwrap();
+    assert!(
+        fs.stats().commits > commits + 4,
+        "the change should go in steps, each committed"
+    );
+    for &f in files.iter().step_by(97) {
+        assert_eq!(mode_of(&fs, f).0, DataMode::Journal, "file {f}");
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let fs = Fs::open(&img, &opts(DataMode::Ordered)).unwrap();
+    assert_eq!(mode_of(&fs, d), (DataMode::Journal, true));
+    for &f in files.iter().step_by(89) {
+        assert_eq!(
+            mode_of(&fs, f).0,
+            DataMode::Journal,
+            "file {f} after a remount"
+        );
+    }
+    fs.unmount().unwrap();
+    common::assert_fsck_clean(&img);
+}

@@ -1539,13 +1539,20 @@ impl Fs {
 
     /// Gives directory or regular file `ino` its own journaling mode, or with `None` takes it
     /// away (the directory then follows the mount's default, the file its directory). A
-    /// directory's files follow at once. Data written before keeps the old mode's promise.
-    /// Returns the mode `ino` obeyed before. Durable at the next commit, as any change.
+    /// directory's files follow at once (a directory with more files than one transaction
+    /// carries: in committed steps, the directory last). Data written before keeps the old
+    /// mode's promise. Returns the mode `ino` obeyed before. Durable at the next commit, as
+    /// any change.
     pub fn set_journal_mode(&self, ino: Ino, mode: Option<DataMode>) -> Result<DataMode> {
-        self.with_meta(true, |m, io| {
-            let n = m.ino32(ino)?;
-            m.set_journal_mode(io, n, mode)
-        })
+        let n = self.inner.geo.ino32(ino)?;
+        // A directory with more files than one transaction carries the inodes of changes
+        // them in steps, each committed, the directory itself last (docs/DESIGN.md §3.2).
+        let batch = (self.inner.io.journal.max_transaction_blocks() / 4).max(1);
+        self.in_steps(
+            n,
+            |m, io| m.mode_change_step(io, n, mode, batch),
+            |m, io| m.set_journal_mode(io, n, mode),
+        )
     }
 
     /// Notes an open handle on `ino`: an unlinked inode stays alive until its last release.

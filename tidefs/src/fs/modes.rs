@@ -324,24 +324,65 @@ impl Meta {
         } else {
             Vec::new()
         };
-        let mut blocks = self.record_blocks(io, ino, &i, rec)?;
-        for &(f, frec) in &governed {
-            let fi = self.read_inode(io, f)?;
-            blocks += self.record_blocks(io, f, &fi, frec)?;
-        }
+        let blocks = self.record_blocks(io, ino, &i, rec)? + self.records_blocks(io, &governed)?;
         if blocks > 0 {
             self.ensure_space(blocks)?;
         }
         self.store_mode_record(io, ino, &mut i, rec)?;
         i.set_ctime(super::ops::now());
         self.write_inode(io, ino, &mut i)?;
-        for (f, frec) in governed {
+        self.store_records(io, &governed)?;
+        Ok(old)
+    }
+
+    /// One step of a mode change of directory `dir` whose files are too many for one
+    /// transaction: the first `batch` of the files that follow it take their new records (the
+    /// caller commits after each step). Returns true, having done nothing, once the rest fits
+    /// one operation: [`Meta::set_journal_mode`] then changes them and the directory, whose
+    /// own record thus changes last (a crash between steps leaves some of its files on the
+    /// new mode already; the change made again finishes it).
+    pub(crate) fn mode_change_step(
+        &mut self,
+        io: &Io,
+        dir: u32,
+        mode: Option<DataMode>,
+        batch: usize,
+    ) -> Result<bool> {
+        if self.mode_record(io, dir)?.kind != RecordKind::Dir {
+            return Ok(true);
+        }
+        let governed = self.governed_records(io, dir, mode)?;
+        if governed.len() <= batch {
+            return Ok(true);
+        }
+        let part = &governed[..batch];
+        let blocks = self.records_blocks(io, part)?;
+        if blocks > 0 {
+            self.ensure_space(blocks)?;
+        }
+        self.store_records(io, part)?;
+        Ok(false)
+    }
+
+    /// The new attribute blocks storing each of `records` takes ([`Meta::record_blocks`]).
+    fn records_blocks(&mut self, io: &Io, records: &[(u32, ModeRecord)]) -> Result<u64> {
+        let mut blocks = 0;
+        for &(f, frec) in records {
+            let fi = self.read_inode(io, f)?;
+            blocks += self.record_blocks(io, f, &fi, frec)?;
+        }
+        Ok(blocks)
+    }
+
+    /// Stores each of `records` (regular files' new records) in its inode.
+    fn store_records(&mut self, io: &Io, records: &[(u32, ModeRecord)]) -> Result<()> {
+        for &(f, frec) in records {
             self.acts_for(io, f)?;
             let mut fi = self.read_inode(io, f)?;
             self.store_mode_record(io, f, &mut fi, frec)?;
             self.write_inode(io, f, &mut fi)?;
         }
-        Ok(old)
+        Ok(())
     }
 
     /// Directory `dir` gets own mode `own`: the regular files in it that obey it (or obey no
