@@ -206,8 +206,8 @@ impl MountConfig {
             if path.as_os_str().as_encoded_bytes().contains(&b',') {
                 // Options travel to the daemon as one comma-separated list.
                 return Err(format!(
-                    "journal device {}: a path with a comma cannot be a mount option; use a \
-                     link without one",
+                    "journal device {}: a path with a comma cannot be a mount option; give \
+                     it a name without one (a hard link, or a bind mount)",
                     path.display()
                 ));
             }

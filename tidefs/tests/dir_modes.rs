@@ -500,6 +500,17 @@ fn a_directory_with_more_files_than_a_transaction_changes_its_mode() {
     for &f in files.iter().step_by(97) {
         assert_eq!(mode_of(&fs, f).0, DataMode::Journal, "file {f}");
     }
+    // Through the attribute, as `setfattr` and `tidefs journal set` on a mount change it.
+    fs.setxattr(d, J, b"writeback", XattrSetMode::Replace)
+        .unwrap();
+    for &f in files.iter().step_by(101) {
+        assert_eq!(mode_of(&fs, f).0, DataMode::Writeback, "file {f}");
+    }
+    fs.removexattr(d, J).unwrap();
+    for &f in files.iter().step_by(103) {
+        assert_eq!(mode_of(&fs, f).0, DataMode::Ordered, "file {f}");
+    }
+    fs.setxattr(d, J, b"journal", XattrSetMode::Create).unwrap();
     fs.unmount().unwrap();
     drop(fs);
     let fs = Fs::open(&img, &opts(DataMode::Ordered)).unwrap();

@@ -235,6 +235,8 @@ struct Inner {
     first_error: Mutex<Option<String>>,
     /// Per-inode data locks (`fs/inode_locks.rs`).
     data_locks: inode_locks::InodeLocks,
+    /// Held by each journaling-mode change for all its steps (`Fs::change_mode`).
+    mode_changes: Mutex<()>,
     /// Told which inodes' block counts changed behind the operations (`Fs::on_blocks_changed`).
     blocks_listener: Mutex<Option<Arc<BlocksListener>>>,
     counters: Counters,
@@ -659,6 +661,7 @@ impl Fs {
             errored: AtomicBool::new(false),
             first_error: Mutex::new(None),
             data_locks: inode_locks::InodeLocks::default(),
+            mode_changes: Mutex::new(()),
             blocks_listener: Mutex::new(None),
             counters: Counters::default(),
             read_only: ro,
@@ -1483,13 +1486,34 @@ impl Fs {
         })
     }
 
-    /// Sets extended attribute `name`.
+    /// Sets extended attribute `name`. The journaling-mode attribute changes the mode as
+    /// [`Fs::set_journal_mode`] does (in steps for a large directory).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSetMode) -> Result<()> {
+        if mode_record::is_mode_attr_name(name) {
+            let n = self.inner.geo.ino32(ino)?;
+            let new = mode_record::parse_user_mode(value)?;
+            return self.change_mode(
+                n,
+                Some(new),
+                |m, io| m.check_mode_attr(io, n, Some(mode)),
+                |m, io| m.setxattr(io, n, name, value, mode),
+            );
+        }
         self.change_xattrs(ino, |m, io, n| m.setxattr(io, n, name, value, mode))
     }
 
-    /// Removes extended attribute `name`.
+    /// Removes extended attribute `name` (the journaling-mode attribute: as
+    /// [`Fs::set_journal_mode`] with `None`).
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        if mode_record::is_mode_attr_name(name) {
+            let n = self.inner.geo.ino32(ino)?;
+            return self.change_mode(
+                n,
+                None,
+                |m, io| m.check_mode_attr(io, n, None),
+                |m, io| m.removexattr(io, n, name),
+            );
+        }
         self.change_xattrs(ino, |m, io, n| m.removexattr(io, n, name))
     }
 
@@ -1545,14 +1569,45 @@ impl Fs {
     /// any change.
     pub fn set_journal_mode(&self, ino: Ino, mode: Option<DataMode>) -> Result<DataMode> {
         let n = self.inner.geo.ino32(ino)?;
-        // A directory with more files than one transaction carries the inodes of changes
-        // them in steps, each committed, the directory itself last (docs/DESIGN.md §3.2).
-        let batch = (self.inner.io.journal.max_transaction_blocks() / 4).max(1);
-        self.in_steps(
+        self.change_mode(
             n,
-            |m, io| m.mode_change_step(io, n, mode, batch),
+            mode,
+            |_, _| Ok(()),
             |m, io| m.set_journal_mode(io, n, mode),
         )
+    }
+
+    /// Changes the journaling mode of `n` to `mode` by `finish` (through [`Fs::set_journal_mode`]
+    /// or its extended attribute), `check` first in every operation: a directory with more
+    /// files than one transaction carries the inodes of changes them in committed steps
+    /// before, from the lowest inode number up, and its own record last (docs/DESIGN.md
+    /// §3.2). Mode changes run one at a time: two of one directory stepping in turn would
+    /// undo each other's steps. A change of an attribute block is told at once, as
+    /// [`Fs::change_xattrs`] does.
+    fn change_mode<T>(
+        &self,
+        n: u32,
+        mode: Option<DataMode>,
+        check: impl Fn(&mut Meta, &Io) -> Result<()>,
+        mut finish: impl FnMut(&mut Meta, &Io) -> Result<T>,
+    ) -> Result<T> {
+        let _one_at_a_time = self.inner.mode_changes.lock();
+        let batch = (self.inner.io.journal.max_transaction_blocks() / 4).max(1);
+        let mut after = 0;
+        let (t, blocks_changed) = self.in_steps(
+            n,
+            |m, io| {
+                check(m, io)?;
+                m.mode_change_step(io, n, mode, (batch, &mut after))
+            },
+            |m, io| {
+                check(m, io)?;
+                let t = finish(m, io)?;
+                Ok((t, std::mem::take(&mut m.blocks_changed)))
+            },
+        )?;
+        self.inner.tell_blocks_changed(&blocks_changed);
+        Ok(t)
     }
 
     /// Notes an open handle on `ino`: an unlinked inode stays alive until its last release.

@@ -189,6 +189,11 @@ pub fn parse_user_mode(value: &[u8]) -> Result<DataMode> {
         .ok_or(FsError::Invalid("unknown journaling mode"))
 }
 
+/// Whether the full attribute name `name` is the journaling-mode attribute ([`MODE_ATTR`]).
+pub fn is_mode_attr_name(name: &[u8]) -> bool {
+    name == MODE_ATTR
+}
+
 /// Whether `(index, suffix)` names one of the attributes this module owns.
 pub fn is_mode_attr(index: u8, suffix: &[u8]) -> bool {
     index == MODE_INDEX && suffix == MODE_SUFFIX

@@ -18,7 +18,7 @@ use crate::format::ext4::inode::Inode;
 use crate::journal::RangeUpdate;
 use crate::{FsError, Result};
 
-use super::api::DataMode;
+use super::api::{DataMode, XattrSetMode};
 use super::derived::Derived;
 use super::meta::{Io, Meta};
 use super::mode_record::{Linked, ModeRecord, RecordKind};
@@ -335,23 +335,43 @@ impl Meta {
         Ok(old)
     }
 
+    /// The checks of setting (`how`) or removing (`None`) the journaling-mode attribute of
+    /// `ino`: `Create` of a mode it has, `Replace` or removal of one it has not. They hold
+    /// across the steps of a large directory's change, whose own record changes last.
+    pub(crate) fn check_mode_attr(
+        &mut self,
+        io: &Io,
+        ino: u32,
+        how: Option<XattrSetMode>,
+    ) -> Result<()> {
+        self.live_inode(io, ino)?;
+        match (self.mode_record(io, ino)?.own, how) {
+            (Some(_), Some(XattrSetMode::Create)) => Err(FsError::Exists),
+            (None, Some(XattrSetMode::Replace) | None) => Err(FsError::NoAttribute),
+            _ => Ok(()),
+        }
+    }
+
     /// One step of a mode change of directory `dir` whose files are too many for one
-    /// transaction: the first `batch` of the files that follow it take their new records (the
-    /// caller commits after each step). Returns true, having done nothing, once the rest fits
-    /// one operation: [`Meta::set_journal_mode`] then changes them and the directory, whose
-    /// own record thus changes last (a crash between steps leaves some of its files on the
-    /// new mode already; the change made again finishes it).
+    /// transaction: the first `batch` of the files that follow it, among those numbered
+    /// above `*after`, take their new records, and `*after` moves past them (the caller
+    /// commits after each step; the cursor bounds the steps even while files are made in the
+    /// directory meanwhile). Returns true, having done nothing, once the rest fits one
+    /// operation: [`Meta::set_journal_mode`] then changes every file still to change and the
+    /// directory, whose own record thus changes last (a crash between steps leaves some of
+    /// its files on the new mode already; the change made again finishes it).
     pub(crate) fn mode_change_step(
         &mut self,
         io: &Io,
         dir: u32,
         mode: Option<DataMode>,
-        batch: usize,
+        (batch, after): (usize, &mut u32),
     ) -> Result<bool> {
         if self.mode_record(io, dir)?.kind != RecordKind::Dir {
             return Ok(true);
         }
-        let governed = self.governed_records(io, dir, mode)?;
+        let mut governed = self.governed_records(io, dir, mode)?;
+        governed.retain(|&(f, _)| f > *after);
         if governed.len() <= batch {
             return Ok(true);
         }
@@ -361,6 +381,7 @@ impl Meta {
             self.ensure_space(blocks)?;
         }
         self.store_records(io, part)?;
+        *after = part[batch - 1].0;
         Ok(false)
     }
 

@@ -2102,12 +2102,7 @@ impl Meta {
         }
         if mode_record::is_mode_attr(index, suffix) {
             let mode = mode_record::parse_user_mode(value)?;
-            self.live_inode(io, ino)?;
-            match (self.mode_record(io, ino)?.own, how) {
-                (Some(_), XattrSetMode::Create) => return Err(FsError::Exists),
-                (None, XattrSetMode::Replace) => return Err(FsError::NoAttribute),
-                _ => {}
-            }
+            self.check_mode_attr(io, ino, Some(how))?;
             return self.set_journal_mode(io, ino, Some(mode)).map(|_| ());
         }
         let mut i = self.live_inode(io, ino)?;
@@ -2136,10 +2131,7 @@ impl Meta {
             return Err(FsError::NotPermitted);
         }
         if mode_record::is_mode_attr(index, suffix) {
-            self.live_inode(io, ino)?;
-            if self.mode_record(io, ino)?.own.is_none() {
-                return Err(FsError::NoAttribute);
-            }
+            self.check_mode_attr(io, ino, None)?;
             return self.set_journal_mode(io, ino, None).map(|_| ());
         }
         let mut i = self.live_inode(io, ino)?;
