@@ -624,3 +624,50 @@ fn a_block_device_the_kernel_has_mounted_is_refused() {
     );
     m.umount_ok();
 }
+
+/// Goal: `tidefs umount` never takes a mount for one whose daemon is gone (and detaches it
+/// without a clean close) just because the daemon's socket is where it no longer trusts it: a
+/// runtime directory that is not private to the user (another user's, or open to others) is
+/// passed over when looking for sockets, and a socket found only there makes `umount` refuse,
+/// naming it, with the mount left mounted and served. Method: the daemon's socket moved from
+/// /run/tidefs into `$XDG_RUNTIME_DIR/tidefs` made 0755, `tidefs umount` run with that
+/// `XDG_RUNTIME_DIR`; then the socket put back and the mount unmounted cleanly.
+#[test]
+fn umount_does_not_detach_a_mount_whose_socket_is_in_a_public_directory() {
+    let test = "umount_does_not_detach_a_mount_whose_socket_is_in_a_public_directory";
+    let Some(mut m) = Mount::new(test, "64M", &[], &[]) else {
+        return;
+    };
+    let wanted = m.mnt.canonicalize().expect("OK to unwrap: mountpoint");
+    let record = std::fs::read_dir("/run/tidefs")
+        .expect("OK to unwrap: root's runtime dir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.extension().is_some_and(|e| e == "json")
+                && std::fs::read_to_string(p)
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                    .and_then(|v| v.get("mountpoint")?.as_str().map(PathBuf::from))
+                    == Some(wanted.clone())
+        })
+        .expect("OK to unwrap: the daemon's record");
+    let socket = record.with_extension("sock");
+    let public = m.dir.path().join("xdg");
+    std::fs::create_dir_all(public.join("tidefs")).expect("OK to unwrap: mkdir");
+    set_mode(&public.join("tidefs"), 0o755);
+    let moved = public.join("tidefs").join(socket.file_name().unwrap());
+    std::fs::rename(&socket, &moved).expect("OK to unwrap: move the socket");
+    let out = output(
+        tidefs()
+            .env("XDG_RUNTIME_DIR", &public)
+            .arg("umount")
+            .arg(&m.mnt),
+    );
+    std::fs::rename(&moved, &socket).expect("OK to unwrap: put the socket back");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not private"), "{}", stderr(&out));
+    assert!(is_mounted(&m.mnt), "the mount was detached");
+    std::fs::write(m.path("still"), b"served").expect("OK to unwrap: write");
+    m.umount_ok();
+}
