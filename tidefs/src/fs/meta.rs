@@ -74,7 +74,8 @@ pub(crate) struct OpUndo {
     pub(super) times: Vec<(u32, bool)>,
     /// A file this operation wrote, truncated or created, with its mode, found or left without
     /// capabilities: it may take writes without the lock once the operation ends well
-    /// (`Meta::allow_cached_writes`, `fs/cached_writes.rs`).
+    /// (`Meta::allow_cached_writes`, `fs/cached_writes.rs`), and the spare blocks those
+    /// writes use are topped up then.
     pub(super) publish_write: Option<(u32, super::api::DataMode)>,
 }
 
@@ -400,6 +401,7 @@ impl Meta {
         }
         if let Some((ino, mode)) = u.publish_write {
             self.data.lock().writes_mut().publish_mode(ino, mode);
+            self.top_up_spare_with_margin();
         }
     }
 

@@ -1541,8 +1541,9 @@ impl Fs {
     /// extent-tree blocks, an extended-attribute change allocating or freeing the attribute
     /// block. A server whose clients cache attributes (the FUSE kernel module) tells them to
     /// forget those inodes' attributes. It is called on the thread that made the change, after
-    /// the change, without any lock of the file system held; it must not block on the file
-    /// system. A later call replaces the listener.
+    /// the change, without the metadata lock, but possibly with the commit gate or a mode
+    /// change's lock held: it must not call into the file system or wait for it. A later call
+    /// replaces the listener.
     pub fn on_blocks_changed(&self, listener: Box<BlocksListener>) {
         *self.inner.blocks_listener.lock() = Some(Arc::from(listener));
     }
@@ -3472,6 +3473,55 @@ mod tests {
         assert_eq!(&got[..11], b"HEllo world");
         assert_eq!(&got[8192..], b"!?");
         fs.unmount().unwrap();
+    }
+
+    /// Goal: a truncate taken back (for making its transaction too large) leaves no spare
+    /// blocks behind: it drops reserved pages, and the room they leave is what a top-up of
+    /// the spare would count, but the rollback puts the reservations back; spare and
+    /// reservations must never promise more blocks than are free (an audit found the top-up
+    /// made inside the operation). Method: a file created and committed, 40 pages written
+    /// into it without the lock (reserved from the spare; its inode-table block stays
+    /// clean), the spare given back, then the truncate run with a bound the transaction is
+    /// at already, so that its own change of the inode takes it over and it is taken back.
+    #[test]
+    fn a_truncate_taken_back_leaves_no_spare_behind() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let file = new_file(&fs, b"f");
+        fs.sync().unwrap();
+        let locked = fs.stats().metadata_locked;
+        fs.write(file, 0, &vec![1u8; 40 * 4096]).unwrap();
+        assert_eq!(
+            fs.stats().metadata_locked,
+            locked,
+            "the write went without the lock"
+        );
+        let n = fs.inner.geo.ino32(file).unwrap();
+        let mut m = fs.inner.meta.lock();
+        m.data.lock().release_spare();
+        let reserved = m.data.lock().reserved();
+        assert!(reserved >= 40, "{reserved} reserved");
+        let per = fs.inner.io.journal.revokes_per_block();
+        let limit = m.transaction_size(per);
+        let truncate = SetAttr {
+            size: Some(0),
+            ..Default::default()
+        };
+        let r = m.run_op_within(Some((limit, per)), |m| {
+            m.setattr(&fs.inner.io, n, &truncate)
+        });
+        assert!(r.is_none(), "the truncate should be taken back for size");
+        assert_eq!(m.data.lock().reserved(), reserved, "reservations put back");
+        assert_eq!(
+            m.data.lock().spare(),
+            0,
+            "a spare counted from dropped reservations"
+        );
+        drop(m);
+        // Done for real, it tops the spare up.
+        fs.setattr(file, &truncate).unwrap();
+        assert!(fs.inner.meta.lock().data.lock().spare() > 0);
     }
 
     /// Goal: a commit's write-back fetches each file's journaling-mode record before its

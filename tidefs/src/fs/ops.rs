@@ -1225,14 +1225,24 @@ impl Meta {
         }
         let mode = self.data_mode(io, ino)?;
         self.extent_map(io, ino, i)?;
-        if let Some(u) = self.op_undo.as_mut() {
-            u.publish_write = Some((ino, mode));
-            u.forgot.insert(ino, Some(i.clone()));
-        }
         self.publish_extent_map(ino);
+        match self.op_undo.as_mut() {
+            // The spare is topped up when the operation ends well (`Meta::end_op`): one
+            // taken back would put back the reservations it dropped, and a spare counted
+            // from the room they had left would promise blocks that are not there.
+            Some(u) => {
+                u.publish_write = Some((ino, mode));
+                u.forgot.insert(ino, Some(i.clone()));
+            }
+            None => self.top_up_spare_with_margin(),
+        }
+        Ok(())
+    }
+
+    /// [`Meta::top_up_spare`] beyond the margin the page cache's reservations call for.
+    pub(super) fn top_up_spare_with_margin(&self) {
         let margin = self.reservation_margin();
         self.top_up_spare(margin);
-        Ok(())
     }
 
     /// Writes file data into the page cache (delayed allocation: blocks are allocated and
