@@ -80,22 +80,23 @@ fn is_private_dir(dir: &Path) -> bool {
 /// The socket file of the daemon serving `mountpoint`, if one exists in a runtime dir of
 /// our own.
 pub fn find_socket(mountpoint: &Path) -> Option<PathBuf> {
-    let key = path_key(&canonical_mountpoint(mountpoint));
-    runtime_dirs()
-        .into_iter()
-        .filter(|dir| is_private_dir(dir))
-        .map(|dir| dir.join(format!("{key}.sock")))
-        .find(|p| p.exists())
+    socket_where(mountpoint, true)
 }
 
 /// A socket for `mountpoint` in a runtime dir that is not private to us (`find_socket` passes
 /// it over): its daemon may be alive, so a mount without a socket we trust is not proof that
 /// the daemon is gone.
 pub fn untrusted_socket(mountpoint: &Path) -> Option<PathBuf> {
+    socket_where(mountpoint, false)
+}
+
+/// The socket file for `mountpoint` in the first runtime dir that has one among those that
+/// are (`private`) or are not private to us.
+fn socket_where(mountpoint: &Path, private: bool) -> Option<PathBuf> {
     let key = path_key(&canonical_mountpoint(mountpoint));
     runtime_dirs()
         .into_iter()
-        .filter(|dir| !is_private_dir(dir))
+        .filter(|dir| is_private_dir(dir) == private)
         .map(|dir| dir.join(format!("{key}.sock")))
         .find(|p| p.exists())
 }

@@ -1492,12 +1492,9 @@ impl Fs {
         if mode_record::is_mode_attr_name(name) {
             let n = self.inner.geo.ino32(ino)?;
             let new = mode_record::parse_user_mode(value)?;
-            return self.change_mode(
-                n,
-                Some(new),
-                |m, io| m.check_mode_attr(io, n, Some(mode)),
-                |m, io| m.setxattr(io, n, name, value, mode),
-            );
+            return self
+                .change_mode(n, Some(new), |m, io| m.check_mode_attr(io, n, Some(mode)))
+                .map(|_| ());
         }
         self.change_xattrs(ino, |m, io, n| m.setxattr(io, n, name, value, mode))
     }
@@ -1507,12 +1504,9 @@ impl Fs {
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         if mode_record::is_mode_attr_name(name) {
             let n = self.inner.geo.ino32(ino)?;
-            return self.change_mode(
-                n,
-                None,
-                |m, io| m.check_mode_attr(io, n, None),
-                |m, io| m.removexattr(io, n, name),
-            );
+            return self
+                .change_mode(n, None, |m, io| m.check_mode_attr(io, n, None))
+                .map(|_| ());
         }
         self.change_xattrs(ino, |m, io, n| m.removexattr(io, n, name))
     }
@@ -1570,32 +1564,26 @@ impl Fs {
     /// any change.
     pub fn set_journal_mode(&self, ino: Ino, mode: Option<DataMode>) -> Result<DataMode> {
         let n = self.inner.geo.ino32(ino)?;
-        self.change_mode(
-            n,
-            mode,
-            |_, _| Ok(()),
-            |m, io| m.set_journal_mode(io, n, mode),
-        )
+        self.change_mode(n, mode, |_, _| Ok(()))
     }
 
-    /// Changes the journaling mode of `n` to `mode` by `finish` (through [`Fs::set_journal_mode`]
-    /// or its extended attribute), `check` first in every operation: a directory with more
-    /// files than one transaction carries the inodes of changes them in committed steps
-    /// before, from the lowest inode number up, and its own record last (docs/DESIGN.md
-    /// §3.2). Mode changes run one at a time: two of one directory stepping in turn would
-    /// undo each other's steps. A change of an attribute block is told at once, as
-    /// [`Fs::change_xattrs`] does.
-    fn change_mode<T>(
+    /// Changes the journaling mode of `n` to `mode` (for [`Fs::set_journal_mode`] and its
+    /// extended attribute), `check` first in every operation; returns the mode `n` obeyed
+    /// before. A directory with more files than one transaction carries the inodes of
+    /// changes them in committed steps before, from the lowest inode number up, and its own
+    /// record last (docs/DESIGN.md §3.2). Mode changes run one at a time: two of one
+    /// directory stepping in turn would undo each other's steps. A change of an attribute
+    /// block is told at once, as [`Fs::change_xattrs`] does.
+    fn change_mode(
         &self,
         n: u32,
         mode: Option<DataMode>,
         check: impl Fn(&mut Meta, &Io) -> Result<()>,
-        mut finish: impl FnMut(&mut Meta, &Io) -> Result<T>,
-    ) -> Result<T> {
+    ) -> Result<DataMode> {
         let _one_at_a_time = self.inner.mode_changes.lock();
         let batch = (self.inner.io.journal.max_transaction_blocks() / 4).max(1);
         let mut after = 0;
-        let (t, blocks_changed) = self.in_steps(
+        let (old, blocks_changed) = self.in_steps(
             n,
             |m, io| {
                 check(m, io)?;
@@ -1603,12 +1591,12 @@ impl Fs {
             },
             |m, io| {
                 check(m, io)?;
-                let t = finish(m, io)?;
-                Ok((t, std::mem::take(&mut m.blocks_changed)))
+                let old = m.set_journal_mode(io, n, mode)?;
+                Ok((old, std::mem::take(&mut m.blocks_changed)))
             },
         )?;
         self.inner.tell_blocks_changed(&blocks_changed);
-        Ok(t)
+        Ok(old)
     }
 
     /// Notes an open handle on `ino`: an unlinked inode stays alive until its last release.

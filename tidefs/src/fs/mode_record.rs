@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::format::ext4::inode::{flags, Inode};
-use crate::format::ext4::xattr::Xattr;
+use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
 
 use super::api::DataMode;
@@ -191,7 +191,7 @@ pub fn parse_user_mode(value: &[u8]) -> Result<DataMode> {
 
 /// Whether the full attribute name `name` is the journaling-mode attribute ([`MODE_ATTR`]).
 pub fn is_mode_attr_name(name: &[u8]) -> bool {
-    name == MODE_ATTR
+    xattr::split_name(name).is_some_and(|(index, suffix)| is_mode_attr(index, suffix))
 }
 
 /// Whether `(index, suffix)` names one of the attributes this module owns.

@@ -277,14 +277,13 @@ impl Meta {
     /// (`Meta::relink_mode`), for an operation that checks its space before its first change;
     /// `NoSpace` when a record would fit nowhere.
     pub(crate) fn relink_blocks(&mut self, io: &Io, moves: &[(u32, u32)]) -> Result<u64> {
-        let mut blocks = 0;
+        let mut records = Vec::new();
         for &(ino, dir) in moves {
             if let Some(rec) = self.relinked_record(io, ino, dir)? {
-                let i = self.read_inode(io, ino)?;
-                blocks += self.record_blocks(io, ino, &i, rec)?;
+                records.push((ino, rec));
             }
         }
-        Ok(blocks)
+        self.records_blocks(io, &records)
     }
 
     /// The new attribute blocks storing `rec` as the record of `ino` (now `i`) takes.

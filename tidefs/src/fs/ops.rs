@@ -1800,13 +1800,10 @@ impl Meta {
         // ... which `ExtentMap::store` allocates near the file's last extent, when the hole
         // splits an extent in two (the only way a punch adds one).
         let map = self.shared_extent_map(io, ino, i)?;
-        let splits = map.extents().iter().any(|e| {
-            let (start, end) = (
-                u64::from(e.logical),
-                u64::from(e.logical) + u64::from(e.len),
-            );
-            start < from && end > to
-        });
+        let splits = map
+            .extents()
+            .iter()
+            .any(|e| u64::from(e.logical) < from && e.logical_end() > to);
         if splits {
             let goal = inode_goal(&map, self, ino);
             self.fetch_for_allocation(io, goal, 4)?;

@@ -59,9 +59,9 @@ impl Meta {
 
     /// Loads what writing back `files` reads, before the write-back's first change (so that
     /// one that must read from the device stops with nothing to take back, docs/DESIGN.md
-    /// §4.1): each file's inode-table block and mode record and, for a file with blocks to allocate, its
-    /// block map and the block bitmaps and descriptors of the groups its new blocks will
-    /// come from (`Meta::fetch_for_allocation`, from its goal for its reservations). The
+    /// §4.1): each file's inode-table block and mode record and, for a file with blocks to
+    /// allocate, its block map and the block bitmaps and descriptors of the groups its new
+    /// blocks will come from (`Meta::fetch_for_allocation`, from its goal for its reservations). The
     /// inode is read as stored: `read_inode` here would note the writes without the lock
     /// seen too early. The bitmaps are loaded ahead of need: a device error on one of them is
     /// left to the allocation that really needs it, if any, and never fails the write-back
