@@ -156,7 +156,7 @@ pub fn run(args: CrashtestArgs) -> Result<u8, CliError> {
         match r {
             Ok(report) => {
                 print!("{report}");
-                failed |= !report.violations.is_empty();
+                failed |= !report.violations.is_empty() || !report.op_failures.is_empty();
             }
             Err(e) => return Err(CliError::new(what, e)),
         }

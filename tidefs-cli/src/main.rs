@@ -610,7 +610,7 @@ pub fn requests_table(requests: &[(String, u64)]) -> String {
 
 /// The human form of the counters.
 pub fn stats_table(s: &tidefs::fs::Stats) -> String {
-    let rows: [(&str, String); 18] = [
+    let rows: [(&str, String); 21] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),
         ("commits", s.commits.to_string()),
@@ -631,6 +631,15 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("deferred_reads", s.deferred_reads.to_string()),
         ("stops_after_change", s.stops_after_change.to_string()),
         ("undone_after_change", s.undone_after_change.to_string()),
+        ("journal_room_waits", s.journal_room_waits.to_string()),
+        (
+            "room_waits_after_change",
+            s.journal_room_waits_after_change.to_string(),
+        ),
+        (
+            "journal_credit_overruns",
+            s.journal_credit_overruns.to_string(),
+        ),
         ("metadata_locked", s.metadata_locked.to_string()),
     ];
     rows.iter()

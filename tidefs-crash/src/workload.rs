@@ -894,6 +894,15 @@ pub fn record(
         writes.extend(st.writes);
         failures.extend(st.failures);
     }
+    // Every operation reserved the journal space it used before its first change.
+    let stats = fs.stats();
+    if stats.journal_credit_overruns > 0 || stats.journal_room_waits_after_change > 0 {
+        failures.push(format!(
+            "{} operation(s) changed more journal blocks than they reserved, {} reserved after \
+             their first change",
+            stats.journal_credit_overruns, stats.journal_room_waits_after_change
+        ));
+    }
     fs.unmount()?;
     drop(fs);
     // A clean unmount promises everything, as a sync does.

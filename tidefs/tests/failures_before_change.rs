@@ -14,7 +14,9 @@
 //! changes and fsyncs, with commits now and then and an unmount checked by `e2fsck -fn` and
 //! a mount again every 1 500 steps; each seed mounts in another data mode. Every error is
 //! counted by kind; the test checks that the kinds it aims at were met, that the counter
-//! stayed 0 after every operation, and that the image is clean at the end.
+//! stayed 0 after every operation, and that the image is clean at the end. It checks the
+//! journal reservations too (`fs/log_credits.rs`): no operation changed more journal blocks
+//! than it reserved, or reserved after its first change.
 
 mod common;
 
@@ -71,7 +73,8 @@ fn operations_that_fail_fail_before_their_first_change() {
 /// One run of the workload from `seed`.
 fn run_seed(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
-    let image = common::mkimage(dir.path(), "t.img", 24, &["-N", "512"]);
+    // Groups of 1 024 blocks: operations span several groups' bitmaps and descriptors.
+    let image = common::mkimage(dir.path(), "t.img", 24, &["-N", "512", "-g", "1024"]);
     let mem = Arc::new(MemDev::from_bytes(std::fs::read(&image).unwrap()));
     // Each seed mounts with a mode of its own (`data=`): the modes log and free differently.
     let opts = MountOptions {
@@ -218,11 +221,21 @@ fn run_seed(seed: u64) {
             common::assert_mem_fsck_clean(&mem);
             fs = Fs::open_devices(mem.clone(), None, &opts).unwrap();
         }
-        let undone = fs.stats().undone_after_change;
+        let stats = fs.stats();
         assert_eq!(
-            undone, 0,
+            stats.undone_after_change, 0,
             "seed {seed}, step {step}: operation {op} ({r:?}) was taken back after a change; errors so far: \
              {errors:?}"
+        );
+        // Every operation reserved its journal space before its first change, and enough.
+        assert_eq!(
+            (
+                stats.journal_credit_overruns,
+                stats.journal_room_waits_after_change
+            ),
+            (0, 0),
+            "seed {seed}, step {step}: operation {op} ({r:?}) overran its journal reservation, \
+             or reserved after its first change"
         );
     }
     eprintln!("seed {seed}: errors met: {errors:?}; out of space in {out_of:?}");

@@ -137,6 +137,15 @@ impl BlockCache {
         self.undo_changed
     }
 
+    /// The blocks the open operation changed (or added) that are dirty now, those dirty
+    /// before it began included: what it needs room in the journal for.
+    pub fn undo_dirtied(&self) -> usize {
+        // Every block the operation touched has an entry (`note`).
+        self.undo
+            .as_ref()
+            .map_or(0, |u| u.keys().filter(|nr| self.dirty.contains(nr)).count())
+    }
+
     /// Ends the operation, keeping its changes: each dirty block it touched adds the bytes
     /// that differ from its pre-image to its changed ranges (a block that had no pre-image
     /// changed whole).

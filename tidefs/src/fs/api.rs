@@ -486,6 +486,18 @@ pub struct Stats {
     /// aims at none outside device errors and damage.
     #[cfg_attr(feature = "serde", serde(default))]
     pub undone_after_change: u64,
+    /// Operations that stopped because the running transaction had no room in the journal for
+    /// what they reserve, and ran again after a commit (docs/DESIGN.md §4.1).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub journal_room_waits: u64,
+    /// Of those, the ones that had changed metadata when they stopped (their changes were
+    /// taken back and made again): a reservation made after the first change.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub journal_room_waits_after_change: u64,
+    /// Operations that changed more journal blocks than they reserved: an estimate of
+    /// `fs/log_credits.rs` is wrong (none expected).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub journal_credit_overruns: u64,
     /// Operations (and commits closing their transaction) that took the file system's
     /// metadata lock; the others ran without it (docs/DESIGN.md §2.5).
     #[cfg_attr(feature = "serde", serde(default))]

@@ -21,6 +21,7 @@ use crate::{FsError, Result};
 use super::derived::Derived;
 pub(crate) use super::dir_index::{DirIndex, DirSlot};
 use super::extents::{inode_goal, ExtentMap};
+use super::log_credits::Reserve;
 use super::meta::{Io, Meta};
 
 fn block_space(recs: &[DirRecord]) -> usize {
@@ -249,6 +250,9 @@ impl Meta {
             while let Some((lblk, pblk)) = self.dir_next_block(io, dir, &inode, next, nblocks)? {
                 next = lblk + 1;
                 let recs = self.dir_block_records(io, dir, lblk, pblk, indexed, generation)?;
+                if indexed && is_index_block(self.block(io, pblk)?, u64::from(lblk)) {
+                    idx.index_blocks += 1;
+                }
                 idx.space[lblk as usize] = if indexed { 0 } else { block_space(&recs) };
                 for r in recs {
                     if r.inode != 0 {
@@ -270,9 +274,23 @@ impl Meta {
         Ok(())
     }
 
-    /// Looks `name` up in `dir`.
+    /// Looks `name` up in `dir`. Operations look up names in a directory before they change
+    /// it: one that still carries an htree index reserves here the journal blocks its first
+    /// change rewrites ([`Meta::dir_unindex`]).
     pub(crate) fn dir_lookup(&mut self, io: &Io, dir: u32, name: &[u8]) -> Result<Option<DirSlot>> {
+        self.reserve_unindex(io, dir)?;
         Ok(self.dir_index(io, dir)?.names.get(name).copied())
+    }
+
+    /// Reserves, once per operation, the journal blocks that rewriting the htree index of
+    /// `dir` as a linear directory changes, if it has one.
+    fn reserve_unindex(&mut self, io: &Io, dir: u32) -> Result<()> {
+        let idx = self.dir_index(io, dir)?;
+        if !idx.indexed {
+            return Ok(());
+        }
+        let blocks = idx.index_blocks;
+        self.reserve_log_for(Reserve::Unindex(dir), blocks)
     }
 
     /// Rewrites an htree directory as a plain linear one (before its first change).
@@ -284,6 +302,7 @@ impl Meta {
         if !self.dir_index(io, dir)?.indexed {
             return Ok(());
         }
+        self.reserve_unindex(io, dir)?;
         let mut inode = self.read_inode(io, dir)?;
         let csum = self.geo.csum_seed.is_some();
         let seed = self.dir_csum_seed(dir, inode.generation());

@@ -33,6 +33,9 @@ pub(crate) struct DirIndex {
     pub space: Vec<usize>,
     /// Whether the on-disk directory still carries an htree index.
     pub indexed: bool,
+    /// With an index, the blocks its first change rewrites: the root and the other index
+    /// blocks (and leaves left empty, which look the same).
+    pub index_blocks: usize,
     /// The names in record order (position, slot, name): built by the first listing that
     /// asks ([`DirIndex::in_order`]), forgotten by every change ([`DirIndex::changing`]).
     order: OnceLock<Vec<(u64, DirSlot, Vec<u8>)>>,

@@ -23,6 +23,7 @@ use super::alloc_state::{AllocState, GroupInfo};
 use super::api::DataMode;
 use super::derived::{Derived, DerivedCaches};
 use super::layout::Layout;
+use super::log_credits::{Reserve, BASE_CREDITS};
 use super::tx_changes::TxChanges;
 
 pub(crate) use super::geometry::{Geometry, MAX_DIR_BYTES};
@@ -201,6 +202,9 @@ pub(crate) struct Meta {
     /// taken back for making the transaction too large runs again and is not counted.) Moved
     /// into the file system's counters by `Inner::lock_meta_reading`.
     pub undone_after_change: u64,
+    /// The journal space the running operation reserved (`fs/log_credits.rs`), and the
+    /// counts of operations that waited for room or overran their reservation.
+    pub credits: super::log_credits::LogCredits,
 }
 
 /// Reads block `nr` (of `bs` bytes) from the fs device.
@@ -332,14 +336,18 @@ impl Meta {
     }
 
     /// [`Meta::run_op`] within a bound on what the running transaction may need of the log:
-    /// `bound` is (that many journal blocks, revoke records per journal block). An operation
-    /// does not start when the transaction is over the bound already, and one that succeeds
-    /// but takes it over the bound is taken back whole: None then, for the caller to commit
-    /// what came before and run it again alone. A commit larger than the log fails and puts
-    /// the file system in its error state; operations that can be large go in parts on their
-    /// own (fallocate, frees, journaled writes), and this catches whatever else would. The
-    /// bound is far above what any operation needs, so that taking one back stays a last
-    /// resort: the undo record covers what an operation changes (blocks, pages, allocator and
+    /// `bound` is (that many journal blocks, revoke records per journal block). Every
+    /// operation reserves the journal blocks it may change before its first change
+    /// ([`BASE_CREDITS`], and more through [`Meta::reserve_log`] while it plans;
+    /// `fs/log_credits.rs`): one for which the transaction has no room left does not start,
+    /// or stops where it reserves, and None tells the caller to commit what came before and
+    /// run it again. An operation that needs more than an empty transaction carries fails
+    /// (EINVAL) before its first change; operations that can be large go in parts
+    /// (fallocate, frees, journaled writes, mode changes of large directories). One that
+    /// ends having changed more than it reserved is counted as an overrun (an estimate is
+    /// wrong) and, if that takes the transaction over the bound, taken back whole and None
+    /// too: a commit larger than the log would fail and put the file system in its error
+    /// state. The undo record covers what an operation changes (blocks, pages, allocator and
     /// revoke state, derived caches, the handles it opened, the "changed unseen" marks of
     /// times), so the operation run again finds the state it first found.
     pub fn run_op_within<T>(
@@ -348,14 +356,29 @@ impl Meta {
         f: impl FnOnce(&mut Meta) -> Result<T>,
     ) -> Option<Result<T>> {
         let before = bound.map(|(limit, per)| (limit, per, self.transaction_size(per)));
-        if before.is_some_and(|(limit, _, size)| size > limit) {
-            return None;
+        let per = bound.map_or(1, |(_, per)| per);
+        self.credits
+            .begin(before.map(|(limit, _, size)| (limit, size)));
+        if let Err(e) = self.credits.reserve(BASE_CREDITS, false) {
+            return (!self.credits.wants_room()).then_some(Err(e));
         }
         self.begin_op();
         let r = f(self);
+        // An operation that stopped for room in the journal runs again after a commit (not
+        // a failure, not counted as one).
+        if self.credits.wants_room() {
+            self.rollback_op(false);
+            return None;
+        }
         // An operation that stopped for a deferred read is taken back even if it went on
         // (someone swallowed the error): it runs again once the block is read.
         if r.is_ok() && !self.reads.stopped() {
+            if let Some(over) = self.credits.end(self.log_used(per)) {
+                log::warn!(
+                    "an operation changed {over} journal block(s) more than it reserved \
+                     (docs/DESIGN.md §4.1)"
+                );
+            }
             if let Some((limit, per, size)) = before {
                 let after = self.transaction_size(per);
                 if after > limit && after > size {
@@ -369,6 +392,35 @@ impl Meta {
             self.rollback_op(true);
         }
         Some(r)
+    }
+
+    /// Reserves `credits` journal blocks for the running operation, beyond the
+    /// [`BASE_CREDITS`] every operation has (`fs/log_credits.rs`). Called while it plans,
+    /// before its first change: when the running transaction has no room for them, the
+    /// operation stops (an error it returns as is) and runs again after a commit.
+    pub fn reserve_log(&mut self, credits: usize) -> Result<()> {
+        let changed = self.op_undo.is_some() && self.cache.undo_has_changes();
+        self.credits.reserve(credits, changed)
+    }
+
+    /// [`Meta::reserve_log`] of `credits` for `what`: the running operation may plan the
+    /// same change more than once (an unlink fetches for the free before its first change,
+    /// and the free fetches again), and reserves only what it did not reserve for it yet.
+    pub fn reserve_log_for(&mut self, what: Reserve, credits: usize) -> Result<()> {
+        let more = self.credits.more_for(what, credits);
+        if more == 0 {
+            return Ok(());
+        }
+        self.reserve_log(more)
+    }
+
+    /// The journal blocks the running operation changed so far, those the transaction held
+    /// already included, and the blocks of the revoke records it added (`revokes_per_block`
+    /// to a block, as the log packs them): what it reserves for, counted as jbd2 counts a
+    /// handle's credits, whatever the transaction held before.
+    pub fn log_used(&self, revokes_per_block: usize) -> usize {
+        let revokes = self.op_undo.as_ref().map_or(0, |u| u.revoked.len());
+        self.cache.undo_dirtied() + revokes.div_ceil(revokes_per_block.max(1))
     }
 
     /// The journal blocks the running transaction will need, about: its dirty blocks, its

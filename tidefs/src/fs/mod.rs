@@ -34,6 +34,7 @@ mod inode_locks;
 mod inode_table;
 mod layout;
 mod lifecycle;
+mod log_credits;
 mod meta;
 mod mode_record;
 mod modes;
@@ -106,6 +107,12 @@ struct Counters {
     undone_after_change: AtomicU64,
     /// Operations and commit closes that took the metadata lock (`Inner::lock_meta_reading`).
     metadata_locked: AtomicU64,
+    /// Operations that waited for room in the journal, those of them that had changed
+    /// metadata by then, and operations that overran their reservation
+    /// (`fs/log_credits.rs`).
+    journal_room_waits: AtomicU64,
+    journal_room_waits_after_change: AtomicU64,
+    journal_credit_overruns: AtomicU64,
 }
 
 /// Entries `Fs::readdir` gathers per batch (under the metadata lock, or from a published
@@ -634,6 +641,7 @@ impl Fs {
             reads: deferred_reads::DeferredReads::default(),
             pending_seen: HashMap::new(),
             undone_after_change: 0,
+            credits: log_credits::LogCredits::default(),
         };
         meta.load_groups(&io)?;
         meta.sum_free_counts();
@@ -819,14 +827,15 @@ impl Fs {
         let mut orphan_deadline = None;
         let limit = inner.io.journal.max_transaction_blocks();
         let per_revoke_block = inner.io.journal.revokes_per_block();
-        // Far above what any operation needs (three quarters of the log, where a commit
-        // fails past all of it): see `Meta::run_op_within`.
+        // Three quarters of the log (a commit fails past all of it): the room operations
+        // reserve in, far above what any one needs (see `Meta::run_op_within`).
         let bound = (limit.saturating_mul(3), per_revoke_block);
         let mut alone = 0;
         loop {
             let orphans_freed = inner.orphans_freed_so_far();
-            // Set when the operation was taken back for making the transaction too large,
-            // with whether anything came before it to commit first.
+            // Set when the operation found no room in the running transaction for what it
+            // reserves (or, overrunning its reservation, took the transaction over the
+            // bound), with whether anything came before it to commit first.
             let mut too_big = None;
             let (r, big, waiting_frees, steps) = {
                 let (mut m, r) = inner.lock_meta_reading(|m| {
@@ -1717,6 +1726,11 @@ impl Fs {
             metadata_locked: c.metadata_locked.load(Ordering::Relaxed),
             stops_after_change: c.stops_after_change.load(Ordering::Relaxed),
             undone_after_change: c.undone_after_change.load(Ordering::Relaxed),
+            journal_room_waits: c.journal_room_waits.load(Ordering::Relaxed),
+            journal_room_waits_after_change: c
+                .journal_room_waits_after_change
+                .load(Ordering::Relaxed),
+            journal_credit_overruns: c.journal_credit_overruns.load(Ordering::Relaxed),
         }
     }
 }
@@ -2000,6 +2014,7 @@ impl Inner {
                     .undone_after_change
                     .fetch_add(undone, Ordering::Relaxed);
             }
+            self.take_credit_counts(&mut m.credits);
             let wanted;
             (wanted, fetched) = m.reads.end();
             let Some(nr) = wanted else {
@@ -2016,6 +2031,24 @@ impl Inner {
             drop(m);
             rounds += 1;
             fetched.insert(nr, stamp, meta::read_block(&self.io, nr, bs)?);
+        }
+    }
+
+    /// Moves the counts of journal reservations (`fs/log_credits.rs`) into the counters.
+    fn take_credit_counts(&self, credits: &mut log_credits::LogCredits) {
+        let c = &self.counters;
+        for (from, to) in [
+            (&mut credits.room_waits, &c.journal_room_waits),
+            (
+                &mut credits.room_waits_after_change,
+                &c.journal_room_waits_after_change,
+            ),
+            (&mut credits.overruns, &c.journal_credit_overruns),
+        ] {
+            let n = std::mem::take(from);
+            if n > 0 {
+                to.fetch_add(n, Ordering::Relaxed);
+            }
         }
     }
 
@@ -2714,6 +2747,7 @@ pub fn recover_image(image: &Path, journal_device: Option<&Path>) -> Result<Reco
 
 #[cfg(test)]
 mod tests {
+    use super::log_credits::BASE_CREDITS;
     use super::*;
     use crate::dev::MemDev;
     use std::sync::mpsc;
@@ -2776,6 +2810,17 @@ mod tests {
         Some(Arc::new(
             Fs::open_devices(mem, None, &MountOptions::default()).unwrap(),
         ))
+    }
+
+    /// Marks the last `n` blocks of group 0's inode table (no inode in use in the small test
+    /// images) dirty in the running operation: an operation that changes that many blocks.
+    fn dirty_inode_table_blocks(m: &mut Meta, io: &Io, n: u64) {
+        let table = m.alloc.groups[0].inode_table;
+        let blocks = u64::from(m.geo.inodes_per_group) * u64::from(m.geo.inode_size)
+            / u64::from(m.geo.block_size);
+        for k in 0..n {
+            m.block_mut(io, table + blocks - 1 - k).unwrap();
+        }
     }
 
     /// Makes regular file `name` in the root; returns its inode number.
@@ -3283,14 +3328,16 @@ mod tests {
         fs.unmount().unwrap();
     }
 
-    /// Goal: an operation that would take the running transaction over the bound it is
-    /// given is taken back whole and says so (None), so that no commit is ever larger than the
-    /// log takes; within the bound it stays; over the bound already, nothing starts; revoke
-    /// records count as the log packs them, hundreds to a block. Method: an inode change (one
-    /// inode-table block) with the bound at the transaction's size, then one more, then one
-    /// less; then a thousand revokes.
+    /// Goal: an operation starts only when the running transaction has room for what it
+    /// reserves (`fs/log_credits.rs`), and stops before its first change otherwise; one that
+    /// changes more than it reserved is counted as an overrun and, when that takes the
+    /// transaction over its bound, taken back whole (None), so that no commit is ever larger
+    /// than the log takes; revoke records count as the log packs them, hundreds to a block.
+    /// Method: an inode change (one inode-table block) with room for the base reservation,
+    /// then again with one block less room; an inode change that also changes more blocks
+    /// than the base reservation; then a thousand revokes.
     #[test]
-    fn an_operation_past_the_transaction_bound_is_taken_back_whole() {
+    fn an_operation_reserves_room_and_one_past_its_bound_is_taken_back_whole() {
         let Some(fs) = mounted() else {
             return;
         };
@@ -3301,42 +3348,89 @@ mod tests {
         assert!(per > 100, "{per} revokes per block");
         let n = f as u32;
         let mut m = fs.inner.meta.lock();
-        let mode = m.read_inode(io, n).unwrap().mode();
-        let before = m.transaction_size(per);
-        let chmod = |to: u16| {
+        assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100644);
+        let chmod = |to: u16, more: u64| {
             move |m: &mut Meta| {
                 let mut i = m.read_inode(io, n)?;
                 i.set_mode(to);
-                m.write_inode(io, n, &mut i)
+                m.write_inode(io, n, &mut i)?;
+                dirty_inode_table_blocks(m, io, more);
+                Ok(())
             }
         };
-        assert!(m
-            .run_op_within(Some((before, per)), chmod(0o100600))
-            .is_none());
-        assert_eq!(m.transaction_size(per), before, "blocks left behind");
-        assert_eq!(m.read_inode(io, n).unwrap().mode(), mode);
-        let within = m.run_op_within(Some((before + 1, per)), chmod(0o100600));
+        let before = m.transaction_size(per);
+        let within = m.run_op_within(Some((before + BASE_CREDITS, per)), chmod(0o100600, 0));
         assert!(matches!(within, Some(Ok(()))));
         assert_eq!(m.transaction_size(per), before + 1);
         assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100600);
-        // Over the bound already: the operation does not run.
+        // No room left for the base reservation: the operation does not run.
         let mut ran = false;
-        let r = m.run_op_within(Some((before, per)), |_| {
+        let r = m.run_op_within(Some((before + BASE_CREDITS, per)), |_| {
             ran = true;
             Ok(())
         });
         assert!(r.is_none() && !ran);
-        // A thousand revokes need a few log blocks, not a thousand.
-        let r = m.run_op_within(Some((before + 1 + 1000usize.div_ceil(per), per)), |m| {
+        assert_eq!(m.credits.room_waits, 1);
+        // More than it reserved, past the bound: taken back whole, and counted.
+        let size = m.transaction_size(per);
+        let over = BASE_CREDITS as u64 + 1;
+        let r = m.run_op_within(Some((size + BASE_CREDITS, per)), chmod(0o100644, over));
+        assert!(r.is_none(), "an operation past its bound was kept");
+        assert_eq!(m.transaction_size(per), size, "blocks left behind");
+        assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100600);
+        assert_eq!(m.credits.overruns, 1);
+        // A thousand revokes need a few log blocks, within the base reservation.
+        let r = m.run_op_within(Some((size + BASE_CREDITS, per)), |m| {
             for b in 0..1000u64 {
                 m.revoke(1_000_000 + b);
             }
             Ok(())
         });
         assert!(matches!(r, Some(Ok(()))));
+        assert_eq!(m.credits.overruns, 1);
         drop(m);
         // The made-up revokes name blocks past the device: never committed.
         fs.crash();
+    }
+
+    /// Goal: an operation that reserves journal space after its first change, when the
+    /// transaction has no room for it, is taken back and counted as waiting for room after a
+    /// change (never as a failure); with room, the late reservation passes. Method: an inode
+    /// change, then a reservation of more than the bound leaves.
+    #[test]
+    fn a_late_reservation_without_room_takes_the_operation_back() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let f = new_file(&fs, b"f");
+        let io = &fs.inner.io;
+        let n = f as u32;
+        let mut m = fs.inner.meta.lock();
+        let per = io.journal.revokes_per_block();
+        let size = m.transaction_size(per);
+        assert!(size > 0, "the create is not committed");
+        let op = |late: usize| {
+            move |m: &mut Meta| {
+                let mut i = m.read_inode(io, n)?;
+                i.set_mode(0o100600);
+                m.write_inode(io, n, &mut i)?;
+                m.reserve_log(late)
+            }
+        };
+        let r = m.run_op_within(Some((size + BASE_CREDITS + 5, per)), op(6));
+        assert!(r.is_none(), "no room, yet kept");
+        assert_eq!(m.transaction_size(per), size, "blocks left behind");
+        assert_ne!(m.read_inode(io, n).unwrap().mode(), 0o100600);
+        assert_eq!(
+            (m.credits.room_waits, m.credits.room_waits_after_change),
+            (1, 1)
+        );
+        assert_eq!(m.undone_after_change, 0, "counted as a failure");
+        let r = m.run_op_within(Some((size + BASE_CREDITS + 5, per)), op(5));
+        assert!(matches!(r, Some(Ok(()))));
+        assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100600);
+        drop(m);
+        fs.unmount().unwrap();
     }
 
     /// Goal: whoever was shown a file's times sees every later write as newer (multigrain
@@ -3469,8 +3563,8 @@ mod tests {
     /// reservations must never promise more blocks than are free (an audit found the top-up
     /// made inside the operation). Method: a file created and committed, 40 pages written
     /// into it without the lock (reserved from the spare; its inode-table block stays
-    /// clean), the spare given back, then the truncate run with a bound the transaction is
-    /// at already, so that its own change of the inode takes it over and it is taken back.
+    /// clean), the spare given back, then the truncate run with room for what it reserves,
+    /// changing more blocks than that room besides (an overrun), so that it is taken back.
     #[test]
     fn a_truncate_taken_back_leaves_no_spare_behind() {
         let Some(fs) = mounted() else {
@@ -3491,13 +3585,16 @@ mod tests {
         let reserved = m.data.lock().reserved();
         assert!(reserved >= 40, "{reserved} reserved");
         let per = fs.inner.io.journal.revokes_per_block();
-        let limit = m.transaction_size(per);
+        // Room for what the truncate reserves; it then changes more than the room left.
+        let limit = m.transaction_size(per) + 2 * BASE_CREDITS;
         let truncate = SetAttr {
             size: Some(0),
             ..Default::default()
         };
         let r = m.run_op_within(Some((limit, per)), |m| {
-            m.setattr(&fs.inner.io, n, &truncate)
+            m.setattr(&fs.inner.io, n, &truncate)?;
+            dirty_inode_table_blocks(m, &fs.inner.io, 2 * BASE_CREDITS as u64);
+            Ok(())
         });
         assert!(r.is_none(), "the truncate should be taken back for size");
         assert_eq!(m.data.lock().reserved(), reserved, "reservations put back");
@@ -3660,8 +3757,8 @@ mod tests {
     /// the transaction too large) leaves nothing of itself outside the blocks either: the
     /// handle an `O_TMPFILE` opened is dropped, and a file whose times had been seen before its
     /// write counts as seen again, so the operation run again holds one handle and stamps its
-    /// write by the same rule. Method: a bound of zero takes back any operation that grows the
-    /// transaction.
+    /// write by the same rule. Method: a bound of the base reservation, and an operation
+    /// that changes more blocks than that.
     #[test]
     fn an_operation_taken_back_after_success_leaves_no_handle_or_mark() {
         let Some(mem) = image() else {
@@ -3677,9 +3774,11 @@ mod tests {
         assert!(!m.names.changed_unseen(n), "getattr showed the times");
         let per = io.journal.revokes_per_block();
         let mut made = None;
-        let r = m.run_op_within(Some((0, per)), |m| {
+        let r = m.run_op_within(Some((BASE_CREDITS, per)), |m| {
             made = Some(m.tmpfile(io, ROOT_INO as u32, 0o100600, Creds::ROOT)?.ino);
-            m.write(io, n, 0, b"x", 1)
+            m.write(io, n, 0, b"x", 1)?;
+            dirty_inode_table_blocks(m, io, BASE_CREDITS as u64);
+            Ok(())
         });
         assert!(r.is_none(), "the operation was not taken back");
         let made = made.unwrap() as u32;

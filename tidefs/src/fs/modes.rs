@@ -20,6 +20,7 @@ use crate::{FsError, Result};
 
 use super::api::{DataMode, XattrSetMode};
 use super::derived::Derived;
+use super::log_credits::records_credits;
 use super::meta::{Io, Meta};
 use super::mode_record::{Linked, ModeRecord, RecordKind};
 
@@ -283,7 +284,9 @@ impl Meta {
                 records.push((ino, rec));
             }
         }
-        self.records_blocks(io, &records)
+        let blocks = self.records_blocks(io, &records)?;
+        self.reserve_log(records_credits(records.len(), blocks))?;
+        Ok(blocks)
     }
 
     /// The new attribute blocks storing `rec` as the record of `ino` (now `i`) takes.
@@ -324,6 +327,7 @@ impl Meta {
             Vec::new()
         };
         let blocks = self.record_blocks(io, ino, &i, rec)? + self.records_blocks(io, &governed)?;
+        self.reserve_log(records_credits(governed.len() + 1, blocks))?;
         if blocks > 0 {
             self.ensure_space(blocks)?;
         }
@@ -376,6 +380,7 @@ impl Meta {
         }
         let part = &governed[..batch];
         let blocks = self.records_blocks(io, part)?;
+        self.reserve_log(records_credits(part.len(), blocks))?;
         if blocks > 0 {
             self.ensure_space(blocks)?;
         }

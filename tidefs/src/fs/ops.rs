@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::format::ext4::dirent::{self, ft};
+use crate::format::ext4::extent::node_capacity;
 use crate::format::ext4::inode::{self, flags, mode, Inode, InodeTime};
 use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
@@ -14,6 +15,7 @@ use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp
 use super::cached_writes::{from_ts, later, to_ts};
 use super::datacache::{zero_page, DataCache};
 use super::extents::{inode_goal, ExtentMap};
+use super::log_credits::{free_credits, runs_credits, Reserve, TREE_CREDITS};
 use super::meta::{Io, Meta};
 use super::mode_record;
 use super::read_plan::{self, ReadSegment};
@@ -552,7 +554,7 @@ impl Meta {
             runs.push((acl, 1));
         }
         let own = (ino - 1) / self.geo.inodes_per_group;
-        self.fetch_bitmaps(io, &runs, Some(own))?;
+        self.fetch_bitmaps(io, ino, &runs, Some(own))?;
         self.orphan_link(io, ino)?;
         Ok(())
     }
@@ -588,11 +590,12 @@ impl Meta {
     }
 
     /// Loads the block bitmaps and group descriptors of the groups `runs` lie in, and the
-    /// inode bitmap and descriptor of group `inode_group`: what freeing them changes (see
-    /// [`Meta::fetch_for_free`]).
+    /// inode bitmap and descriptor of group `inode_group`: what freeing them (blocks of
+    /// `ino`) changes (see [`Meta::fetch_for_free`]), and reserves the journal blocks for it.
     pub(super) fn fetch_bitmaps(
         &mut self,
         io: &Io,
+        ino: u32,
         runs: &[(u64, u64)],
         inode_group: Option<u32>,
     ) -> Result<()> {
@@ -604,6 +607,10 @@ impl Meta {
             let end = start.saturating_add(len.max(1) - 1);
             groups.extend(group(start)..=group(end));
         }
+        // What the free changes, reserved before its first change: a bitmap and a descriptor
+        // block per group, as many groups as one transaction frees in (more go in steps).
+        let groups_freed = groups.len().min(Self::free_budget_groups(io));
+        self.reserve_log_for(Reserve::Free(ino), free_credits(groups_freed))?;
         if let Some(g) = inode_group {
             if let Some(info) = self.alloc.groups.get(g as usize).copied() {
                 self.load(io, info.inode_bitmap)?;
@@ -1355,7 +1362,7 @@ impl Meta {
         let old = i.size();
         if size <= old {
             let runs = self.runs_from(io, ino, i, size.div_ceil(bs), u64::MAX)?;
-            self.fetch_bitmaps(io, &runs, None)?;
+            self.fetch_bitmaps(io, ino, &runs, None)?;
             if size < old {
                 self.fetch_for_range(io, ino, i, (size, size), (true, false))?;
             }
@@ -1539,7 +1546,7 @@ impl Meta {
         }
         // What it frees, fetched before the first change (docs/DESIGN.md §4.1).
         let runs = self.runs_from(io, ino, &i, cut, u64::MAX)?;
-        self.fetch_bitmaps(io, &runs, None)?;
+        self.fetch_bitmaps(io, ino, &runs, None)?;
         self.data.lock().drop_range(ino, cut, u64::MAX);
         let mut map = self.take_extent_map(io, ino, &i)?;
         // `free_cut` returns a logical block of the map, within u32.
@@ -1617,12 +1624,15 @@ impl Meta {
         let (mut i, end) = self.allocating_range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
         self.fetch_for_range(io, ino, &i, (offset, end), (false, true))?;
+        // One part: half the largest transaction's journal blocks, reserved before the first
+        // change; the allocation stops where its changes would pass them.
+        let part = io.journal.max_transaction_blocks() / 2;
+        self.reserve_log(part)?;
         let mut map = self.take_extent_map(io, ino, &i)?;
         // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
-        let budget = io.journal.max_transaction_blocks() * 3 / 4;
         let (missing, reached) =
-            self.allocate_unwritten(io, ino, &mut map, first, last, 8, Some(budget))?;
+            self.allocate_unwritten(io, ino, &mut map, first, last, 8, Some(part))?;
         let reached = (u64::from(reached) * bs).clamp(offset, end);
         self.store_grown_map(
             io,
@@ -1795,7 +1805,7 @@ impl Meta {
         // Splitting an extent may need a new tree block; find it before changing anything.
         self.ensure_space(4)?;
         let runs = self.runs_from(io, ino, i, from, to)?;
-        self.fetch_bitmaps(io, &runs, None)?;
+        self.fetch_bitmaps(io, ino, &runs, None)?;
         self.fetch_for_range(io, ino, i, (offset, end), (true, false))?;
         // ... which `ExtentMap::store` allocates near the file's last extent, when the hole
         // splits an extent in two (the only way a punch adds one).
@@ -1844,6 +1854,10 @@ impl Meta {
         let (mut i, end) = self.allocating_range_target(io, ino, offset, len)?;
         let bs = u64::from(self.geo.block_size);
         self.fetch_for_range(io, ino, &i, (offset, end), (true, true))?;
+        // The holes left are few enough for half the groups one transaction frees in, were
+        // the free blocks contiguous (`Meta::zero_range_step`), and the range's edges may
+        // split two extents.
+        self.reserve_log(free_credits(Self::free_budget_groups(io) / 2) + TREE_CREDITS)?;
         let mut map = self.take_extent_map(io, ino, &i)?;
         // `allocating_range_target` keeps both within u32.
         let (first, last) = ((offset / bs) as u32, end.div_ceil(bs) as u32);
@@ -1895,10 +1909,11 @@ impl Meta {
 
     /// Maps every hole among logical blocks `[first, last)` of `map` to a new unwritten block,
     /// after checking that they and `spare` more (tree blocks) are available; returns how many
-    /// were allocated and the logical block reached (`last`). With a `budget`, stops after the
-    /// run that brings the running transaction to that size ([`Meta::transaction_size`], the
-    /// measure the bound of every operation uses; at least one run is allocated), and the
-    /// block reached is where the holes left begin.
+    /// were allocated and the logical block reached (`last`). With a `budget` of journal
+    /// blocks (what the operation reserved for the allocation, `fs/log_credits.rs`), stops
+    /// before the run that could take what the operation changed, with the extent-tree nodes
+    /// its runs will need, past it (at least one run is allocated), and the block reached is
+    /// where the holes left begin.
     #[allow(clippy::too_many_arguments)]
     fn allocate_unwritten(
         &mut self,
@@ -1924,13 +1939,18 @@ impl Meta {
         self.ensure_space(missing.saturating_sub(held) + spare)?;
         let mut goal = inode_goal(map, self, ino);
         let mut allocated = 0u64;
+        let (per, leaf) = (io.journal.revokes_per_block(), node_capacity(self.geo.bs()));
+        let mut runs = 0u64;
         for (mut l, end) in holes {
             while l < end {
+                // The next run changes a bitmap and a descriptor block at most.
                 if budget.is_some_and(|b| {
-                    allocated > 0 && self.transaction_size(io.journal.revokes_per_block()) >= b
+                    allocated > 0
+                        && self.log_used(per) + 2 + TREE_CREDITS + runs_credits(runs + 1, leaf) > b
                 }) {
                     return Ok((allocated, l));
                 }
+                runs += 1;
                 let (p, len) = self.alloc_run(io, goal, end - l)?;
                 goal = p + u64::from(len);
                 map.insert_run(l, p, len, true);
