@@ -633,8 +633,8 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("undone_after_change", s.undone_after_change.to_string()),
         ("journal_room_waits", s.journal_room_waits.to_string()),
         (
-            "room_waits_after_change",
-            s.journal_room_waits_after_change.to_string(),
+            "late_journal_reservations",
+            s.late_journal_reservations.to_string(),
         ),
         (
             "journal_credit_overruns",

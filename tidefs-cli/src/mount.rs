@@ -193,6 +193,23 @@ impl MountConfig {
         Ok(config)
     }
 
+    /// The options given that change nothing on a read-only mount, which writes nothing:
+    /// how and when it would commit (`commit=`, `data=`, `barrier=`, `fenced_commits`).
+    pub fn ignored_when_read_only(&self) -> Vec<&'static str> {
+        if !self.read_only {
+            return Vec::new();
+        }
+        [
+            (self.commit_seconds.is_some(), "commit="),
+            (self.data_mode.is_some(), "data="),
+            (self.barrier.is_some(), "barrier="),
+            (self.fenced_commits, "fenced_commits"),
+        ]
+        .into_iter()
+        .filter_map(|(given, name)| given.then_some(name))
+        .collect()
+    }
+
     /// The options as one `-o` argument, with paths made absolute (the daemon runs in `/`).
     fn to_option_string(&self) -> Result<String, String> {
         let mut items = vec![if self.read_only { "ro" } else { "rw" }.to_string()];
@@ -287,6 +304,14 @@ pub struct MountArgs {
 pub fn run(args: MountArgs) -> Result<(), CliError> {
     let what = "mount";
     let config = MountConfig::parse(&args.options).map_err(|e| CliError::usage(what, e))?;
+    let ignored = config.ignored_when_read_only();
+    // Said once, by the command the user ran (not again by its daemon child).
+    if !ignored.is_empty() && !args.daemon_child {
+        eprintln!(
+            "tidefs mount: note: {} change nothing on a read-only mount (ro)",
+            ignored.join(", ")
+        );
+    }
     check_image(&args.image, what)?;
     if let Some(journal) = &config.journal_device {
         check_image(journal, what)?;
@@ -857,6 +882,18 @@ mod tests {
         );
         assert_eq!(c.mount_options().barrier, Barrier::None);
         assert!(c.mount_options().fenced_commits);
+        // Read-only: how it would commit changes nothing, and the mount says so.
+        assert_eq!(
+            c.ignored_when_read_only(),
+            ["commit=", "data=", "barrier=", "fenced_commits"]
+        );
+        let rw = parse(&["commit=7,data=journal"]).expect("OK to unwrap: valid");
+        assert!(rw.ignored_when_read_only().is_empty());
+        let ro = parse(&["ro,cache_size=64M"]).expect("OK to unwrap: valid");
+        assert!(
+            ro.ignored_when_read_only().is_empty(),
+            "the cache serves reads"
+        );
         let passed_on = parse(&["fenced_commits"])
             .expect("OK to unwrap: valid")
             .to_option_string()

@@ -896,11 +896,11 @@ pub fn record(
     }
     // Every operation reserved the journal space it used before its first change.
     let stats = fs.stats();
-    if stats.journal_credit_overruns > 0 || stats.journal_room_waits_after_change > 0 {
+    if stats.journal_credit_overruns > 0 || stats.late_journal_reservations > 0 {
         failures.push(format!(
-            "{} operation(s) changed more journal blocks than they reserved, {} reserved after \
-             their first change",
-            stats.journal_credit_overruns, stats.journal_room_waits_after_change
+            "{} operation(s) changed more journal blocks than they reserved, {} reservation(s) \
+             came after an operation's first change",
+            stats.journal_credit_overruns, stats.late_journal_reservations
         ));
     }
     fs.unmount()?;

@@ -490,10 +490,11 @@ pub struct Stats {
     /// what they reserve, and ran again after a commit (docs/DESIGN.md §4.1).
     #[cfg_attr(feature = "serde", serde(default))]
     pub journal_room_waits: u64,
-    /// Of those, the ones that had changed metadata when they stopped (their changes were
-    /// taken back and made again): a reservation made after the first change.
+    /// Reservations of journal space made after an operation's first change (an estimate
+    /// made too late; when it found no room the operation's changes were taken back and made
+    /// again): none expected.
     #[cfg_attr(feature = "serde", serde(default))]
-    pub journal_room_waits_after_change: u64,
+    pub late_journal_reservations: u64,
     /// Operations that changed more journal blocks than they reserved: an estimate of
     /// `fs/log_credits.rs` is wrong (none expected).
     #[cfg_attr(feature = "serde", serde(default))]

@@ -274,17 +274,28 @@ impl Meta {
         Ok(())
     }
 
-    /// Looks `name` up in `dir`. Operations look up names in a directory before they change
-    /// it: one that still carries an htree index reserves here the journal blocks its first
-    /// change rewrites ([`Meta::dir_unindex`]).
+    /// Looks `name` up in `dir`.
     pub(crate) fn dir_lookup(&mut self, io: &Io, dir: u32, name: &[u8]) -> Result<Option<DirSlot>> {
-        self.reserve_unindex(io, dir)?;
         Ok(self.dir_index(io, dir)?.names.get(name).copied())
     }
 
+    /// [`Meta::dir_lookup`] for an operation that will change `dir`: reserves first the
+    /// journal blocks its first change rewrites if it still carries an htree index
+    /// ([`Meta::reserve_unindex`]).
+    pub(crate) fn dir_lookup_to_change(
+        &mut self,
+        io: &Io,
+        dir: u32,
+        name: &[u8],
+    ) -> Result<Option<DirSlot>> {
+        self.reserve_unindex(io, dir)?;
+        self.dir_lookup(io, dir, name)
+    }
+
     /// Reserves, once per operation, the journal blocks that rewriting the htree index of
-    /// `dir` as a linear directory changes, if it has one.
-    fn reserve_unindex(&mut self, io: &Io, dir: u32) -> Result<()> {
+    /// `dir` as a linear directory changes ([`Meta::dir_unindex`]), if it has one: called by
+    /// the operations that will change it, before their first change.
+    pub(crate) fn reserve_unindex(&mut self, io: &Io, dir: u32) -> Result<()> {
         let idx = self.dir_index(io, dir)?;
         if !idx.indexed {
             return Ok(());

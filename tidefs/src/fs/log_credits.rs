@@ -79,9 +79,9 @@ pub(crate) struct LogCredits {
     /// Operations that stopped for room and ran again after a commit (moved into the file
     /// system's counters by `Inner::lock_meta_reading`).
     pub room_waits: u64,
-    /// Of those, the ones that had changed metadata when they stopped: a reservation made
-    /// too late, after the first change (taken back and made again).
-    pub room_waits_after_change: u64,
+    /// Reservations made after the operation's first change: whether they found room or
+    /// not (then the operation is taken back and made again), an estimate made too late.
+    pub late: u64,
     /// Operations that changed more journal blocks than they reserved.
     pub overruns: u64,
 }
@@ -118,6 +118,9 @@ impl LogCredits {
     /// and runs the operation again), or for good when not even an empty transaction would.
     pub fn reserve(&mut self, credits: usize, changed: bool) -> Result<()> {
         self.reserved = self.reserved.saturating_add(credits);
+        if changed && credits > 0 {
+            self.late += 1;
+        }
         let Some((limit, size)) = self.bound else {
             return Ok(());
         };
@@ -128,9 +131,6 @@ impl LogCredits {
             return Err(too_large());
         }
         self.wants_room = true;
-        if changed {
-            self.room_waits_after_change += 1;
-        }
         self.room_waits += 1;
         Err(FsError::Invalid(
             "operation waits for room in the next journal transaction",
@@ -173,13 +173,16 @@ mod tests {
         assert!(c.reserve(6, false).is_ok(), "30 + 70 fits 100");
         assert!(c.reserve(1, false).is_err());
         assert!(c.wants_room());
-        assert_eq!((c.room_waits, c.room_waits_after_change), (1, 0));
+        assert_eq!((c.room_waits, c.late), (1, 0));
 
         c.begin(Some((100, 0)));
         assert!(!c.wants_room(), "a new operation starts afresh");
         let e = c.reserve(101, true).unwrap_err();
         assert!(matches!(e, FsError::Invalid(m) if m.contains("larger")));
         assert!(!c.wants_room(), "no commit makes room for it");
+        assert_eq!(c.late, 1, "reserved after a change");
+        c.reserve(0, true).unwrap_err();
+        assert_eq!(c.late, 1, "nothing reserved");
 
         c.begin(None);
         assert!(c.reserve(usize::MAX, true).is_ok());

@@ -399,7 +399,12 @@ impl Meta {
     /// before its first change: when the running transaction has no room for them, the
     /// operation stops (an error it returns as is) and runs again after a commit.
     pub fn reserve_log(&mut self, credits: usize) -> Result<()> {
-        let changed = self.op_undo.is_some() && self.cache.undo_has_changes();
+        // Outside an operation (orphans freed at mount and unmount, which commit as they
+        // go), nothing is reserved.
+        let Some(u) = &self.op_undo else {
+            return Ok(());
+        };
+        let changed = self.changed_since(u);
         self.credits.reserve(credits, changed)
     }
 
@@ -457,6 +462,19 @@ impl Meta {
         }
     }
 
+    /// Whether the running operation, begun with undo record `u`, changed metadata: cached
+    /// blocks, the superblock, group summaries, revokes, quarantine or the lists of frees.
+    fn changed_since(&self, u: &OpUndo) -> bool {
+        self.cache.undo_has_changes()
+            || self.sb != u.sb
+            || self.sb_dirty != u.sb_dirty
+            || !u.groups.is_empty()
+            || !u.revoked.is_empty()
+            || !u.quarantined.is_empty()
+            || self.alloc.freed_running.len() != u.freed_running_len
+            || self.alloc.late_frees.len() != u.late_frees_len
+    }
+
     /// Ends an operation that failed: takes back every change it made, so the running
     /// transaction holds exactly what it held before the operation began. Block maps,
     /// directory indexes and mode records are derived from blocks, so those the operation
@@ -477,14 +495,7 @@ impl Meta {
                 self.names.shown(ino);
             }
         }
-        let metadata_changed = self.cache.undo_has_changes()
-            || self.sb != u.sb
-            || self.sb_dirty != u.sb_dirty
-            || !u.groups.is_empty()
-            || !u.revoked.is_empty()
-            || !u.quarantined.is_empty()
-            || self.alloc.freed_running.len() != u.freed_running_len
-            || self.alloc.late_frees.len() != u.late_frees_len;
+        let metadata_changed = self.changed_since(&u);
         if failed && metadata_changed && !self.reads.stopped() {
             self.undone_after_change += 1;
         }

@@ -107,11 +107,11 @@ struct Counters {
     undone_after_change: AtomicU64,
     /// Operations and commit closes that took the metadata lock (`Inner::lock_meta_reading`).
     metadata_locked: AtomicU64,
-    /// Operations that waited for room in the journal, those of them that had changed
-    /// metadata by then, and operations that overran their reservation
+    /// Operations that waited for room in the journal, reservations made after an
+    /// operation's first change, and operations that overran their reservation
     /// (`fs/log_credits.rs`).
     journal_room_waits: AtomicU64,
-    journal_room_waits_after_change: AtomicU64,
+    late_journal_reservations: AtomicU64,
     journal_credit_overruns: AtomicU64,
 }
 
@@ -1727,9 +1727,7 @@ impl Fs {
             stops_after_change: c.stops_after_change.load(Ordering::Relaxed),
             undone_after_change: c.undone_after_change.load(Ordering::Relaxed),
             journal_room_waits: c.journal_room_waits.load(Ordering::Relaxed),
-            journal_room_waits_after_change: c
-                .journal_room_waits_after_change
-                .load(Ordering::Relaxed),
+            late_journal_reservations: c.late_journal_reservations.load(Ordering::Relaxed),
             journal_credit_overruns: c.journal_credit_overruns.load(Ordering::Relaxed),
         }
     }
@@ -2039,10 +2037,7 @@ impl Inner {
         let c = &self.counters;
         for (from, to) in [
             (&mut credits.room_waits, &c.journal_room_waits),
-            (
-                &mut credits.room_waits_after_change,
-                &c.journal_room_waits_after_change,
-            ),
+            (&mut credits.late, &c.late_journal_reservations),
             (&mut credits.overruns, &c.journal_credit_overruns),
         ] {
             let n = std::mem::take(from);
@@ -3421,10 +3416,7 @@ mod tests {
         assert!(r.is_none(), "no room, yet kept");
         assert_eq!(m.transaction_size(per), size, "blocks left behind");
         assert_ne!(m.read_inode(io, n).unwrap().mode(), 0o100600);
-        assert_eq!(
-            (m.credits.room_waits, m.credits.room_waits_after_change),
-            (1, 1)
-        );
+        assert_eq!((m.credits.room_waits, m.credits.late), (1, 1));
         assert_eq!(m.undone_after_change, 0, "counted as a failure");
         let r = m.run_op_within(Some((size + BASE_CREDITS + 5, per)), op(5));
         assert!(matches!(r, Some(Ok(()))));

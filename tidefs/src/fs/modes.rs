@@ -322,7 +322,7 @@ impl Meta {
         // Every record it changes, and the attribute blocks they take, known before the first
         // change (docs/DESIGN.md §4.1): a directory's files follow it.
         let governed = if rec.kind == RecordKind::Dir {
-            self.governed_records(io, ino, mode)?
+            self.governed_records(io, ino, mode, (0, usize::MAX))?
         } else {
             Vec::new()
         };
@@ -373,8 +373,8 @@ impl Meta {
         if self.mode_record(io, dir)?.kind != RecordKind::Dir {
             return Ok(true);
         }
-        let mut governed = self.governed_records(io, dir, mode)?;
-        governed.retain(|&(f, _)| f > *after);
+        // One more than a step takes tells whether the rest fits one operation.
+        let governed = self.governed_records(io, dir, mode, (*after, batch + 1))?;
         if governed.len() <= batch {
             return Ok(true);
         }
@@ -411,12 +411,15 @@ impl Meta {
     }
 
     /// Directory `dir` gets own mode `own`: the regular files in it that obey it (or obey no
-    /// directory yet), each with the record it then has.
+    /// directory yet), each with the record it then has; of those numbered above `after`, the
+    /// `limit` with the lowest numbers. Only those files' records are looked at (a step of a
+    /// large directory's change reads its names, not every file's record).
     fn governed_records(
         &mut self,
         io: &Io,
         dir: u32,
         own: Option<DataMode>,
+        (after, limit): (u32, usize),
     ) -> Result<Vec<(u32, ModeRecord)>> {
         let mut files = Vec::new();
         let mut offset = 0;
@@ -428,11 +431,15 @@ impl Meta {
             offset = *next;
             files.extend(batch.iter().map(|(r, _)| r.inode));
         }
+        files.retain(|&f| f > after);
         files.sort_unstable();
         files.dedup();
         let linked = Linked { dir, mode: own };
         let mut governed = Vec::new();
         for f in files {
+            if governed.len() == limit {
+                break;
+            }
             let mut rec = self.mode_record(io, f)?;
             if rec.kind != RecordKind::File {
                 continue;

@@ -280,9 +280,10 @@ impl Meta {
         self.write_inode(io, dir, &mut d)
     }
 
+    /// Checks that `name` is free in `parent`, for an operation that will add it.
     fn check_absent(&mut self, io: &Io, parent: u32, name: &[u8]) -> Result<()> {
         check_name(name)?;
-        if self.dir_lookup(io, parent, name)?.is_some() {
+        if self.dir_lookup_to_change(io, parent, name)?.is_some() {
             return Err(FsError::Exists);
         }
         Ok(())
@@ -608,9 +609,12 @@ impl Meta {
             groups.extend(group(start)..=group(end));
         }
         // What the free changes, reserved before its first change: a bitmap and a descriptor
-        // block per group, as many groups as one transaction frees in (more go in steps).
+        // block per group, as many groups as one transaction frees in (more go in steps),
+        // and the revoke records of the freed blocks that need one.
         let groups_freed = groups.len().min(Self::free_budget_groups(io));
-        self.reserve_log_for(Reserve::Free(ino), free_credits(groups_freed))?;
+        let revokes = self.revokes_for_free(io, ino, runs)?;
+        let credits = free_credits(groups_freed) + revokes.div_ceil(io.journal.revokes_per_block());
+        self.reserve_log_for(Reserve::Free(ino), credits)?;
         if let Some(g) = inode_group {
             if let Some(info) = self.alloc.groups.get(g as usize).copied() {
                 self.load(io, info.inode_bitmap)?;
@@ -621,6 +625,28 @@ impl Meta {
             self.load_block_group(io, g)?;
         }
         Ok(())
+    }
+
+    /// How many revoke records freeing `runs` of `ino` may add, at most: every block of a
+    /// directory or a slow symbolic link (logged like metadata), every block the log still
+    /// holds of another file, and the file's extent-tree blocks (`Meta::free_run_now`).
+    fn revokes_for_free(&mut self, io: &Io, ino: u32, runs: &[(u64, u64)]) -> Result<usize> {
+        let i = self.stored_inode(io, ino)?;
+        let data: u64 = if i.is_dir() || i.is_symlink() {
+            runs.iter().map(|&(_, len)| len).sum()
+        } else {
+            runs.iter()
+                .map(|&(start, len)| io.journal.held_in(start, len).len() as u64)
+                .sum()
+        };
+        let tree = if i.flags() & flags::EXTENTS != 0 {
+            self.shared_extent_map(io, ino, &i)?.tree_blocks().count()
+        } else {
+            0
+        };
+        Ok(usize::try_from(data)
+            .unwrap_or(usize::MAX)
+            .saturating_add(tree))
     }
 
     /// Loads, before an operation's first change, what it will read to change bytes
@@ -678,6 +704,8 @@ impl Meta {
     fn fetch_moved_dir(&mut self, io: &Io, dir: u32, moved: bool) -> Result<()> {
         if moved {
             self.dir_index(io, dir)?;
+            // Its `..` changes: reserved with the rest, before the first change.
+            self.reserve_unindex(io, dir)?;
         }
         Ok(())
     }
@@ -782,7 +810,7 @@ impl Meta {
         self.dir_inode(io, parent)?;
         check_name(name)?;
         let slot = self
-            .dir_lookup(io, parent, name)?
+            .dir_lookup_to_change(io, parent, name)?
             .ok_or(FsError::NotFound)?;
         let i = self.read_inode(io, slot.ino)?;
         if i.is_dir() {
@@ -810,7 +838,7 @@ impl Meta {
         }
         check_name(name)?;
         let slot = self
-            .dir_lookup(io, parent, name)?
+            .dir_lookup_to_change(io, parent, name)?
             .ok_or(FsError::NotFound)?;
         let i = self.read_inode(io, slot.ino)?;
         if !i.is_dir() {
@@ -909,9 +937,9 @@ impl Meta {
             return Err(FsError::Invalid("cannot rename '.' or '..'"));
         }
         let src = self
-            .dir_lookup(io, parent, name)?
+            .dir_lookup_to_change(io, parent, name)?
             .ok_or(FsError::NotFound)?;
-        let dst = self.dir_lookup(io, new_parent, new_name)?;
+        let dst = self.dir_lookup_to_change(io, new_parent, new_name)?;
         let si = self.read_inode(io, src.ino)?;
         let src_dir = si.is_dir();
         for ino in [parent, new_parent, src.ino]
@@ -1940,13 +1968,16 @@ impl Meta {
         let mut goal = inode_goal(map, self, ino);
         let mut allocated = 0u64;
         let (per, leaf) = (io.journal.revokes_per_block(), node_capacity(self.geo.bs()));
-        let mut runs = 0u64;
+        // The extent-tree nodes the runs will need when the map is stored: the runs of one
+        // hole fill leaves in turn, and each hole may lie in a leaf of its own (and split it).
+        let (mut runs, mut holes_begun) = (0u64, 0usize);
         for (mut l, end) in holes {
+            holes_begun += 1;
             while l < end {
                 // The next run changes a bitmap and a descriptor block at most.
                 if budget.is_some_and(|b| {
-                    allocated > 0
-                        && self.log_used(per) + 2 + TREE_CREDITS + runs_credits(runs + 1, leaf) > b
+                    let tree = TREE_CREDITS + runs_credits(runs + 1, leaf) + 2 * holes_begun;
+                    allocated > 0 && self.log_used(per) + 2 + tree > b
                 }) {
                     return Ok((allocated, l));
                 }
