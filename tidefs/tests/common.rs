@@ -692,3 +692,18 @@ pub fn journal_sb_offset(img: &[u8]) -> usize {
         other => panic!("journal extent tree deeper than the tests expect: {other:?}"),
     }
 }
+
+/// Asserts that every operation of `fs` so far reserved its journal space before its first
+/// change, and enough (`Stats::journal_credit_overruns`, `Stats::late_journal_reservations`;
+/// docs/DESIGN.md §4.1).
+pub fn assert_journal_reservations_held(fs: &tidefs::fs::Fs) {
+    let stats = fs.stats();
+    assert_eq!(
+        (
+            stats.journal_credit_overruns,
+            stats.late_journal_reservations
+        ),
+        (0, 0),
+        "journal reservations overrun, or made after a change"
+    );
+}

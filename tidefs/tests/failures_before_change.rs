@@ -363,14 +363,7 @@ fn many_orphans_are_freed_at_unmount_without_reservations() {
     }
     fs.create(ROOT_INO, b"last", 0o100644, 0, Creds::ROOT)
         .unwrap();
-    let stats = fs.stats();
-    assert_eq!(
-        (
-            stats.journal_credit_overruns,
-            stats.late_journal_reservations
-        ),
-        (0, 0)
-    );
+    common::assert_journal_reservations_held(&fs);
     fs.unmount().unwrap();
     common::assert_mem_fsck_clean(&mem);
 }

@@ -671,14 +671,7 @@ fn kernel_fills_image_and_tidefs_reads_and_modifies_it() {
     let after_mod = common::walk_lib(&fs, true);
     // Every change reserved its journal space before its first change, and enough (the
     // kernel's htree index of /big among them: docs/DESIGN.md §4.1).
-    let stats = fs.stats();
-    assert_eq!(
-        (
-            stats.journal_credit_overruns,
-            stats.late_journal_reservations
-        ),
-        (0, 0)
-    );
+    common::assert_journal_reservations_held(&fs);
     fs.unmount().unwrap();
     drop(fs);
     common::assert_fsck_clean(&img);
