@@ -5,9 +5,11 @@
 //! before it changes anything. When the running transaction has no room left for what an
 //! operation reserves, the operation stops there with nothing to take back, the transaction
 //! commits, and the operation runs again in the next one (docs/DESIGN.md §4.1). An operation
-//! that ends having changed more journal blocks than it reserved is counted as an overrun: an
-//! estimate below is wrong, which the random workload of `tests/failures_before_change.rs`
-//! looks for.
+//! that ends having changed more journal blocks than it reserved is counted as an overrun (an
+//! estimate below is wrong), and so is a reservation made after an operation's first change
+//! (made too late): the random workload of `tests/failures_before_change.rs` and the crash
+//! harness look for both. Outside an operation (orphans freed at mount and unmount, which
+//! commit as they go) nothing is reserved.
 //!
 //! This module owns the bookkeeping and the estimates; `Meta::reserve_log` and
 //! `Meta::run_op_within` are where they are used.
