@@ -182,7 +182,8 @@ fn umount_of_a_busy_mount_fails_and_keeps_serving() {
 }
 
 /// Goal: a read-only mount serves the tree, refuses changes with EROFS and never writes the image.
-/// Method: compare the image's bytes before and after.
+/// Method: compare the image's bytes before and after; the read-only mount is given `data=`
+/// and `commit=` too, which it notes change nothing.
 #[test]
 fn read_only_mount_refuses_changes() {
     let Some(mut m) = Mount::new("read_only_mount_refuses_changes", "64M", &[], &[]) else {
@@ -191,7 +192,13 @@ fn read_only_mount_refuses_changes() {
     write_tree(&m);
     m.umount_ok();
     let before = std::fs::read(&m.image).expect("OK to unwrap: read");
-    m.mount(&["ro"]);
+    // How it would commit changes nothing read-only, and the mount says so.
+    let out = m.mount(&["ro,data=journal,commit=3"]);
+    assert!(
+        stderr(&out).contains("commit=, data= change nothing on a read-only mount"),
+        "{}",
+        stderr(&out)
+    );
     check_tree(&m);
     assert_eq!(errno(std::fs::File::create(m.path("new"))), libc::EROFS);
     assert_eq!(errno(std::fs::remove_file(m.path("a/link"))), libc::EROFS);

@@ -150,8 +150,9 @@ impl Mount {
         }
     }
 
-    /// Mounts in the background; panics with the tool's message if that fails.
-    pub fn mount(&mut self, options: &[&str]) {
+    /// Mounts in the background; panics with the tool's message if that fails. Returns the
+    /// mount command's output (its notes on stderr).
+    pub fn mount(&mut self, options: &[&str]) -> Output {
         let mut command = tidefs();
         command.arg("mount");
         for option in options {
@@ -171,6 +172,7 @@ impl Mount {
             stderr(&out)
         );
         self.mounted = true;
+        out
     }
 
     /// `tidefs umount`; returns its output.
