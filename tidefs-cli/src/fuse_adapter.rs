@@ -388,6 +388,11 @@ impl Filesystem for FuseFs {
         // the kernel need not ask for security.capability before every write: one request
         // per write instead of two.
         let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        // The kernel keeps symbolic links' targets in its page cache: a target never changes
+        // (a link is replaced, never rewritten), and an inode number is never handed out
+        // again while the kernel holds the old inode (`Fs::forget_inode`), so a path through
+        // a link costs no READLINK after the first.
+        let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
         // Directories need no open handle (see `opendir`).
         self.no_opendir = config
             .add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT)

@@ -1226,6 +1226,38 @@ fn cached_names_and_attributes_stay_valid() {
     assert!(fs::metadata(m.path("d/f4")).is_err());
 }
 
+/// Goal: the kernel keeps a symbolic link's target (FUSE_CACHE_SYMLINKS): paths through a
+/// link cost one READLINK, not one per resolution, and a link replaced under the same name
+/// shows its new target at once. Method: resolve a path through a link many times and count
+/// the READLINK requests; replace the link and read its target again.
+#[test]
+fn symlink_targets_are_cached_by_the_kernel() {
+    let m = mount!("symlink_targets_are_cached_by_the_kernel");
+    fs::create_dir(m.path("real")).expect("OK to unwrap: mkdir");
+    write_file(&m.path("real/f"), b"through the link");
+    std::os::unix::fs::symlink("real", m.path("link")).expect("OK to unwrap: symlink");
+    let readlinks = |m: &Mount| m.stats()["fuse_requests"]["READLINK"].as_u64().unwrap_or(0);
+    let before = readlinks(&m);
+    for _ in 0..50 {
+        assert_eq!(read_file(&m.path("link/f")), b"through the link");
+        assert_eq!(
+            fs::read_link(m.path("link")).expect("OK to unwrap: readlink"),
+            std::path::Path::new("real")
+        );
+    }
+    let asked = readlinks(&m) - before;
+    assert!(asked <= 1, "{asked} READLINK requests for one link");
+    fs::remove_file(m.path("link")).expect("OK to unwrap: unlink");
+    fs::create_dir(m.path("other")).expect("OK to unwrap: mkdir");
+    write_file(&m.path("other/f"), b"the new target");
+    std::os::unix::fs::symlink("other", m.path("link")).expect("OK to unwrap: symlink");
+    assert_eq!(read_file(&m.path("link/f")), b"the new target");
+    assert_eq!(
+        fs::read_link(m.path("link")).expect("OK to unwrap: readlink"),
+        std::path::Path::new("other")
+    );
+}
+
 /// Goal: `st_blocks` is right after changes the kernel does not expect to move it, although
 /// the kernel keeps attributes for a day: a commit whose write-back grows a file's extent tree
 /// by a block, and an extended attribute that moves out of the inode into a block of its own.
