@@ -304,3 +304,57 @@ fn dotdot_of_a_reused_directory_number_names_its_new_parent() {
     drop(fs);
     common::assert_mem_fsck_clean(&mem);
 }
+
+/// Goal: a symbolic link's target, once read, is read again without the metadata lock
+/// (`Fs::readlink`), and a link freed and made anew under the same inode number never shows
+/// the old target. Method: targets kept in the inode and in a block of their own, each read
+/// twice counting `Stats::metadata_locked`; then each link is removed, the removal
+/// committed, and new links are made until one gets the old number, whose target is read.
+#[test]
+fn symlink_targets_are_read_without_the_lock() {
+    let Some(bytes) = common::small_image_bytes("links.img") else {
+        return;
+    };
+    let mem = Arc::new(MemDev::from_bytes(bytes.clone()));
+    let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+    for (name, target) in [
+        (&b"short"[..], b"in-the-inode".to_vec()),
+        (&b"long"[..], vec![b'x'; 300]),
+    ] {
+        let ino = fs
+            .symlink(ROOT_INO, name, &target, Creds::ROOT)
+            .unwrap()
+            .ino;
+        assert_eq!(fs.readlink(ino).unwrap(), target);
+        let locked = fs.stats().metadata_locked;
+        assert_eq!(fs.readlink(ino).unwrap(), target);
+        assert_eq!(
+            fs.stats().metadata_locked,
+            locked,
+            "the second read took the lock"
+        );
+        fs.unlink(ROOT_INO, name).unwrap();
+        fs.sync().unwrap();
+        let mut reused = false;
+        for k in 0..64 {
+            let new_target = format!("new-{k}").into_bytes();
+            let made = fs
+                .symlink(
+                    ROOT_INO,
+                    format!("{}-{k}", String::from_utf8_lossy(name)).as_bytes(),
+                    &new_target,
+                    Creds::ROOT,
+                )
+                .unwrap()
+                .ino;
+            assert_eq!(fs.readlink(made).unwrap(), new_target);
+            if made == ino {
+                reused = true;
+                break;
+            }
+        }
+        assert!(reused, "inode {ino} was not handed out again");
+    }
+    fs.unmount().unwrap();
+    common::assert_mem_fsck_clean(&mem);
+}

@@ -224,6 +224,7 @@ impl Meta {
     pub(crate) fn forget_inode_entirely(&mut self, ino: u32) {
         self.names.forget_dir(ino);
         self.names.withdraw_xattrs(ino);
+        self.names.withdraw_target(ino);
         self.derived.dirs.remove(&ino);
         self.data.lock().writes_mut().forget(ino);
     }

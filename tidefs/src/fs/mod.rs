@@ -1101,6 +1101,13 @@ impl Fs {
 
     /// Target of a symbolic link.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let inner = &self.inner;
+        // A target read before is published (it never changes while its inode lives).
+        if !inner.life.is_closed() {
+            if let Some(target) = inner.names.target(inner.geo.ino32(ino)?) {
+                return Ok(target.to_vec());
+            }
+        }
         self.with_meta(false, |m, io| {
             let n = m.ino32(ino)?;
             m.readlink(io, n)

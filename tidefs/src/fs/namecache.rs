@@ -39,6 +39,10 @@
 //! freeing or making the inode (`Meta::forget_inode_entirely`); the journaling-mode attribute,
 //! which an inode may inherit from its directories, is never answered from here.
 //!
+//! And symbolic links' targets published for `readlink` ([`NameCache::publish_target`]): a
+//! target never changes while its inode lives, and is withdrawn when the inode is freed or
+//! made (`Meta::forget_inode_entirely`).
+//!
 //! It also keeps which inodes changed their times since anyone was last shown them
 //! ([`NameCache::changed_unseen`]), for multigrain timestamps (`Meta::change_time`). Every
 //! `Attr` handed out is built by `Meta::attr` or served by [`NameCache::attr`], and both
@@ -68,6 +72,10 @@ pub(crate) struct NameCache {
     dirs: RwLock<HashMap<u32, Arc<DirIndex>>>,
     /// Extended attributes published for reads (see the module documentation).
     xattrs: RwLock<HashMap<u32, Arc<[Xattr]>>>,
+    /// Symbolic links' targets published for `readlink` without the metadata lock: a target
+    /// never changes while its inode lives, and is withdrawn when the inode is freed or made
+    /// anew (`Meta::forget_inode_entirely`).
+    targets: RwLock<HashMap<u32, Arc<[u8]>>>,
 }
 
 /// Published directory indexes kept at most; the table is emptied when it passes this.
@@ -79,6 +87,13 @@ const MAX_PUBLISHED_XATTR_SETS: usize = 16 * 1024;
 /// An inode's extended attributes are published only when their names and values take at
 /// most this many bytes (most files have none), which bounds the table's memory.
 const MAX_PUBLISHED_XATTR_BYTES: usize = 512;
+
+/// Symbolic links whose targets are published at most; the table is emptied when full.
+const MAX_PUBLISHED_TARGETS: usize = 16 * 1024;
+
+/// A target is published only when it takes at most this many bytes (most are short), which
+/// bounds the table's memory.
+const MAX_PUBLISHED_TARGET_BYTES: usize = 512;
 
 /// Directories with more names than this are listed under the metadata lock, which reads
 /// only the blocks a call needs: from the index, the first listing of each version of it
@@ -196,6 +211,33 @@ impl NameCache {
         *self.names.write() = Names::default();
         self.dirs.write().clear();
         self.xattrs.write().clear();
+        self.targets.write().clear();
+    }
+
+    /// Publishes `target`, the target of symbolic link `ino`, for `readlink` without the
+    /// metadata lock (under that lock, from what it just read), unless it is long.
+    pub fn publish_target(&self, ino: u32, target: &[u8]) {
+        if target.len() > MAX_PUBLISHED_TARGET_BYTES || self.targets.read().contains_key(&ino) {
+            return;
+        }
+        let mut t = self.targets.write();
+        if t.len() >= MAX_PUBLISHED_TARGETS {
+            t.clear();
+        }
+        t.insert(ino, Arc::from(target));
+    }
+
+    /// The published target of symbolic link `ino`, if any.
+    pub fn target(&self, ino: u32) -> Option<Arc<[u8]>> {
+        self.targets.read().get(&ino).cloned()
+    }
+
+    /// Withdraws the published target of `ino`: the inode is freed or made (under the
+    /// metadata lock).
+    pub fn withdraw_target(&self, ino: u32) {
+        if self.targets.read().contains_key(&ino) {
+            self.targets.write().remove(&ino);
+        }
     }
 
     /// Publishes `attrs`, the current extended attributes of `ino`, for reads without the

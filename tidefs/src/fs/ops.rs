@@ -451,21 +451,25 @@ impl Meta {
             return Err(FsError::Invalid("not a symbolic link"));
         }
         let size = usize::try_from(i.size()).map_err(|_| FsError::corrupt("symlink size"))?;
-        if i.flags() & flags::EXTENTS == 0 {
+        let target = if i.flags() & flags::EXTENTS == 0 {
             if size >= inode::I_BLOCK_LEN {
                 return Err(FsError::corrupt_inode(ino, "inline symlink too long"));
             }
-            return Ok(i.i_block()[..size].to_vec());
-        }
-        let bs = self.geo.bs();
-        if size > bs {
-            return Err(FsError::corrupt_inode(ino, "symlink longer than a block"));
-        }
-        let map = self.extent_map(io, ino, &i)?;
-        let Some((pblk, _)) = map.map(0) else {
-            return Err(FsError::corrupt_inode(ino, "symlink without a block"));
+            i.i_block()[..size].to_vec()
+        } else {
+            let bs = self.geo.bs();
+            if size > bs {
+                return Err(FsError::corrupt_inode(ino, "symlink longer than a block"));
+            }
+            let map = self.extent_map(io, ino, &i)?;
+            let Some((pblk, _)) = map.map(0) else {
+                return Err(FsError::corrupt_inode(ino, "symlink without a block"));
+            };
+            self.block(io, pblk)?[..size].to_vec()
         };
-        Ok(self.block(io, pblk)?[..size].to_vec())
+        // Later reads of it need not take the lock (`Fs::readlink`).
+        self.names.publish_target(ino, &target);
+        Ok(target)
     }
 
     /// Adds a hard link.
