@@ -193,15 +193,15 @@ impl MountConfig {
         Ok(config)
     }
 
-    /// The options given that change nothing on a read-only mount, which writes nothing:
-    /// how and when it would commit (`commit=`, `data=`, `barrier=`, `fenced_commits`).
+    /// The options given that change nothing on a read-only mount, which commits nothing:
+    /// when and how it would commit (`commit=`, `barrier=`, `fenced_commits`). (`data=` still
+    /// sets the mode reported for files and directories without one of their own.)
     pub fn ignored_when_read_only(&self) -> Vec<&'static str> {
         if !self.read_only {
             return Vec::new();
         }
         [
             (self.commit_seconds.is_some(), "commit="),
-            (self.data_mode.is_some(), "data="),
             (self.barrier.is_some(), "barrier="),
             (self.fenced_commits, "fenced_commits"),
         ]
@@ -885,7 +885,7 @@ mod tests {
         // Read-only: how it would commit changes nothing, and the mount says so.
         assert_eq!(
             c.ignored_when_read_only(),
-            ["commit=", "data=", "barrier=", "fenced_commits"]
+            ["commit=", "barrier=", "fenced_commits"]
         );
         let rw = parse(&["commit=7,data=journal"]).expect("OK to unwrap: valid");
         assert!(rw.ignored_when_read_only().is_empty());

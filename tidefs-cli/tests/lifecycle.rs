@@ -182,8 +182,8 @@ fn umount_of_a_busy_mount_fails_and_keeps_serving() {
 }
 
 /// Goal: a read-only mount serves the tree, refuses changes with EROFS and never writes the image.
-/// Method: compare the image's bytes before and after; the read-only mount is given `data=`
-/// and `commit=` too, which it notes change nothing.
+/// Method: compare the image's bytes before and after; the read-only mount is given
+/// `commit=` too, which it notes changes nothing (`data=` still sets the mode it reports).
 #[test]
 fn read_only_mount_refuses_changes() {
     let Some(mut m) = Mount::new("read_only_mount_refuses_changes", "64M", &[], &[]) else {
@@ -192,10 +192,10 @@ fn read_only_mount_refuses_changes() {
     write_tree(&m);
     m.umount_ok();
     let before = std::fs::read(&m.image).expect("OK to unwrap: read");
-    // How it would commit changes nothing read-only, and the mount says so.
+    // When it would commit changes nothing read-only, and the mount says so.
     let out = m.mount(&["ro,data=journal,commit=3"]);
     assert!(
-        stderr(&out).contains("commit=, data= change nothing on a read-only mount"),
+        stderr(&out).contains("commit= change nothing on a read-only mount"),
         "{}",
         stderr(&out)
     );

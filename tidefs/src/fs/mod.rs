@@ -1270,20 +1270,42 @@ impl Fs {
         &self,
         ino: u32,
         mut step: impl FnMut(&mut Meta, &Io) -> Result<bool>,
+        finish: impl FnMut(&mut Meta, &Io) -> Result<T>,
+    ) -> Result<T> {
+        self.in_steps_with(
+            ino,
+            |m, io| Ok((!step(m, io)?).then_some(())),
+            |()| {},
+            finish,
+        )
+    }
+
+    /// [`Fs::in_steps`] with a `step` that returns what it did (None: nothing left to do in
+    /// steps), handed to `kept` once the step's operation is kept: a step's operation may run
+    /// more than once (taken back for a read, or for room in the journal), so progress it
+    /// made (a cursor) counts only then.
+    fn in_steps_with<P, T>(
+        &self,
+        ino: u32,
+        mut step: impl FnMut(&mut Meta, &Io) -> Result<Option<P>>,
+        mut kept: impl FnMut(P),
         mut finish: impl FnMut(&mut Meta, &Io) -> Result<T>,
     ) -> Result<T> {
         loop {
             let done = self.with_meta(true, |m, io| {
                 m.live_inode(io, ino)?;
                 m.acts_for(io, ino)?;
-                if !step(m, io)? {
-                    return Ok(None);
+                if let Some(progress) = step(m, io)? {
+                    return Ok(Err(progress));
                 }
-                finish(m, io).map(Some)
+                finish(m, io).map(Ok)
             })?;
             match done {
-                Some(t) => return Ok(t),
-                None => self.inner.commit_running()?,
+                Ok(t) => return Ok(t),
+                Err(progress) => {
+                    kept(progress);
+                    self.inner.commit_running()?;
+                }
             }
         }
     }
@@ -1598,13 +1620,15 @@ impl Fs {
     ) -> Result<DataMode> {
         let _one_at_a_time = self.inner.mode_changes.lock();
         let batch = (self.inner.io.journal.max_transaction_blocks() / 4).max(1);
-        let mut after = 0;
-        let (old, blocks_changed) = self.in_steps(
+        // Moved past a step's files once the step is kept.
+        let after = std::cell::Cell::new(0);
+        let (old, blocks_changed) = self.in_steps_with(
             n,
             |m, io| {
                 check(m, io)?;
-                m.mode_change_step(io, n, mode, (batch, &mut after))
+                m.mode_change_step(io, n, mode, (batch, after.get()))
             },
+            |next| after.set(next),
             |m, io| {
                 check(m, io)?;
                 let old = m.set_journal_mode(io, n, mode)?;
@@ -3393,6 +3417,48 @@ mod tests {
         drop(m);
         // The made-up revokes name blocks past the device: never committed.
         fs.crash();
+    }
+
+    /// Goal: a step of `Fs::in_steps_with` counts its progress only once its operation is
+    /// kept: a step taken back (here for room in the journal, after a change) and run again
+    /// hands over the progress of the run that was kept, once (a mode change's cursor moved
+    /// inside the step once, so a step taken back left its files behind the cursor).
+    #[test]
+    fn a_step_taken_back_counts_its_progress_once() {
+        use std::cell::{Cell, RefCell};
+        let Some(fs) = mounted() else {
+            return;
+        };
+        // Left uncommitted: the step's transaction is not empty, so a commit makes room.
+        let f = new_file(&fs, b"f") as u32;
+        let runs = Cell::new(0u32);
+        let kept = RefCell::new(Vec::new());
+        let done = fs
+            .in_steps_with(
+                f,
+                |m, io| {
+                    runs.set(runs.get() + 1);
+                    match runs.get() {
+                        1 => {
+                            let mut i = m.read_inode(io, f)?;
+                            i.set_mode(0o100600);
+                            m.write_inode(io, f, &mut i)?;
+                            m.reserve_log(usize::MAX / 2)?;
+                            Ok(Some(1))
+                        }
+                        2 => Ok(Some(2)),
+                        _ => Ok(None),
+                    }
+                },
+                |progress| kept.borrow_mut().push(progress),
+                |_, _| Ok("finished"),
+            )
+            .unwrap();
+        assert_eq!(done, "finished");
+        assert_eq!(runs.get(), 3, "the step taken back did not run again");
+        assert_eq!(*kept.borrow(), vec![2]);
+        assert_eq!(fs.stats().late_journal_reservations, 1);
+        fs.unmount().unwrap();
     }
 
     /// Goal: an operation that reserves journal space after its first change, when the

@@ -357,26 +357,27 @@ impl Meta {
 
     /// One step of a mode change of directory `dir` whose files are too many for one
     /// transaction: the first `batch` of the files that follow it, among those numbered
-    /// above `*after`, take their new records, and `*after` moves past them (the caller
-    /// commits after each step; the cursor bounds the steps even while files are made in the
-    /// directory meanwhile). Returns true, having done nothing, once the rest fits one
-    /// operation: [`Meta::set_journal_mode`] then changes every file still to change and the
-    /// directory, whose own record thus changes last (a crash between steps leaves some of
-    /// its files on the new mode already; the change made again finishes it).
+    /// above `after`, take their new records; returns the cursor past them (the caller moves
+    /// its cursor there once the step is kept, and commits after each step; the cursor
+    /// bounds the steps even while files are made in the directory meanwhile). Returns None,
+    /// having done nothing, once the rest fits one operation: [`Meta::set_journal_mode`] then
+    /// changes every file still to change and the directory, whose own record thus changes
+    /// last (a crash between steps leaves some of its files on the new mode already; the
+    /// change made again finishes it).
     pub(crate) fn mode_change_step(
         &mut self,
         io: &Io,
         dir: u32,
         mode: Option<DataMode>,
-        (batch, after): (usize, &mut u32),
-    ) -> Result<bool> {
+        (batch, after): (usize, u32),
+    ) -> Result<Option<u32>> {
         if self.mode_record(io, dir)?.kind != RecordKind::Dir {
-            return Ok(true);
+            return Ok(None);
         }
         // One more than a step takes tells whether the rest fits one operation.
-        let governed = self.governed_records(io, dir, mode, (*after, batch + 1))?;
+        let governed = self.governed_records(io, dir, mode, (after, batch + 1))?;
         if governed.len() <= batch {
-            return Ok(true);
+            return Ok(None);
         }
         let part = &governed[..batch];
         let blocks = self.records_blocks(io, part)?;
@@ -385,8 +386,7 @@ impl Meta {
             self.ensure_space(blocks)?;
         }
         self.store_records(io, part)?;
-        *after = part[batch - 1].0;
-        Ok(false)
+        Ok(Some(part[batch - 1].0))
     }
 
     /// The new attribute blocks storing each of `records` takes ([`Meta::record_blocks`]).
