@@ -707,8 +707,16 @@ impl Meta {
         Ok(())
     }
 
-    /// Allocates an inode near group `near`. Directories prefer the emptiest group.
-    pub fn alloc_inode(&mut self, io: &Io, near: u32, is_dir: bool) -> Result<u32> {
+    /// Allocates an inode near group `near`. Directories prefer the emptiest group. With
+    /// `takes_block` (a directory, a slow symbolic link), the operation allocates a block for
+    /// it next, from its group on (`inode_goal`): the groups that allocation will look in are
+    /// fetched before the first change too.
+    pub fn alloc_inode(
+        &mut self,
+        io: &Io,
+        near: u32,
+        (is_dir, takes_block): (bool, bool),
+    ) -> Result<u32> {
         if self.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -759,9 +767,10 @@ impl Meta {
             let (table_block, _) = self.inode_location(g * ipg + i as u32 + 1)?;
             self.load(io, table_block)?;
             self.load(io, self.geo.desc_location(g).0)?;
-            if is_dir {
-                // A new directory's first block comes from its inode's group (`inode_goal`).
-                self.load_block_group(io, g)?;
+            if takes_block {
+                // Its first block is searched for from its inode's group on (`inode_goal`),
+                // past full groups as the allocator goes.
+                self.fetch_for_allocation(io, self.geo.group_first_block(g), 1)?;
             }
             if uninit {
                 let bs = self.geo.bs();

@@ -220,18 +220,19 @@ impl Meta {
         Ok(i)
     }
 
-    /// Allocates and initialises a new inode in the running transaction.
+    /// Allocates and initialises a new inode in the running transaction; `takes_block` says
+    /// the operation allocates a block for it next (a directory, a slow symbolic link).
     fn new_inode(
         &mut self,
         io: &Io,
-        parent: u32,
-        parent_inode: &Inode,
+        (parent, parent_inode): (u32, &Inode),
         m: u16,
         creds: Creds,
+        takes_block: bool,
     ) -> Result<(u32, Inode)> {
         let is_dir = m & mode::S_IFMT == mode::S_IFDIR;
         let near = (parent - 1) / self.geo.inodes_per_group;
-        let ino = self.alloc_inode(io, near, is_dir)?;
+        let ino = self.alloc_inode(io, near, (is_dir, takes_block))?;
         let mut i = Inode::new_zeroed(self.geo.inode_size as usize, self.geo.extra_isize);
         let mut m = m;
         let mut gid = creds.gid;
@@ -315,7 +316,7 @@ impl Meta {
                 "create cannot make directories or symlinks",
             ));
         }
-        let (ino, mut i) = self.new_inode(io, parent, &pi, m, creds)?;
+        let (ino, mut i) = self.new_inode(io, (parent, &pi), m, creds, false)?;
         if matches!(m & mode::S_IFMT, mode::S_IFCHR | mode::S_IFBLK) {
             inode::encode_rdev(i.i_block_mut(), rdev);
         }
@@ -340,7 +341,7 @@ impl Meta {
             _ => return Err(FsError::Invalid("O_TMPFILE makes regular files only")),
         };
         self.ensure_space(1)?;
-        let (ino, mut i) = self.new_inode(io, parent, &pi, m, creds)?;
+        let (ino, mut i) = self.new_inode(io, (parent, &pi), m, creds, false)?;
         i.set_links_count(0);
         i.set_dtime(self.sb.last_orphan());
         self.sb.set_last_orphan(ino);
@@ -367,8 +368,13 @@ impl Meta {
         self.changes_names();
         self.check_absent(io, parent, name)?;
         self.ensure_space(3)?;
-        let (ino, mut i) =
-            self.new_inode(io, parent, &pi, mode::S_IFDIR | (perm & 0o7777), creds)?;
+        let (ino, mut i) = self.new_inode(
+            io,
+            (parent, &pi),
+            mode::S_IFDIR | (perm & 0o7777),
+            creds,
+            true,
+        )?;
         // First block with "." and "..".
         let csum = self.geo.csum_seed.is_some();
         let bs = self.geo.bs();
@@ -423,7 +429,8 @@ impl Meta {
             return Err(FsError::NameTooLong);
         }
         self.ensure_space(3)?;
-        let (ino, mut i) = self.new_inode(io, parent, &pi, mode::S_IFLNK | 0o777, creds)?;
+        let slow = target.len() >= inode::I_BLOCK_LEN;
+        let (ino, mut i) = self.new_inode(io, (parent, &pi), mode::S_IFLNK | 0o777, creds, slow)?;
         if target.len() < inode::I_BLOCK_LEN {
             i.i_block_mut()[..target.len()].copy_from_slice(target);
         } else {
