@@ -394,12 +394,16 @@ impl Meta {
     /// §4.1). The goal's own group counts for nothing, since its free blocks may lie before
     /// the goal, which the allocator reaches only after every other group; nor do blocks
     /// waiting in quarantine. Nothing is loaded when the blocks are not there to be had: the
-    /// operation will fail for lack of space first.
+    /// operation will fail for lack of space first. When they are but the few tree blocks
+    /// beyond them are not (a file system nearly full), it looks as far as the free blocks
+    /// go: a commit's write-back that allocated its reserved blocks there took its tree block
+    /// from a group nobody had fetched.
     pub fn fetch_for_allocation(&mut self, io: &Io, goal: u64, need: u64) -> Result<()> {
-        let need = need + 8;
-        if self.free_blocks() < need {
+        let free = self.free_blocks();
+        if free < need {
             return Ok(());
         }
+        let need = (need + 8).min(free);
         let groups = self.geo.groups;
         let (_, start) = self.search_start(goal);
         let mut left = need;

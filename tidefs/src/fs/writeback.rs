@@ -60,24 +60,31 @@ impl Meta {
     /// Loads what writing back `files` reads, before the write-back's first change (so that
     /// one that must read from the device stops with nothing to take back, docs/DESIGN.md
     /// §4.1): each file's inode-table block and mode record and, for a file with blocks to
-    /// allocate, its block map and the block bitmaps and descriptors of the groups its new
-    /// blocks will come from (`Meta::fetch_for_allocation`, from its goal for its reservations). The
+    /// allocate or pages to write, its block map and the block bitmaps and descriptors of the
+    /// groups its new blocks will come from (`Meta::fetch_for_allocation`, from its goal for
+    /// its reservations, or for one tree block: pages over unwritten blocks split extents). The
     /// inode is read as stored: `read_inode` here would note the writes without the lock
     /// seen too early. The bitmaps are loaded ahead of need: a device error on one of them is
     /// left to the allocation that really needs it, if any, and never fails the write-back
     /// here. Cheap when all is cached (one hold of the page cache's mutex, a lookup per
     /// file), since it runs at every commit.
     fn fetch_for_writeback(&mut self, io: &Io, files: &[u32]) -> Result<()> {
-        let needs: Vec<u64> = {
+        // Blocks to allocate and whether there are pages to write, per file.
+        let needs: Vec<(u64, bool)> = {
             let pages = self.data.lock();
-            files.iter().map(|&ino| pages.reserved_of(ino)).collect()
+            files
+                .iter()
+                .map(|&ino| (pages.reserved_of(ino), pages.dirty_count_of(ino) > 0))
+                .collect()
         };
         // Blocks the files before claim from each group where a search starts: new files of
         // one directory share a goal, and each takes its blocks after those of the others.
         let mut claimed: HashMap<u32, u64> = HashMap::new();
-        for (&ino, need) in files.iter().zip(needs) {
+        for (&ino, (need, dirty)) in files.iter().zip(needs) {
             self.fetch_mode_record(io, ino)?;
-            if need == 0 {
+            // Pages over blocks it has make unwritten ones written, which splits extents: the
+            // tree may take a block even when no data block is allocated.
+            if need == 0 && !dirty {
                 let (nr, _) = self.inode_location(ino)?;
                 self.load(io, nr)?;
                 continue;
@@ -88,6 +95,7 @@ impl Meta {
             }
             let map = self.shared_extent_map(io, ino, &inode)?;
             let goal = inode_goal(&map, self, ino);
+            let need = need.max(1);
             let before = claimed.entry(self.search_start(goal).1).or_default();
             let ahead = *before;
             *before += need;
