@@ -71,11 +71,54 @@ pub(crate) struct NameCache {
     /// Directory indexes published for lookups (see the module documentation).
     dirs: RwLock<HashMap<u32, Arc<DirIndex>>>,
     /// Extended attributes published for reads (see the module documentation).
-    xattrs: RwLock<HashMap<u32, Arc<[Xattr]>>>,
+    xattrs: PerInode<[Xattr], MAX_PUBLISHED_XATTR_SETS, MAX_PUBLISHED_XATTR_BYTES>,
     /// Symbolic links' targets published for `readlink` without the metadata lock: a target
     /// never changes while its inode lives, and is withdrawn when the inode is freed or made
     /// anew (`Meta::forget_inode_entirely`).
-    targets: RwLock<HashMap<u32, Arc<[u8]>>>,
+    targets: PerInode<[u8], MAX_PUBLISHED_TARGETS, MAX_PUBLISHED_TARGET_BYTES>,
+}
+
+/// Values published per inode for reads without the metadata lock (published and withdrawn
+/// under it): at most `MAX` inodes' (the table is emptied when full), each of at most
+/// `MAX_BYTES` bytes, which bounds the table's memory.
+struct PerInode<T: ?Sized, const MAX: usize, const MAX_BYTES: usize>(RwLock<HashMap<u32, Arc<T>>>);
+
+impl<T: ?Sized, const MAX: usize, const MAX_BYTES: usize> Default for PerInode<T, MAX, MAX_BYTES> {
+    fn default() -> Self {
+        PerInode(RwLock::new(HashMap::new()))
+    }
+}
+
+impl<T: ?Sized, const MAX: usize, const MAX_BYTES: usize> PerInode<T, MAX, MAX_BYTES> {
+    /// Publishes the value of `ino`, `bytes` long, made by `value`, unless it is too long or
+    /// published already.
+    fn publish(&self, ino: u32, bytes: usize, value: impl FnOnce() -> Arc<T>) {
+        if bytes > MAX_BYTES || self.0.read().contains_key(&ino) {
+            return;
+        }
+        let mut t = self.0.write();
+        if t.len() >= MAX {
+            t.clear();
+        }
+        t.insert(ino, value());
+    }
+
+    /// The published value of `ino`, if any.
+    fn get(&self, ino: u32) -> Option<Arc<T>> {
+        self.0.read().get(&ino).cloned()
+    }
+
+    /// Withdraws the published value of `ino`.
+    fn withdraw(&self, ino: u32) {
+        if self.0.read().contains_key(&ino) {
+            self.0.write().remove(&ino);
+        }
+    }
+
+    /// Withdraws every published value.
+    fn clear(&self) {
+        self.0.write().clear();
+    }
 }
 
 /// Published directory indexes kept at most; the table is emptied when it passes this.
@@ -210,61 +253,44 @@ impl NameCache {
         self.attrs.write().clear();
         *self.names.write() = Names::default();
         self.dirs.write().clear();
-        self.xattrs.write().clear();
-        self.targets.write().clear();
+        self.xattrs.clear();
+        self.targets.clear();
     }
 
     /// Publishes `target`, the target of symbolic link `ino`, for `readlink` without the
     /// metadata lock (under that lock, from what it just read), unless it is long.
     pub fn publish_target(&self, ino: u32, target: &[u8]) {
-        if target.len() > MAX_PUBLISHED_TARGET_BYTES || self.targets.read().contains_key(&ino) {
-            return;
-        }
-        let mut t = self.targets.write();
-        if t.len() >= MAX_PUBLISHED_TARGETS {
-            t.clear();
-        }
-        t.insert(ino, Arc::from(target));
+        self.targets
+            .publish(ino, target.len(), || Arc::from(target));
     }
 
     /// The published target of symbolic link `ino`, if any.
     pub fn target(&self, ino: u32) -> Option<Arc<[u8]>> {
-        self.targets.read().get(&ino).cloned()
+        self.targets.get(ino)
     }
 
     /// Withdraws the published target of `ino`: the inode is freed or made (under the
     /// metadata lock).
     pub fn withdraw_target(&self, ino: u32) {
-        if self.targets.read().contains_key(&ino) {
-            self.targets.write().remove(&ino);
-        }
+        self.targets.withdraw(ino);
     }
 
     /// Publishes `attrs`, the current extended attributes of `ino`, for reads without the
     /// metadata lock (under that lock, from what it just read), unless they are large.
     pub fn publish_xattrs(&self, ino: u32, attrs: &[Xattr]) {
         let bytes: usize = attrs.iter().map(|a| a.name.len() + a.value.len()).sum();
-        if bytes > MAX_PUBLISHED_XATTR_BYTES || self.xattrs.read().contains_key(&ino) {
-            return;
-        }
-        let mut x = self.xattrs.write();
-        if x.len() >= MAX_PUBLISHED_XATTR_SETS {
-            x.clear();
-        }
-        x.insert(ino, Arc::from(attrs));
+        self.xattrs.publish(ino, bytes, || Arc::from(attrs));
     }
 
     /// The published extended attributes of `ino`, if any.
     pub fn xattrs(&self, ino: u32) -> Option<Arc<[Xattr]>> {
-        self.xattrs.read().get(&ino).cloned()
+        self.xattrs.get(ino)
     }
 
     /// Withdraws the published extended attributes of `ino`: they are about to change, or
     /// the inode is freed or made (under the metadata lock).
     pub fn withdraw_xattrs(&self, ino: u32) {
-        if self.xattrs.read().contains_key(&ino) {
-            self.xattrs.write().remove(&ino);
-        }
+        self.xattrs.withdraw(ino);
     }
 
     /// Publishes `idx`, the current name index of directory `dir`, for lookups without the
