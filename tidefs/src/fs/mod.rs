@@ -846,9 +846,7 @@ impl Fs {
                     m.run_op_within(Some(bound), |m| f(m, &inner.io))
                         .unwrap_or_else(|| {
                             too_big = Some(m.has_uncommitted_changes());
-                            Err(FsError::Invalid(
-                                "operation larger than one journal transaction",
-                            ))
+                            Err(log_credits::too_large())
                         })
                 })?;
                 if write && matches!(r, Err(FsError::ReadOnly)) {
