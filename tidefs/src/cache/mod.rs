@@ -225,6 +225,11 @@ impl BlockCache {
         }
     }
 
+    /// About how many clean blocks the cache holds at most.
+    pub fn capacity(&self) -> usize {
+        self.max_blocks
+    }
+
     /// Whether block `nr` is cached.
     pub fn contains(&self, nr: u64) -> bool {
         self.blocks.contains_key(&nr)

@@ -479,6 +479,10 @@ pub struct Stats {
     /// avoids (docs/DESIGN.md §4.1).
     #[cfg_attr(feature = "serde", serde(default))]
     pub stops_after_change: u64,
+    /// Device reads operations made under the metadata lock: those past the rounds of reads
+    /// without it one operation may take (docs/DESIGN.md §2.5).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub reads_under_lock: u64,
     /// Operations that failed after changing cached metadata, and were taken back, for
     /// another cause than a device read: a failure found only half-way (space, a check), an
     /// I/O error or corruption (an operation taken back for making its transaction too large

@@ -11,9 +11,16 @@
 //! A fetched block is used only while it is still the newest copy: the cache did not hold it
 //! when its read was planned, and its removal stamp (`BlockCache::removal_stamp`) has not
 //! moved since; otherwise it is read again. After [`MAX_DEFERRED_ROUNDS`] reads for one
-//! operation the rest are done under the lock, so an operation always ends.
+//! operation the rest are done under the lock, so an operation always ends; they are counted
+//! (`Stats::reads_under_lock`).
 //!
-//! This module owns the bookkeeping; `Meta::read_home` is where it is used.
+//! An operation that knows which blocks it will read, before it has changed anything, asks
+//! for all those missing at once (`Meta::prefetch`, up to [`MAX_BATCH`]): the first lookup in
+//! a large directory whose blocks left the caches reads them in one stop, contiguous runs in
+//! one device read each, instead of one stop per block and the rest under the lock.
+//!
+//! This module owns the bookkeeping; `Meta::read_home` and `Meta::prefetch` are where it is
+//! used.
 
 use std::collections::HashMap;
 
@@ -23,6 +30,10 @@ use crate::{FsError, Result};
 /// An operation usually misses a handful of blocks (an inode-table block, a directory block,
 /// a bitmap, an extent leaf); a long cold walk finishes under the lock.
 pub(crate) const MAX_DEFERRED_ROUNDS: u32 = 16;
+
+/// Blocks one stop may ask for at once (4 MiB of 4 KiB blocks): what an operation holds
+/// fetched stays bounded, and a larger walk takes several stops.
+pub(crate) const MAX_BATCH: usize = 1024;
 
 /// A block read without the lock, with the removal stamp it had when the read was planned.
 struct Fetched {
@@ -39,6 +50,16 @@ impl FetchedBlocks {
     pub fn insert(&mut self, nr: u64, stamp: u64, bytes: Box<[u8]>) {
         self.0.insert(nr, Fetched { stamp, bytes });
     }
+
+    /// Every fetched block with its removal stamp at the read's planning.
+    pub fn into_blocks(self) -> impl Iterator<Item = (u64, u64, Box<[u8]>)> {
+        self.0.into_iter().map(|(nr, f)| (nr, f.stamp, f.bytes))
+    }
+
+    /// Whether block `nr` was fetched and is still current at removal stamp `stamp`.
+    fn current(&self, nr: u64, stamp: u64) -> bool {
+        self.0.get(&nr).is_some_and(|f| f.stamp == stamp)
+    }
 }
 
 /// Whether and how the running operation reads the device (see the module comment).
@@ -47,9 +68,14 @@ pub(crate) struct DeferredReads {
     /// Reads are deferred: the operation runs inside `Inner::lock_meta_reading`. Otherwise
     /// (mount, unmount, lightweight frees after a commit) `Meta` reads the device itself.
     active: bool,
+    /// An operation of `Inner::lock_meta_reading` runs, deferring or not.
+    running: bool,
+    /// Device reads operations made under the lock (past their rounds without it), not yet
+    /// moved into the file system's counters.
+    under_lock: u64,
     fetched: FetchedBlocks,
-    /// The block the operation asked for, if it stopped for one.
-    wanted: Option<u64>,
+    /// The blocks the operation asked for, if it stopped for some.
+    wanted: Vec<u64>,
     /// The operation had changed cached metadata when it asked (its run's changes are taken
     /// back and made again).
     after_change: bool,
@@ -60,21 +86,56 @@ impl DeferredReads {
     /// and the blocks in `fetched` serve them.
     pub fn begin(&mut self, fetched: FetchedBlocks, defer: bool) {
         self.active = defer;
+        self.running = true;
         self.fetched = fetched;
-        self.wanted = None;
+        self.wanted.clear();
         self.after_change = false;
     }
 
-    /// The operation ended: the block it asked for, if any, and the fetched blocks (for its
-    /// next run). Reads are done directly again.
-    pub fn end(&mut self) -> (Option<u64>, FetchedBlocks) {
+    /// The operation ended: the blocks it asked for (none if it did not stop), and the
+    /// fetched blocks (for its next run). Reads are done directly again.
+    pub fn end(&mut self) -> (Vec<u64>, FetchedBlocks) {
         self.active = false;
-        (self.wanted.take(), std::mem::take(&mut self.fetched))
+        self.running = false;
+        (
+            std::mem::take(&mut self.wanted),
+            std::mem::take(&mut self.fetched),
+        )
     }
 
     /// The operation asked for a block: whatever it did must be taken back.
     pub fn stopped(&self) -> bool {
-        self.wanted.is_some()
+        !self.wanted.is_empty()
+    }
+
+    /// Reads are deferred: an operation may ask for blocks ([`DeferredReads::want_all`]).
+    pub fn deferring(&self) -> bool {
+        self.active
+    }
+
+    /// Of `blocks` (with their removal stamps now), the first `limit` (at most
+    /// [`MAX_BATCH`]) not fetched or fetched but no longer current: what a stop must read.
+    pub fn missing(&self, blocks: impl IntoIterator<Item = (u64, u64)>, limit: usize) -> Vec<u64> {
+        blocks
+            .into_iter()
+            .filter(|&(nr, stamp)| !self.fetched.current(nr, stamp))
+            .map(|(nr, _)| nr)
+            .take(limit.min(MAX_BATCH))
+            .collect()
+    }
+
+    /// The operation, which has changed nothing yet, asks for `blocks` at once: it stops
+    /// with the returned error, and runs again once they are read.
+    pub fn want_all(&mut self, blocks: Vec<u64>) -> FsError {
+        debug_assert!(self.active && !blocks.is_empty());
+        self.wanted = blocks;
+        self.after_change = false;
+        deferred()
+    }
+
+    /// The device reads made under the lock since the last call.
+    pub fn take_under_lock(&mut self) -> u64 {
+        std::mem::take(&mut self.under_lock)
     }
 
     /// The last run stopped for a block after it had changed cached metadata (kept after
@@ -89,12 +150,15 @@ impl DeferredReads {
     /// current, or an error after asking for the block.
     pub fn home_copy(&mut self, nr: u64, stamp: u64, changed: bool) -> Option<Result<Box<[u8]>>> {
         if !self.active {
+            if self.running {
+                self.under_lock += 1;
+            }
             return None;
         }
         match self.fetched.0.get(&nr) {
             Some(f) if f.stamp == stamp => Some(Ok(f.bytes.clone())),
             _ => {
-                self.wanted = Some(nr);
+                self.wanted = vec![nr];
                 self.after_change = changed;
                 Some(Err(deferred()))
             }
@@ -128,7 +192,7 @@ mod tests {
         assert!(matches!(r.home_copy(7, 0, false), Some(Err(_))));
         assert!(r.stopped());
         let (wanted, mut fetched) = r.end();
-        assert_eq!(wanted, Some(7));
+        assert_eq!(wanted, [7]);
         fetched.insert(7, 3, vec![1u8; 8].into_boxed_slice());
         r.begin(fetched, true);
         assert_eq!(&r.home_copy(7, 3, false).unwrap().unwrap()[..], &[1u8; 8]);
@@ -137,6 +201,35 @@ mod tests {
             matches!(r.home_copy(7, 4, false), Some(Err(_))),
             "stale: read again"
         );
-        assert_eq!(r.end().0, Some(7));
+        assert_eq!(r.end().0, [7]);
+    }
+
+    /// Goal: a batch asks only for the blocks not fetched or no longer current, and the
+    /// reads made under the lock (past the rounds without it) are counted, those of mount
+    /// and unmount (no operation running) not.
+    #[test]
+    fn batches_skip_current_blocks_and_reads_under_the_lock_are_counted() {
+        let mut fetched = FetchedBlocks::default();
+        fetched.insert(1, 5, vec![0u8; 8].into_boxed_slice());
+        fetched.insert(2, 5, vec![0u8; 8].into_boxed_slice());
+        let mut r = DeferredReads::default();
+        r.begin(fetched, true);
+        assert_eq!(r.missing([(1, 5), (2, 6), (3, 0)], 10), [2, 3]);
+        assert_eq!(r.missing([(1, 5), (2, 6), (3, 0)], 1), [2]);
+        let many = (0..5000).map(|nr| (nr + 10, 0));
+        assert_eq!(r.missing(many, usize::MAX).len(), MAX_BATCH);
+        let _ = r.want_all(vec![2, 3]);
+        assert!(r.stopped() && !r.stopped_after_change());
+        assert_eq!(r.end().0, [2, 3]);
+        assert!(
+            r.home_copy(9, 0, false).is_none(),
+            "no operation: not counted"
+        );
+        r.begin(FetchedBlocks::default(), false);
+        assert!(r.home_copy(9, 0, false).is_none());
+        assert!(r.home_copy(10, 0, false).is_none());
+        r.end();
+        assert_eq!(r.take_under_lock(), 2);
+        assert_eq!(r.take_under_lock(), 0);
     }
 }

@@ -44,9 +44,14 @@ pub(crate) struct TreeSource<'a> {
     pub layout: &'a Layout,
     /// Most tree blocks to visit (a bound on the work a corrupt tree can cause).
     pub max_nodes: u64,
-    /// Reads one tree block.
-    pub read: &'a mut dyn FnMut(u64) -> Result<Vec<u8>>,
+    /// Reads one tree block; with the first child of an index node come all its children's
+    /// blocks (the second argument, empty otherwise), which the reader may fetch at once.
+    pub read: &'a mut TreeRead<'a>,
 }
+
+/// How [`TreeSource`] reads a tree block: its number, and the blocks that may be fetched with
+/// it.
+pub(crate) type TreeRead<'a> = dyn FnMut(u64, &[u64]) -> Result<Vec<u8>> + 'a;
 
 /// One node still to visit: its bytes, its block (0 for the root), the depth its parent
 /// expects (`None` for the root) and the logical range `[lo, hi)` its parent gives it.
@@ -148,7 +153,7 @@ fn walk_nodes(
                 if entries.is_empty() {
                     return Err(bad(format!("extent index node of depth {depth} is empty")));
                 }
-                let mut children = Vec::with_capacity(entries.len());
+                let mut ranges = Vec::with_capacity(entries.len());
                 for (k, e) in entries.iter().enumerate() {
                     let lo = u64::from(e.logical);
                     let hi = entries
@@ -174,16 +179,22 @@ fn walk_nodes(
                     if seen.len() as u64 > source.max_nodes {
                         return Err(bad("extent tree too large".into()));
                     }
-                    let blk = (source.read)(e.child)?;
+                    ranges.push((e.child, lo, hi));
+                }
+                let blocks: Vec<u64> = ranges.iter().map(|r| r.0).collect();
+                let mut children = Vec::with_capacity(ranges.len());
+                for (k, (child, lo, hi)) in ranges.into_iter().enumerate() {
+                    let together = if k == 0 { &blocks[..] } else { &[] };
+                    let blk = (source.read)(child, together)?;
                     if let Some(s) = source.seed {
                         verify_tail_checksum(&blk, s)
-                            .map_err(|c| bad(format!("block {}: {}", e.child, c.what)))?;
+                            .map_err(|c| bad(format!("block {child}: {}", c.what)))?;
                     }
-                    let child = parse_node(&blk)
-                        .map_err(|c| bad(format!("block {}: {}", e.child, c.what)))?;
+                    let node =
+                        parse_node(&blk).map_err(|c| bad(format!("block {child}: {}", c.what)))?;
                     children.push(Pending {
-                        node: child,
-                        block: e.child,
+                        node,
+                        block: child,
                         depth: Some(depth - 1),
                         lo,
                         hi,
@@ -220,7 +231,12 @@ impl ExtentMap {
             .map(|s| inode_csum_seed(s, ino, inode.generation()));
         let layout = meta.layout.clone();
         let max_nodes = meta.geo.blocks_count.min(1_000_000);
-        let mut read = |nr: u64| -> Result<Vec<u8>> { Ok(meta.block(io, nr)?.to_vec()) };
+        // The children of an index node are fetched together (`Meta::prefetch`): a cold tree
+        // costs a stop per level, not one per block.
+        let mut read = |nr: u64, together: &[u64]| -> Result<Vec<u8>> {
+            meta.prefetch(io, together.iter().copied())?;
+            Ok(meta.block(io, nr)?.to_vec())
+        };
         let mut source = TreeSource {
             seed,
             layout: &layout,

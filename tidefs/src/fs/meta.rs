@@ -214,6 +214,42 @@ pub(crate) fn read_block(io: &Io, nr: u64, bs: usize) -> Result<Box<[u8]>> {
     Ok(buf)
 }
 
+/// The longest run of blocks [`read_blocks`] reads with one device read (1 MiB of 4 KiB
+/// blocks).
+const MAX_READ_RUN: usize = 256;
+
+/// A block read by [`read_blocks`]: its number, its tag, its bytes.
+pub(crate) type TaggedBlock = (u64, u64, Box<[u8]>);
+
+/// Reads the blocks of `wanted` (block numbers with a tag each, the tag handed back with the
+/// block) from the fs device, in order of block number, each run of consecutive blocks with
+/// one read of at most [`MAX_READ_RUN`] blocks.
+pub(crate) fn read_blocks(
+    io: &Io,
+    mut wanted: Vec<(u64, u64)>,
+    bs: usize,
+) -> Result<Vec<TaggedBlock>> {
+    wanted.sort_unstable();
+    wanted.dedup_by_key(|w| w.0);
+    let mut out = Vec::with_capacity(wanted.len());
+    let mut rest = &wanted[..];
+    while let Some(&(first, _)) = rest.first() {
+        let run = rest
+            .iter()
+            .take(MAX_READ_RUN)
+            .enumerate()
+            .take_while(|&(k, &(nr, _))| nr == first + k as u64)
+            .count();
+        let mut buf = vec![0u8; run * bs];
+        io.dev.read_at(first * bs as u64, &mut buf)?;
+        for (&(nr, tag), bytes) in rest[..run].iter().zip(buf.chunks_exact(bs)) {
+            out.push((nr, tag, bytes.into()));
+        }
+        rest = &rest[run..];
+    }
+    Ok(out)
+}
+
 impl Meta {
     /// Loads block `nr` into the cache (newest committed journal copy first, else home).
     pub fn load(&mut self, io: &Io, nr: u64) -> Result<()> {
@@ -251,6 +287,64 @@ impl Meta {
             return r;
         }
         read_block(io, nr, self.geo.bs())
+    }
+
+    /// Inside an operation whose device reads are deferred and which has changed nothing yet,
+    /// asks for every block of `blocks` held in no memory copy (cache, commit in flight,
+    /// journal, blocks already fetched) at once, up to `deferred_reads::MAX_BATCH` and half
+    /// the cache's capacity (what is fetched is held in memory beside the cache): the
+    /// operation stops and runs again with them at hand, one stop where reading them as they
+    /// are used would take one each (`fs/deferred_reads.rs`). Anywhere else, or when at most
+    /// one block is missing, does nothing: they are read as they are used.
+    pub fn prefetch(&mut self, io: &Io, blocks: impl IntoIterator<Item = u64>) -> Result<()> {
+        if !self.reads.deferring() || self.op_undo.is_some() && self.cache.undo_has_changes() {
+            return Ok(());
+        }
+        let count = self.geo.blocks_count;
+        let candidates: Vec<(u64, u64)> = blocks
+            .into_iter()
+            .filter(|&nr| nr < count && !self.in_memory(io, nr))
+            .map(|nr| (nr, self.cache.removal_stamp(nr)))
+            .collect();
+        let missing = self.reads.missing(candidates, self.cache.capacity() / 2);
+        if missing.len() < 2 {
+            return Ok(());
+        }
+        Err(self.reads.want_all(missing))
+    }
+
+    /// Read-ahead for a walk through `blocks` from the first on: when one of the first
+    /// `window` blocks is in no memory copy, [`Meta::prefetch`] of the `window` blocks from
+    /// it. A walk whose next `window` blocks are at hand does not stop, so it stops about once
+    /// per window, not each time it moves on.
+    pub fn read_ahead(&mut self, io: &Io, blocks: &[u64], window: usize) -> Result<()> {
+        let near = &blocks[..blocks.len().min(window)];
+        let Some(from) = near.iter().position(|&nr| !self.in_memory(io, nr)) else {
+            return Ok(());
+        };
+        let end = blocks.len().min(from + window);
+        self.prefetch(io, blocks[from..end].iter().copied())
+    }
+
+    /// Whether a copy of block `nr` newer than or as new as its home location is in memory:
+    /// cached, in the commit in flight, or in the journal waiting for checkpoint.
+    fn in_memory(&self, io: &Io, nr: u64) -> bool {
+        self.cache.contains(nr)
+            || self.committing.contains_key(&nr)
+            || io.journal.pending(nr).is_some()
+    }
+
+    /// Blocks an operation fetched without the lock and did not use (read ahead by
+    /// [`Meta::prefetch`]) join the cache as clean blocks, those still current: no memory
+    /// holds a copy and none left the cache since their read was planned. (A stale copy of a
+    /// block freed meanwhile is harmless: allocation drops any cached copy of the blocks it
+    /// hands out.)
+    pub fn keep_fetched(&mut self, io: &Io, fetched: super::deferred_reads::FetchedBlocks) {
+        for (nr, stamp, bytes) in fetched.into_blocks() {
+            if self.cache.removal_stamp(nr) == stamp && !self.in_memory(io, nr) {
+                self.cache.insert(nr, bytes);
+            }
+        }
     }
 
     /// Block `nr` of file data joins the running transaction with content `bytes`, of which

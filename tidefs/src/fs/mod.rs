@@ -103,6 +103,8 @@ struct Counters {
     /// Operations stopped for a device read, and those of them that had changed metadata.
     deferred_reads: AtomicU64,
     stops_after_change: AtomicU64,
+    /// Device reads made under the metadata lock by operations past their rounds without it.
+    reads_under_lock: AtomicU64,
     /// Operations taken back after a change for another cause (`Meta::undone_after_change`).
     undone_after_change: AtomicU64,
     /// Operations and commit closes that took the metadata lock (`Inner::lock_meta_reading`).
@@ -425,7 +427,7 @@ fn journal_extents(
     let ino = sb.journal_inum();
     let bs = u64::from(geo.block_size);
     let layout = Layout::build(geo.first_data_block, geo.blocks_count, geo.sb_copy_runs(sb))?;
-    let mut read = |nr: u64| -> Result<Vec<u8>> {
+    let mut read = |nr: u64, _: &[u64]| -> Result<Vec<u8>> {
         let mut b = vec![0u8; geo.bs()];
         // The walk checked `nr` against the layout: below blocks_count, so the offset fits.
         dev.read_at(nr * bs, &mut b)?;
@@ -1752,6 +1754,7 @@ impl Fs {
             compact_commits: j.compact_commits,
             flushes: self.inner.io.flushes(&j),
             deferred_reads: c.deferred_reads.load(Ordering::Relaxed),
+            reads_under_lock: c.reads_under_lock.load(Ordering::Relaxed),
             metadata_locked: c.metadata_locked.load(Ordering::Relaxed),
             stops_after_change: c.stops_after_change.load(Ordering::Relaxed),
             undone_after_change: c.undone_after_change.load(Ordering::Relaxed),
@@ -2015,8 +2018,8 @@ impl Inner {
     }
 
     /// Locks the metadata and runs `f` with device reads deferred out of the lock
-    /// (`fs/deferred_reads.rs`): whenever `f` stops for a block, the lock is released, the
-    /// block is read and `f` runs again; returns the lock with `f`'s result. `f` may run
+    /// (`fs/deferred_reads.rs`): whenever `f` stops for blocks, the lock is released, the
+    /// blocks are read and `f` runs again; returns the lock with `f`'s result. `f` may run
     /// several times, so it must leave nothing behind when it stops: whatever it changes in
     /// `Meta` it changes inside one operation (`Meta::run_op`, which takes it back), and it
     /// changes nothing outside `Meta` before its last read. An error reading the block is
@@ -2044,20 +2047,32 @@ impl Inner {
             self.take_credit_counts(&mut m.credits);
             let wanted;
             (wanted, fetched) = m.reads.end();
-            let Some(nr) = wanted else {
+            let under_lock = m.reads.take_under_lock();
+            if under_lock > 0 {
+                self.counters
+                    .reads_under_lock
+                    .fetch_add(under_lock, Ordering::Relaxed);
+            }
+            if wanted.is_empty() {
+                m.keep_fetched(&self.io, fetched);
                 return Ok((m, r));
-            };
+            }
             self.counters.deferred_reads.fetch_add(1, Ordering::Relaxed);
             if m.reads.stopped_after_change() {
                 self.counters
                     .stops_after_change
                     .fetch_add(1, Ordering::Relaxed);
             }
-            let stamp = m.cache.removal_stamp(nr);
+            let stamped: Vec<(u64, u64)> = wanted
+                .into_iter()
+                .map(|nr| (nr, m.cache.removal_stamp(nr)))
+                .collect();
             let bs = m.geo.bs();
             drop(m);
             rounds += 1;
-            fetched.insert(nr, stamp, meta::read_block(&self.io, nr, bs)?);
+            for (nr, stamp, bytes) in meta::read_blocks(&self.io, stamped, bs)? {
+                fetched.insert(nr, stamp, bytes);
+            }
         }
     }
 
