@@ -813,6 +813,29 @@ fn read_costs<T>(fs: &Fs, dev: &HeldReads, f: impl FnOnce() -> T) -> (T, u64, u6
     )
 }
 
+/// Names in the directory `/big` of [`big_directory`].
+const NAMES: u32 = 8_000;
+
+/// A 64 MiB image from the real `mkfs.ext4`, in memory, with a directory `/big` of [`NAMES`]
+/// names (about 40 blocks, written one after the other).
+fn big_directory(dir: &Path) -> Arc<MemDev> {
+    let mem = image_in_memory(dir, "big.img", 64, &[]);
+    let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+    let d = fs.mkdir(ROOT_INO, b"big", 0o755, Creds::ROOT).unwrap();
+    for k in 0..NAMES {
+        fs.create(
+            d.ino,
+            format!("entry-{k:06}").as_bytes(),
+            0o100644,
+            0,
+            Creds::ROOT,
+        )
+        .unwrap();
+    }
+    fs.unmount().unwrap();
+    mem
+}
+
 /// Goal: the first lookup in a large directory whose blocks left the caches reads them
 /// without the metadata lock in one stop, contiguous blocks with one device read, and a
 /// listing of it reads ahead a window at a time (docs/DESIGN.md §2.5, "Read-ahead"); both
@@ -826,23 +849,7 @@ fn a_cold_directory_is_read_in_batches_without_the_lock() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mem = image_in_memory(dir.path(), "ahead.img", 64, &[]);
-    const NAMES: u32 = 8_000;
-    {
-        let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
-        let d = fs.mkdir(ROOT_INO, b"big", 0o755, Creds::ROOT).unwrap();
-        for k in 0..NAMES {
-            fs.create(
-                d.ino,
-                format!("entry-{k:06}").as_bytes(),
-                0o100644,
-                0,
-                Creds::ROOT,
-            )
-            .unwrap();
-        }
-        fs.unmount().unwrap();
-    }
+    let mem = big_directory(dir.path());
     // Never armed: it only counts the reads.
     let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
     let fs = Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap();
@@ -928,4 +935,55 @@ fn the_leaves_of_a_cold_extent_tree_are_read_together() {
     }
     fs.unmount().unwrap();
     common::assert_mem_fsck_clean(&mem);
+}
+
+/// Goal: a block that cannot be read ahead does not fail an operation that does not need it:
+/// a listing's first batch succeeds though a block among the 32 it reads ahead is bad, and
+/// the listing fails with EIO only when it reaches that block; a lookup, which needs every
+/// block, fails with EIO; the rest of the file system still answers. Method: the physical
+/// block of `/big`'s block 20 from the real `debugfs` (`bmap`), made unreadable by the
+/// fault-injecting device.
+#[test]
+fn a_bad_block_read_ahead_fails_only_the_operations_that_need_it() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mem = big_directory(dir.path());
+    let copy = dir.path().join("copy.img");
+    std::fs::write(&copy, mem.to_bytes()).unwrap();
+    let bmap = common::run_ok("debugfs", &["-R", "bmap /big 20", copy.to_str().unwrap()]);
+    let bad: u64 = bmap
+        .trim()
+        .parse()
+        .expect("debugfs bmap prints a block number");
+    let dev = Arc::new(tidefs::dev::fault::FaultDev::new(mem.clone()));
+    dev.inject(tidefs::dev::fault::Fault::range(
+        tidefs::dev::fault::FaultOp::Read,
+        bad * 4096..(bad + 1) * 4096,
+    ));
+    let fs = Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap();
+    let big = fs.lookup(ROOT_INO, b"big").unwrap();
+    let mut first = Vec::new();
+    fs.readdir(big.ino, 0, &mut |e| {
+        first.push(e.name);
+        first.len() < 300
+    })
+    .expect("the first batch needs none of the bad block");
+    assert_eq!(first.len(), 300);
+    let mut listed = 0;
+    let all = fs.readdir(big.ino, 0, &mut |_| {
+        listed += 1;
+        true
+    });
+    assert!(matches!(all, Err(FsError::Io(_))), "{all:?}");
+    assert!(
+        listed > 300,
+        "the listing failed before the bad block ({listed} names)"
+    );
+    let found = fs.lookup(big.ino, b"entry-000001");
+    assert!(matches!(found, Err(FsError::Io(_))), "{found:?}");
+    fs.create(ROOT_INO, b"still", 0o100644, 0, Creds::ROOT)
+        .unwrap();
+    fs.unmount().unwrap();
 }

@@ -24,10 +24,12 @@
 //!   change to it is a small range even on a cache miss.
 //!
 //! - every removal of a cached block (eviction, `forget`, a rollback dropping a block the
-//!   operation added) bumps the removal stamp of the block's bucket (`removal_stamp`): a
-//!   block read from its home location without the lock is still current when it is used if
-//!   the cache did not hold it then and its stamp has not moved since the read was planned,
-//!   since any newer version would have been in the cache and left it (docs/DESIGN.md §2.5).
+//!   operation added), every `forget` of a block (freed or handed out again, cached or not)
+//!   and `drop_clean` (all buckets) bump the removal stamp of the block's bucket
+//!   (`removal_stamp`): a block read from its home location without the lock is still
+//!   current when it is used if the cache did not hold it then and its stamp has not moved
+//!   since the read was planned, since any newer version would have been in the cache and
+//!   left it, and a block freed or reused meanwhile moved it too (docs/DESIGN.md §2.5).
 //!
 //! File data is cached separately (`fs/datacache.rs`); it joins this cache at commit in
 //! `journal` mode, where data blocks are logged like metadata (docs/DESIGN.md §2.3).
@@ -319,8 +321,13 @@ impl BlockCache {
     /// Drops block `nr`'s bytes, bumping its removal stamp if it was cached.
     fn remove(&mut self, nr: u64) {
         if self.blocks.remove(&nr).is_some() {
-            self.removals[nr as usize % REMOVAL_BUCKETS] += 1;
+            self.bump(nr);
         }
+    }
+
+    /// Moves the removal stamp of block `nr`'s bucket.
+    fn bump(&mut self, nr: u64) {
+        self.removals[nr as usize % REMOVAL_BUCKETS] += 1;
     }
 
     /// A number that changes whenever block `nr` leaves the cache (and sometimes when another
@@ -363,8 +370,12 @@ impl BlockCache {
         Some(b)
     }
 
-    /// Forgets a block (freed and about to be reused for something else).
+    /// Forgets a block (freed and about to be reused for something else). Its removal stamp
+    /// moves even when the cache holds nothing of it: a copy read from its home location
+    /// before is not its content any more (read-ahead keeps blocks no pointer led to,
+    /// `Meta::keep_fetched`).
     pub fn forget(&mut self, nr: u64) {
+        self.bump(nr);
         // Nothing to forget (a block just allocated is seldom cached): no undo entry either,
         // which for a run of millions of new blocks was most of the allocation's time.
         if !self.knows(nr) {
@@ -392,6 +403,11 @@ impl BlockCache {
     /// (sorted). A freed run of millions of blocks costs a walk over what the cache holds,
     /// not a lookup per block.
     pub fn forget_run(&mut self, first: u64, len: u64) -> Vec<u64> {
+        if len >= REMOVAL_BUCKETS as u64 {
+            self.removals.iter_mut().for_each(|s| *s += 1);
+        } else {
+            (first..first + len).for_each(|b| self.bump(b));
+        }
         let held = self.blocks.len()
             + self.dirty.len()
             + self.changed.len()
@@ -422,6 +438,8 @@ impl BlockCache {
     pub fn drop_clean(&mut self) {
         debug_assert!(self.undo.is_none(), "drop_clean inside an operation");
         self.drop_clean_blocks(usize::MAX);
+        // Reads planned before are not kept as read-ahead: the cache is cold.
+        self.removals.iter_mut().for_each(|s| *s += 1);
     }
 
     /// Number of dirty blocks in the running transaction.
@@ -509,8 +527,10 @@ mod tests {
     }
 
     /// Goal: a block's removal stamp moves whenever it leaves the cache (eviction, forget, a
-    /// rollback of the operation that added it) and not when it is loaded or changed, so a
-    /// read planned without the lock is never used after a newer copy came and went.
+    /// rollback of the operation that added it), is forgotten (freed or reused) though not
+    /// cached, or the cache is emptied, and not when it is loaded or changed, so a read
+    /// planned without the lock is never used, or kept as read-ahead, after a newer copy came
+    /// and went or the block changed hands.
     #[test]
     fn removal_stamps_move_when_a_block_leaves() {
         let mut c = BlockCache::new(64);
@@ -523,11 +543,22 @@ mod tests {
         let s1 = c.removal_stamp(5);
         assert_ne!(s1, s0, "forget");
         c.forget(5);
-        assert_eq!(
+        assert_ne!(
             c.removal_stamp(5),
             s1,
-            "forgetting an absent block removes nothing"
+            "forgetting an absent block: freed or reused"
         );
+        let s7 = c.removal_stamp(7);
+        c.forget_run(6, 3);
+        assert_ne!(c.removal_stamp(7), s7, "forgetting a run of absent blocks");
+        let s9 = c.removal_stamp(9);
+        c.drop_clean();
+        assert_ne!(
+            c.removal_stamp(9),
+            s9,
+            "every stamp moves when the cache is emptied"
+        );
+        let s1 = c.removal_stamp(5);
         c.begin_undo();
         c.insert_new(5, vec![0u8; 16].into_boxed_slice());
         c.rollback();

@@ -17,7 +17,11 @@
 //! An operation that knows which blocks it will read, before it has changed anything, asks
 //! for all those missing at once (`Meta::prefetch`, up to [`MAX_BATCH`]): the first lookup in
 //! a large directory whose blocks left the caches reads them in one stop, contiguous runs in
-//! one device read each, instead of one stop per block and the rest under the lock.
+//! one device read each, instead of one stop per block and the rest under the lock. Those
+//! blocks are not held for the operation: when the lock is taken again they join the buffer
+//! cache as clean blocks, those still current (`Meta::keep_read_ahead`), so what is read
+//! ahead stays within the cache's bound, and a block that fails to read is left out (the
+//! operation stops for it alone if it needs it, and then gets the error).
 //!
 //! This module owns the bookkeeping; `Meta::read_home` and `Meta::prefetch` are where it is
 //! used.
@@ -35,6 +39,14 @@ pub(crate) const MAX_DEFERRED_ROUNDS: u32 = 16;
 /// fetched stays bounded, and a larger walk takes several stops.
 pub(crate) const MAX_BATCH: usize = 1024;
 
+/// What a stopped operation asked for: blocks to read, for its own use or ahead of it.
+pub(crate) struct Wanted {
+    pub blocks: Vec<u64>,
+    /// Read ahead ([`DeferredReads::want_all`]): the blocks join the buffer cache when the
+    /// lock is taken again, and one that fails to read is left out.
+    pub ahead: bool,
+}
+
 /// A block read without the lock, with the removal stamp it had when the read was planned.
 struct Fetched {
     stamp: u64,
@@ -49,11 +61,6 @@ impl FetchedBlocks {
     /// Adds block `nr`, read after its read was planned at removal stamp `stamp`.
     pub fn insert(&mut self, nr: u64, stamp: u64, bytes: Box<[u8]>) {
         self.0.insert(nr, Fetched { stamp, bytes });
-    }
-
-    /// Every fetched block with its removal stamp at the read's planning.
-    pub fn into_blocks(self) -> impl Iterator<Item = (u64, u64, Box<[u8]>)> {
-        self.0.into_iter().map(|(nr, f)| (nr, f.stamp, f.bytes))
     }
 
     /// Whether block `nr` was fetched and is still current at removal stamp `stamp`.
@@ -76,6 +83,8 @@ pub(crate) struct DeferredReads {
     fetched: FetchedBlocks,
     /// The blocks the operation asked for, if it stopped for some.
     wanted: Vec<u64>,
+    /// They were asked for ahead of their use ([`DeferredReads::want_all`]).
+    ahead: bool,
     /// The operation had changed cached metadata when it asked (its run's changes are taken
     /// back and made again).
     after_change: bool,
@@ -89,18 +98,20 @@ impl DeferredReads {
         self.running = true;
         self.fetched = fetched;
         self.wanted.clear();
+        self.ahead = false;
         self.after_change = false;
     }
 
     /// The operation ended: the blocks it asked for (none if it did not stop), and the
     /// fetched blocks (for its next run). Reads are done directly again.
-    pub fn end(&mut self) -> (Vec<u64>, FetchedBlocks) {
+    pub fn end(&mut self) -> (Wanted, FetchedBlocks) {
         self.active = false;
         self.running = false;
-        (
-            std::mem::take(&mut self.wanted),
-            std::mem::take(&mut self.fetched),
-        )
+        let wanted = Wanted {
+            blocks: std::mem::take(&mut self.wanted),
+            ahead: self.ahead,
+        };
+        (wanted, std::mem::take(&mut self.fetched))
     }
 
     /// The operation asked for a block: whatever it did must be taken back.
@@ -114,7 +125,8 @@ impl DeferredReads {
     }
 
     /// Of `blocks` (with their removal stamps now), the first `limit` (at most
-    /// [`MAX_BATCH`]) not fetched or fetched but no longer current: what a stop must read.
+    /// [`MAX_BATCH`]) not fetched or fetched but no longer current: what a stop must read
+    /// ahead.
     pub fn missing(&self, blocks: impl IntoIterator<Item = (u64, u64)>, limit: usize) -> Vec<u64> {
         blocks
             .into_iter()
@@ -129,6 +141,7 @@ impl DeferredReads {
     pub fn want_all(&mut self, blocks: Vec<u64>) -> FsError {
         debug_assert!(self.active && !blocks.is_empty());
         self.wanted = blocks;
+        self.ahead = true;
         self.after_change = false;
         deferred()
     }
@@ -192,7 +205,8 @@ mod tests {
         assert!(matches!(r.home_copy(7, 0, false), Some(Err(_))));
         assert!(r.stopped());
         let (wanted, mut fetched) = r.end();
-        assert_eq!(wanted, [7]);
+        assert_eq!(wanted.blocks, [7]);
+        assert!(!wanted.ahead);
         fetched.insert(7, 3, vec![1u8; 8].into_boxed_slice());
         r.begin(fetched, true);
         assert_eq!(&r.home_copy(7, 3, false).unwrap().unwrap()[..], &[1u8; 8]);
@@ -201,7 +215,7 @@ mod tests {
             matches!(r.home_copy(7, 4, false), Some(Err(_))),
             "stale: read again"
         );
-        assert_eq!(r.end().0, [7]);
+        assert_eq!(r.end().0.blocks, [7]);
     }
 
     /// Goal: a batch asks only for the blocks not fetched or no longer current, and the
@@ -220,7 +234,9 @@ mod tests {
         assert_eq!(r.missing(many, usize::MAX).len(), MAX_BATCH);
         let _ = r.want_all(vec![2, 3]);
         assert!(r.stopped() && !r.stopped_after_change());
-        assert_eq!(r.end().0, [2, 3]);
+        let wanted = r.end().0;
+        assert_eq!(wanted.blocks, [2, 3]);
+        assert!(wanted.ahead);
         assert!(
             r.home_copy(9, 0, false).is_none(),
             "no operation: not counted"

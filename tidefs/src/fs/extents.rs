@@ -232,7 +232,7 @@ impl ExtentMap {
         let layout = meta.layout.clone();
         let max_nodes = meta.geo.blocks_count.min(1_000_000);
         // The children of an index node are fetched together (`Meta::prefetch`): a cold tree
-        // costs a stop per level, not one per block.
+        // costs a stop per index node, not one per block.
         let mut read = |nr: u64, together: &[u64]| -> Result<Vec<u8>> {
             meta.prefetch(io, together.iter().copied())?;
             Ok(meta.block(io, nr)?.to_vec())

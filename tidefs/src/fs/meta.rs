@@ -215,7 +215,7 @@ pub(crate) fn read_block(io: &Io, nr: u64, bs: usize) -> Result<Box<[u8]>> {
 }
 
 /// The longest run of blocks [`read_blocks`] reads with one device read (1 MiB of 4 KiB
-/// blocks).
+/// blocks, 16 MiB of 64 KiB ones).
 const MAX_READ_RUN: usize = 256;
 
 /// A block read by [`read_blocks`]: its number, its tag, its bytes.
@@ -223,11 +223,14 @@ pub(crate) type TaggedBlock = (u64, u64, Box<[u8]>);
 
 /// Reads the blocks of `wanted` (block numbers with a tag each, the tag handed back with the
 /// block) from the fs device, in order of block number, each run of consecutive blocks with
-/// one read of at most [`MAX_READ_RUN`] blocks.
+/// one read of at most [`MAX_READ_RUN`] blocks. A read that fails fails the call, unless the
+/// blocks are read `ahead` of their use: then each block of the run is tried alone, and
+/// those that fail are left out.
 pub(crate) fn read_blocks(
     io: &Io,
     mut wanted: Vec<(u64, u64)>,
     bs: usize,
+    ahead: bool,
 ) -> Result<Vec<TaggedBlock>> {
     wanted.sort_unstable();
     wanted.dedup_by_key(|w| w.0);
@@ -241,9 +244,20 @@ pub(crate) fn read_blocks(
             .take_while(|&(k, &(nr, _))| nr == first + k as u64)
             .count();
         let mut buf = vec![0u8; run * bs];
-        io.dev.read_at(first * bs as u64, &mut buf)?;
-        for (&(nr, tag), bytes) in rest[..run].iter().zip(buf.chunks_exact(bs)) {
-            out.push((nr, tag, bytes.into()));
+        match io.dev.read_at(first * bs as u64, &mut buf) {
+            Ok(()) => {
+                for (&(nr, tag), bytes) in rest[..run].iter().zip(buf.chunks_exact(bs)) {
+                    out.push((nr, tag, bytes.into()));
+                }
+            }
+            Err(e) if !ahead => return Err(e.into()),
+            Err(_) => {
+                for &(nr, tag) in &rest[..run] {
+                    if let Ok(bytes) = read_block(io, nr, bs) {
+                        out.push((nr, tag, bytes));
+                    }
+                }
+            }
         }
         rest = &rest[run..];
     }
@@ -291,13 +305,14 @@ impl Meta {
 
     /// Inside an operation whose device reads are deferred and which has changed nothing yet,
     /// asks for every block of `blocks` held in no memory copy (cache, commit in flight,
-    /// journal, blocks already fetched) at once, up to `deferred_reads::MAX_BATCH` and half
-    /// the cache's capacity (what is fetched is held in memory beside the cache): the
+    /// journal) at once, up to `deferred_reads::MAX_BATCH` and half the cache's capacity (they
+    /// join the cache before the operation runs again, [`Meta::keep_read_ahead`]): the
     /// operation stops and runs again with them at hand, one stop where reading them as they
     /// are used would take one each (`fs/deferred_reads.rs`). Anywhere else, or when at most
     /// one block is missing, does nothing: they are read as they are used.
     pub fn prefetch(&mut self, io: &Io, blocks: impl IntoIterator<Item = u64>) -> Result<()> {
-        if !self.reads.deferring() || self.op_undo.is_some() && self.cache.undo_has_changes() {
+        let changed = self.op_undo.as_ref().is_some_and(|u| self.changed_since(u));
+        if !self.reads.deferring() || changed {
             return Ok(());
         }
         let count = self.geo.blocks_count;
@@ -334,13 +349,14 @@ impl Meta {
             || io.journal.pending(nr).is_some()
     }
 
-    /// Blocks an operation fetched without the lock and did not use (read ahead by
-    /// [`Meta::prefetch`]) join the cache as clean blocks, those still current: no memory
-    /// holds a copy and none left the cache since their read was planned. (A stale copy of a
-    /// block freed meanwhile is harmless: allocation drops any cached copy of the blocks it
-    /// hands out.)
-    pub fn keep_fetched(&mut self, io: &Io, fetched: super::deferred_reads::FetchedBlocks) {
-        for (nr, stamp, bytes) in fetched.into_blocks() {
+    /// Blocks read ahead without the lock (asked for by [`Meta::prefetch`]) join the cache as
+    /// clean blocks, outside any operation, those still current: no memory holds a copy, and
+    /// their removal stamp has not moved since their read was planned, so none left the
+    /// cache, was freed or was handed out again meanwhile (`BlockCache::forget` moves it even
+    /// for a block it does not hold). A pointer led to each when it was asked for; none may
+    /// lead to it now, which is why the stamp must cover frees too.
+    pub fn keep_read_ahead(&mut self, io: &Io, blocks: Vec<TaggedBlock>) {
+        for (nr, stamp, bytes) in blocks {
             if self.cache.removal_stamp(nr) == stamp && !self.in_memory(io, nr) {
                 self.cache.insert(nr, bytes);
             }

@@ -2032,9 +2032,11 @@ impl Inner {
             .metadata_locked
             .fetch_add(1, Ordering::Relaxed);
         let mut fetched = deferred_reads::FetchedBlocks::default();
+        let mut ahead = Vec::new();
         let mut rounds = 0;
         loop {
             let mut m = self.meta.lock();
+            m.keep_read_ahead(&self.io, std::mem::take(&mut ahead));
             m.reads
                 .begin(fetched, rounds < deferred_reads::MAX_DEFERRED_ROUNDS);
             let r = f(&mut m);
@@ -2053,8 +2055,7 @@ impl Inner {
                     .reads_under_lock
                     .fetch_add(under_lock, Ordering::Relaxed);
             }
-            if wanted.is_empty() {
-                m.keep_fetched(&self.io, fetched);
+            if wanted.blocks.is_empty() {
                 return Ok((m, r));
             }
             self.counters.deferred_reads.fetch_add(1, Ordering::Relaxed);
@@ -2064,14 +2065,20 @@ impl Inner {
                     .fetch_add(1, Ordering::Relaxed);
             }
             let stamped: Vec<(u64, u64)> = wanted
+                .blocks
                 .into_iter()
                 .map(|nr| (nr, m.cache.removal_stamp(nr)))
                 .collect();
             let bs = m.geo.bs();
             drop(m);
             rounds += 1;
-            for (nr, stamp, bytes) in meta::read_blocks(&self.io, stamped, bs)? {
-                fetched.insert(nr, stamp, bytes);
+            let read = meta::read_blocks(&self.io, stamped, bs, wanted.ahead)?;
+            if wanted.ahead {
+                ahead = read;
+            } else {
+                for (nr, stamp, bytes) in read {
+                    fetched.insert(nr, stamp, bytes);
+                }
             }
         }
     }
@@ -2849,6 +2856,49 @@ mod tests {
         Some(Arc::new(
             Fs::open_devices(mem, None, &MountOptions::default()).unwrap(),
         ))
+    }
+
+    /// Goal: a block read ahead joins the cache only if nothing happened to it since its
+    /// read was planned: not when it was freed or handed out again meanwhile though the cache
+    /// never held it (then its bytes may be another file's data, which reads trust the cache
+    /// for), nor when the caches were emptied; and it does when its stamp held. Fails if
+    /// `BlockCache::forget` moves the stamp only of blocks it holds.
+    #[test]
+    fn read_ahead_is_kept_only_while_its_block_is_unchanged() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let io = &fs.inner.io;
+        let mut m = fs.inner.meta.lock();
+        // Blocks far from the metadata of the small image, cached by nobody.
+        let (a, b, c) = (
+            m.geo.blocks_count - 3,
+            m.geo.blocks_count - 2,
+            m.geo.blocks_count - 1,
+        );
+        let planned: Vec<(u64, u64)> = [a, b, c]
+            .into_iter()
+            .map(|nr| (nr, m.cache.removal_stamp(nr)))
+            .collect();
+        let bs = m.geo.bs();
+        let bytes = |nr: u64, stamp: u64| (nr, stamp, vec![7u8; bs].into_boxed_slice());
+        let read: Vec<meta::TaggedBlock> = planned.iter().map(|&(nr, s)| bytes(nr, s)).collect();
+        // While the read was out of the lock: `a` was freed, `b` handed out again.
+        m.cache.forget_run(a, 1);
+        m.cache.forget(b);
+        m.keep_read_ahead(io, read);
+        assert!(!m.cache.contains(a), "a block freed meanwhile was kept");
+        assert!(
+            !m.cache.contains(b),
+            "a block handed out meanwhile was kept"
+        );
+        assert!(m.cache.contains(c), "an unchanged block read ahead is kept");
+        m.cache.forget(c);
+        let stamp = m.cache.removal_stamp(c);
+        m.cache.drop_clean();
+        let read = vec![bytes(c, stamp)];
+        m.keep_read_ahead(io, read);
+        assert!(!m.cache.contains(c), "kept after the caches were emptied");
     }
 
     /// Marks the last `n` blocks of group 0's inode table (no inode in use in the small test
