@@ -610,7 +610,7 @@ pub fn requests_table(requests: &[(String, u64)]) -> String {
 
 /// The human form of the counters.
 pub fn stats_table(s: &tidefs::fs::Stats) -> String {
-    let rows: [(&str, String); 22] = [
+    let rows: [(&str, String); 23] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),
         ("commits", s.commits.to_string()),
@@ -631,6 +631,10 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("deferred_reads", s.deferred_reads.to_string()),
         ("stops_after_change", s.stops_after_change.to_string()),
         ("reads_under_lock", s.reads_under_lock.to_string()),
+        (
+            "dir_indexes_built_unlocked",
+            s.dir_indexes_built_unlocked.to_string(),
+        ),
         ("undone_after_change", s.undone_after_change.to_string()),
         ("journal_room_waits", s.journal_room_waits.to_string()),
         (

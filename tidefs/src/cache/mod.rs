@@ -24,12 +24,12 @@
 //!   change to it is a small range even on a cache miss.
 //!
 //! - every removal of a cached block (eviction, `forget`, a rollback dropping a block the
-//!   operation added), every `forget` of a block (freed or handed out again, cached or not)
-//!   and `drop_clean` (all buckets) bump the removal stamp of the block's bucket
-//!   (`removal_stamp`): a block read from its home location without the lock is still
-//!   current when it is used if the cache did not hold it then and its stamp has not moved
-//!   since the read was planned, since any newer version would have been in the cache and
-//!   left it, and a block freed or reused meanwhile moved it too (docs/DESIGN.md §2.5).
+//!   operation added), every free of a block (`forget_run`, cached or not) and `drop_clean`
+//!   (all buckets) bump the removal stamp of the block's bucket (`removal_stamp`): a block
+//!   read from its home location without the lock is still current when it is used if the
+//!   cache did not hold it then and its stamp has not moved since the read was planned,
+//!   since any newer version would have been in the cache and left it, and a block freed
+//!   meanwhile moved it too (docs/DESIGN.md §2.5).
 //!
 //! File data is cached separately (`fs/datacache.rs`); it joins this cache at commit in
 //! `journal` mode, where data blocks are logged like metadata (docs/DESIGN.md §2.3).
@@ -370,12 +370,8 @@ impl BlockCache {
         Some(b)
     }
 
-    /// Forgets a block (freed and about to be reused for something else). Its removal stamp
-    /// moves even when the cache holds nothing of it: a copy read from its home location
-    /// before is not its content any more (read-ahead keeps blocks no pointer led to,
-    /// `Meta::keep_fetched`).
+    /// Forgets a block (about to be reused for something else).
     pub fn forget(&mut self, nr: u64) {
-        self.bump(nr);
         // Nothing to forget (a block just allocated is seldom cached): no undo entry either,
         // which for a run of millions of new blocks was most of the allocation's time.
         if !self.knows(nr) {
@@ -403,6 +399,10 @@ impl BlockCache {
     /// (sorted). A freed run of millions of blocks costs a walk over what the cache holds,
     /// not a lookup per block.
     pub fn forget_run(&mut self, first: u64, len: u64) -> Vec<u64> {
+        // Freed: the stamps move even for blocks the cache holds nothing of, since a copy read
+        // from their home before is not their content any more once they are handed out
+        // again (read-ahead keeps blocks no current pointer led to, `Meta::keep_read_ahead`).
+        // Allocation hands out only blocks freed this way, so it need not move them again.
         if len >= REMOVAL_BUCKETS as u64 {
             self.removals.iter_mut().for_each(|s| *s += 1);
         } else {
@@ -543,14 +543,17 @@ mod tests {
         let s1 = c.removal_stamp(5);
         assert_ne!(s1, s0, "forget");
         c.forget(5);
-        assert_ne!(
+        assert_eq!(
             c.removal_stamp(5),
             s1,
-            "forgetting an absent block: freed or reused"
+            "handing out an absent block (freed before) removes nothing"
         );
         let s7 = c.removal_stamp(7);
         c.forget_run(6, 3);
-        assert_ne!(c.removal_stamp(7), s7, "forgetting a run of absent blocks");
+        assert_ne!(c.removal_stamp(7), s7, "freeing a run of absent blocks");
+        let s77 = c.removal_stamp(77);
+        c.forget_run(100_000, REMOVAL_BUCKETS as u64);
+        assert_ne!(c.removal_stamp(77), s77, "a long run moves every bucket");
         let s9 = c.removal_stamp(9);
         c.drop_clean();
         assert_ne!(

@@ -483,6 +483,12 @@ pub struct Stats {
     /// without it one operation may take (docs/DESIGN.md §2.5).
     #[cfg_attr(feature = "serde", serde(default))]
     pub reads_under_lock: u64,
+    /// Directory name indexes built without the metadata lock, while other operations ran,
+    /// and used: an operation that needs the index of a directory of 16 blocks or more before
+    /// its first change has it built so (docs/DESIGN.md §2.5); not counted, an index whose
+    /// directory changed meanwhile, built again under the lock.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub dir_indexes_built_unlocked: u64,
     /// Operations that failed after changing cached metadata, and were taken back, for
     /// another cause than a device read: a failure found only half-way (space, a check), an
     /// I/O error or corruption (an operation taken back for making its transaction too large

@@ -26,8 +26,9 @@
 //! This module owns the bookkeeping; `Meta::read_home` and `Meta::prefetch` are where it is
 //! used.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use super::dir_index::{BuiltIndex, DirBuild};
 use crate::{FsError, Result};
 
 /// Rounds of reads without the lock one operation may ask for before it reads under the lock.
@@ -39,12 +40,22 @@ pub(crate) const MAX_DEFERRED_ROUNDS: u32 = 16;
 /// fetched stays bounded, and a larger walk takes several stops.
 pub(crate) const MAX_BATCH: usize = 1024;
 
-/// What a stopped operation asked for: blocks to read, for its own use or ahead of it.
+/// What a stopped operation asked for: blocks to read, for its own use or ahead of it, or a
+/// directory index to build.
 pub(crate) struct Wanted {
     pub blocks: Vec<u64>,
     /// Read ahead ([`DeferredReads::want_all`]): the blocks join the buffer cache when the
     /// lock is taken again, and one that fails to read is left out.
     pub ahead: bool,
+    /// A directory index to build without the lock ([`DeferredReads::want_build`]).
+    pub build: Option<DirBuild>,
+}
+
+impl Wanted {
+    /// The operation did not stop.
+    pub fn nothing(&self) -> bool {
+        self.blocks.is_empty() && self.build.is_none()
+    }
 }
 
 /// A block read without the lock, with the removal stamp it had when the read was planned.
@@ -53,19 +64,38 @@ struct Fetched {
     bytes: Box<[u8]>,
 }
 
-/// Blocks read without the lock for one operation, kept across its runs.
+/// Blocks read without the lock for one operation, kept across its runs, and the blocks
+/// its read-ahead failed to read (not asked for ahead again).
 #[derive(Default)]
-pub(crate) struct FetchedBlocks(HashMap<u64, Fetched>);
+pub(crate) struct FetchedBlocks {
+    blocks: HashMap<u64, Fetched>,
+    failed_ahead: HashSet<u64>,
+    /// Directory indexes built without the lock, not taken yet.
+    built: Vec<BuiltIndex>,
+    /// Directories whose index the operation asked to build (once each).
+    build_asked: HashSet<u32>,
+}
 
 impl FetchedBlocks {
     /// Adds block `nr`, read after its read was planned at removal stamp `stamp`.
     pub fn insert(&mut self, nr: u64, stamp: u64, bytes: Box<[u8]>) {
-        self.0.insert(nr, Fetched { stamp, bytes });
+        self.blocks.insert(nr, Fetched { stamp, bytes });
+    }
+
+    /// Blocks read ahead failed to read: the operation stops for one of them alone if it
+    /// needs it.
+    pub fn failed_ahead(&mut self, blocks: impl IntoIterator<Item = u64>) {
+        self.failed_ahead.extend(blocks);
+    }
+
+    /// Adds an index built without the lock.
+    pub fn built(&mut self, built: BuiltIndex) {
+        self.built.push(built);
     }
 
     /// Whether block `nr` was fetched and is still current at removal stamp `stamp`.
     fn current(&self, nr: u64, stamp: u64) -> bool {
-        self.0.get(&nr).is_some_and(|f| f.stamp == stamp)
+        self.blocks.get(&nr).is_some_and(|f| f.stamp == stamp)
     }
 }
 
@@ -77,14 +107,18 @@ pub(crate) struct DeferredReads {
     active: bool,
     /// An operation of `Inner::lock_meta_reading` runs, deferring or not.
     running: bool,
-    /// Device reads operations made under the lock (past their rounds without it), not yet
-    /// moved into the file system's counters.
+    /// Device reads operations made under the lock (past their rounds without it), and
+    /// directory indexes built without the lock that operations took, not yet moved into the
+    /// file system's counters.
     under_lock: u64,
+    built_taken: u64,
     fetched: FetchedBlocks,
     /// The blocks the operation asked for, if it stopped for some.
     wanted: Vec<u64>,
     /// They were asked for ahead of their use ([`DeferredReads::want_all`]).
     ahead: bool,
+    /// The directory index the operation asked to build, if it stopped for that.
+    build: Option<DirBuild>,
     /// The operation had changed cached metadata when it asked (its run's changes are taken
     /// back and made again).
     after_change: bool,
@@ -99,6 +133,7 @@ impl DeferredReads {
         self.fetched = fetched;
         self.wanted.clear();
         self.ahead = false;
+        self.build = None;
         self.after_change = false;
     }
 
@@ -110,13 +145,14 @@ impl DeferredReads {
         let wanted = Wanted {
             blocks: std::mem::take(&mut self.wanted),
             ahead: self.ahead,
+            build: self.build.take(),
         };
         (wanted, std::mem::take(&mut self.fetched))
     }
 
     /// The operation asked for a block: whatever it did must be taken back.
     pub fn stopped(&self) -> bool {
-        !self.wanted.is_empty()
+        !self.wanted.is_empty() || self.build.is_some()
     }
 
     /// Reads are deferred: an operation may ask for blocks ([`DeferredReads::want_all`]).
@@ -125,12 +161,14 @@ impl DeferredReads {
     }
 
     /// Of `blocks` (with their removal stamps now), the first `limit` (at most
-    /// [`MAX_BATCH`]) not fetched or fetched but no longer current: what a stop must read
-    /// ahead.
+    /// [`MAX_BATCH`]) not fetched or fetched but no longer current, and not failed to read
+    /// ahead before: what a stop must read ahead.
     pub fn missing(&self, blocks: impl IntoIterator<Item = (u64, u64)>, limit: usize) -> Vec<u64> {
         blocks
             .into_iter()
-            .filter(|&(nr, stamp)| !self.fetched.current(nr, stamp))
+            .filter(|&(nr, stamp)| {
+                !self.fetched.current(nr, stamp) && !self.fetched.failed_ahead.contains(&nr)
+            })
             .map(|(nr, _)| nr)
             .take(limit.min(MAX_BATCH))
             .collect()
@@ -144,6 +182,40 @@ impl DeferredReads {
         self.ahead = true;
         self.after_change = false;
         deferred()
+    }
+
+    /// Whether the operation may ask for the index of directory `dir` to be built without
+    /// the lock: reads are deferred, and it has not asked for that directory before (an
+    /// index found stale is then built under the lock, so the operation ends).
+    pub fn may_build(&self, dir: u32) -> bool {
+        self.active && !self.fetched.build_asked.contains(&dir)
+    }
+
+    /// The operation, which has changed nothing yet, asks for a directory index to be built
+    /// without the lock: it stops with the returned error, and runs again with the index
+    /// at hand ([`DeferredReads::take_built`]).
+    pub fn want_build(&mut self, build: DirBuild) -> FsError {
+        debug_assert!(self.may_build(build.shape.dir));
+        self.fetched.build_asked.insert(build.shape.dir);
+        self.build = Some(build);
+        self.after_change = false;
+        deferred()
+    }
+
+    /// The index of directory `dir` built without the lock for this operation, if any.
+    pub fn take_built(&mut self, dir: u32) -> Option<BuiltIndex> {
+        let at = self.fetched.built.iter().position(|b| b.dir() == dir)?;
+        Some(self.fetched.built.swap_remove(at))
+    }
+
+    /// An index built without the lock was found current and used.
+    pub fn count_built_taken(&mut self) {
+        self.built_taken += 1;
+    }
+
+    /// The indexes built without the lock and used since the last call.
+    pub fn take_built_taken(&mut self) -> u64 {
+        std::mem::take(&mut self.built_taken)
     }
 
     /// The device reads made under the lock since the last call.
@@ -168,7 +240,7 @@ impl DeferredReads {
             }
             return None;
         }
-        match self.fetched.0.get(&nr) {
+        match self.fetched.blocks.get(&nr) {
             Some(f) if f.stamp == stamp => Some(Ok(f.bytes.clone())),
             _ => {
                 self.wanted = vec![nr];
@@ -226,9 +298,10 @@ mod tests {
         let mut fetched = FetchedBlocks::default();
         fetched.insert(1, 5, vec![0u8; 8].into_boxed_slice());
         fetched.insert(2, 5, vec![0u8; 8].into_boxed_slice());
+        fetched.failed_ahead([4]);
         let mut r = DeferredReads::default();
         r.begin(fetched, true);
-        assert_eq!(r.missing([(1, 5), (2, 6), (3, 0)], 10), [2, 3]);
+        assert_eq!(r.missing([(1, 5), (2, 6), (3, 0), (4, 0)], 10), [2, 3]);
         assert_eq!(r.missing([(1, 5), (2, 6), (3, 0)], 1), [2]);
         let many = (0..5000).map(|nr| (nr + 10, 0));
         assert_eq!(r.missing(many, usize::MAX).len(), MAX_BATCH);

@@ -11,39 +11,27 @@
 use std::sync::Arc;
 
 use crate::format::ext4::dirent::{
-    self, init_empty_block, is_index_block, parse_block, rec_size, records_end, set_tail_checksum,
-    verify_dx_checksum, verify_tail_checksum, write_record, DirRecord,
+    self, init_empty_block, is_index_block, rec_size, records_end, set_tail_checksum, write_record,
+    DirRecord,
 };
 use crate::format::ext4::inode::{flags, Inode};
 use crate::format::ext4::inode_csum_seed;
 use crate::{FsError, Result};
 
 use super::derived::Derived;
+use super::dir_index::{block_space, record_spare, spare, DirBuild, DirShape};
 pub(crate) use super::dir_index::{DirIndex, DirSlot};
 use super::extents::{inode_goal, ExtentMap};
 use super::log_credits::Reserve;
 use super::meta::{Io, Meta};
 
+/// Directories of at least this many blocks have their first index built without the
+/// metadata lock (`DirBuild`): a smaller one costs less to build than a stop.
+const BUILD_UNLOCKED_MIN: usize = 16;
+
 /// Blocks a listing reads ahead of its position (128 KiB of 4 KiB blocks): a cold directory
 /// is listed with a stop and a device read per this many blocks, not one per block.
 const READDIR_AHEAD: u32 = 32;
-
-fn block_space(recs: &[DirRecord]) -> usize {
-    recs.iter().map(record_spare).max().unwrap_or(0)
-}
-
-/// The room a new name could take in a record: all of an unused one, the tail of a used one.
-fn spare(inode: u32, rec_len: usize, name_len: usize) -> usize {
-    if inode == 0 {
-        rec_len
-    } else {
-        rec_len - rec_size(name_len)
-    }
-}
-
-fn record_spare(r: &DirRecord) -> usize {
-    spare(r.inode, r.rec_len, r.name.len())
-}
 
 /// [`block_space`] of a block after an edit that replaced the records at offsets `changed`
 /// with records whose spare room is `now`: computed from the records before the edit, so the
@@ -107,7 +95,19 @@ impl Meta {
         }
     }
 
-    /// Reads and parses block `lblk` of directory `dir`.
+    /// What checking and parsing the blocks of directory `dir` needs, with or without an
+    /// htree index (`indexed`), its inode being of generation `generation`.
+    fn dir_shape(&self, dir: u32, indexed: bool, generation: u32) -> DirShape {
+        DirShape {
+            dir,
+            indexed,
+            seed: self.dir_csum_seed(dir, generation),
+            first_ino: self.geo.first_ino,
+            inodes: u64::from(self.geo.inodes_per_group) * u64::from(self.geo.groups),
+        }
+    }
+
+    /// Reads and parses block `lblk` of directory `dir` ([`DirShape::parse`]).
     fn dir_block_records(
         &mut self,
         io: &Io,
@@ -117,51 +117,9 @@ impl Meta {
         indexed: bool,
         generation: u32,
     ) -> Result<Vec<DirRecord>> {
-        let bs = self.geo.bs();
-        let seed = self.dir_csum_seed(dir, generation);
+        let shape = self.dir_shape(dir, indexed, generation);
         let b = self.block(io, pblk)?;
-        let index_block = indexed && is_index_block(b, u64::from(lblk));
-        // With metadata_csum every block carries a checksum, as the kernel requires: a dx_tail
-        // in index blocks, a dirent tail in record blocks.
-        if let Some(s) = seed {
-            let checked = if index_block {
-                verify_dx_checksum(b, s)
-            } else {
-                verify_tail_checksum(b, s)
-            };
-            checked.map_err(|c| {
-                FsError::corrupt_inode(dir, format!("directory block {lblk} (block {pblk}): {c}"))
-            })?;
-        }
-        let end = if index_block || seed.is_none() {
-            bs
-        } else {
-            records_end(bs, true)
-        };
-        let mut recs = parse_block(b, end).map_err(|c| {
-            FsError::corrupt_inode(dir, format!("directory block {lblk} (block {pblk}): {c}"))
-        })?;
-        if index_block && lblk != 0 {
-            recs.clear();
-        }
-        // An entry names the root or an inode past the reserved ones (the journal, the resize
-        // inode and the others below `s_first_ino` are never in a directory): opened by
-        // name, the journal's inode would take writes.
-        if let Some(r) = recs.iter().find(|r| {
-            r.inode != 0
-                && (!self.geo.valid_ino(u64::from(r.inode))
-                    || (u64::from(r.inode) != super::api::ROOT_INO && r.inode < self.geo.first_ino))
-        }) {
-            return Err(FsError::corrupt_inode(
-                dir,
-                format!(
-                    "directory block {lblk} (block {pblk}): an entry names inode {}, which no \
-                     directory may hold",
-                    r.inode
-                ),
-            ));
-        }
-        Ok(recs)
+        Ok(shape.parse(lblk, pblk, b)?.0)
     }
 
     /// Physical block of directory block `lblk`, which must be mapped.
@@ -197,14 +155,14 @@ impl Meta {
         Ok(map.next_mapped(lblk).filter(|(l, _)| *l < nblocks))
     }
 
-    /// The physical blocks of directory `dir`'s mapped blocks in `lblks`, in logical order.
+    /// Directory `dir`'s mapped blocks in `lblks`, logical and physical, in logical order.
     fn dir_block_numbers(
         &mut self,
         io: &Io,
         dir: u32,
         inode: &Inode,
         lblks: std::ops::Range<u32>,
-    ) -> Result<Vec<u64>> {
+    ) -> Result<Vec<(u32, u64)>> {
         let map = self.extent_map(io, dir, inode)?;
         Ok(map
             .extents()
@@ -212,9 +170,8 @@ impl Meta {
             .filter(|e| e.logical_end() > u64::from(lblks.start) && e.logical < lblks.end)
             .flat_map(|e| {
                 let from = lblks.start.max(e.logical);
-                let to = u64::from(lblks.end).min(e.logical_end());
-                let skip = u64::from(from - e.logical);
-                e.physical + skip..e.physical + (to - u64::from(e.logical))
+                let to = lblks.end.min(e.logical.saturating_add(e.len));
+                (from..to).map(move |l| (l, e.physical + u64::from(l - e.logical)))
             })
             .collect())
     }
@@ -264,43 +221,51 @@ impl Meta {
 
     /// Builds the name index of `dir` unless it is cached.
     fn load_dir_index(&mut self, io: &Io, dir: u32) -> Result<()> {
-        if !self.derived.dirs.contains_key(&dir) {
-            let inode = self.read_inode(io, dir)?;
-            if !inode.is_dir() {
-                return Err(FsError::NotDir);
-            }
-            let indexed = inode.flags() & flags::INDEX != 0;
-            let generation = inode.generation();
-            let nblocks = self.dir_blocks(io, dir, &inode)?;
-            // Every block is parsed: those no memory holds are fetched at once.
-            let blocks = self.dir_block_numbers(io, dir, &inode, 0..nblocks)?;
-            self.prefetch(io, blocks)?;
-            let mut idx = DirIndex::new(indexed, nblocks as usize);
-            let mut next = 0;
-            while let Some((lblk, pblk)) = self.dir_next_block(io, dir, &inode, next, nblocks)? {
-                next = lblk + 1;
-                let recs = self.dir_block_records(io, dir, lblk, pblk, indexed, generation)?;
-                if indexed && is_index_block(self.block(io, pblk)?, u64::from(lblk)) {
-                    idx.index_blocks += 1;
-                }
-                idx.space[lblk as usize] = if indexed { 0 } else { block_space(&recs) };
-                for r in recs {
-                    if r.inode != 0 {
-                        idx.names.insert(
-                            r.name,
-                            DirSlot {
-                                ino: r.inode,
-                                file_type: r.file_type,
-                                lblk,
-                                offset: r.offset as u32,
-                            },
-                        );
-                    }
-                }
-            }
-            self.note_derived(Derived::DirIndex(dir));
-            self.derived.dirs.insert(dir, Arc::new(idx));
+        if self.derived.dirs.contains_key(&dir) {
+            return Ok(());
         }
+        let inode = self.read_inode(io, dir)?;
+        if !inode.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        let indexed = inode.flags() & flags::INDEX != 0;
+        let shape = self.dir_shape(dir, indexed, inode.generation());
+        let nblocks = self.dir_blocks(io, dir, &inode)?;
+        // Every block is parsed: those no memory holds are fetched at once.
+        let numbers = self.dir_block_numbers(io, dir, &inode, 0..nblocks)?;
+        self.prefetch(io, numbers.iter().map(|b| b.1))?;
+        let mut blocks = Vec::with_capacity(numbers.len());
+        for (lblk, pblk) in numbers {
+            self.load(io, pblk)?;
+            // OK to unwrap: just loaded.
+            let bytes = self.cache.get_shared(pblk).expect("block just loaded");
+            blocks.push((lblk, pblk, bytes));
+        }
+        let idx = match self.reads.take_built(dir) {
+            // Built without the lock from these very versions of the blocks.
+            Some(built) if built.built_from(&shape, nblocks, &blocks) => {
+                self.reads.count_built_taken();
+                built.result?
+            }
+            // Built from versions that changed since (or none yet): built here, unless the
+            // directory is large and the operation may still stop (it has changed nothing).
+            stale => {
+                let unlocked = stale.is_none()
+                    && blocks.len() >= BUILD_UNLOCKED_MIN
+                    && self.reads.may_build(dir)
+                    && self.may_stop();
+                if unlocked {
+                    return Err(self.reads.want_build(DirBuild {
+                        shape,
+                        nblocks,
+                        blocks,
+                    }));
+                }
+                shape.build(nblocks, blocks.iter().map(|(l, p, b)| (*l, *p, &b[..])))?
+            }
+        };
+        self.note_derived(Derived::DirIndex(dir));
+        self.derived.dirs.insert(dir, Arc::new(idx));
         Ok(())
     }
 
@@ -582,7 +547,11 @@ impl Meta {
         };
         // Read ahead: from the first block not at hand, a window of them fetched at once.
         let ahead = first.saturating_add(2 * READDIR_AHEAD).min(nblocks);
-        let blocks = self.dir_block_numbers(io, dir, &inode, first.min(ahead)..ahead)?;
+        let blocks: Vec<u64> =
+            (self.dir_block_numbers(io, dir, &inode, first.min(ahead)..ahead)?)
+                .into_iter()
+                .map(|b| b.1)
+                .collect();
         self.read_ahead(io, &blocks, READDIR_AHEAD as usize)?;
         let mut next = first;
         while out.len() < max {

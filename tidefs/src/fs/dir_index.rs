@@ -1,12 +1,190 @@
 //! A directory's name index in memory: every live name with where its record lives, and the
-//! free space of each block. Pure data, built and kept up to date by `fs/dir.rs`.
+//! free space of each block; and how it is built from the directory's blocks (checked and
+//! parsed), which needs no lock: a large directory's first index is built without the
+//! metadata lock ([`DirBuild`], docs/DESIGN.md §2.5). Pure data, kept up to date by
+//! `fs/dir.rs`.
 //!
 //! Invariant: `DirIndex::names` holds exactly the live records of the directory, with their
 //! positions; the record order, when built, lists the same names (every change to the index
 //! starts with [`DirIndex::changing`], which forgets it).
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use crate::format::ext4::dirent::{
+    is_index_block, parse_block, rec_size, records_end, verify_dx_checksum, verify_tail_checksum,
+    DirRecord,
+};
+use crate::{FsError, Result};
+
+/// What checking and parsing a directory's blocks needs besides their bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DirShape {
+    pub dir: u32,
+    /// The directory carries an htree index (its index blocks hold no names).
+    pub indexed: bool,
+    /// Seed of the blocks' checksums (metadata_csum), `None` without.
+    pub seed: Option<u32>,
+    /// Inode numbers an entry may name besides the root: `first_ino..=inodes`.
+    pub first_ino: u32,
+    pub inodes: u64,
+}
+
+impl DirShape {
+    /// Checks and parses block `lblk` (at `pblk`) of the directory: its checksum, its
+    /// records, the inode numbers they name. Returns the records (none for an index block
+    /// but the first) and whether it is an htree index block.
+    pub fn parse(&self, lblk: u32, pblk: u64, b: &[u8]) -> Result<(Vec<DirRecord>, bool)> {
+        let dir = self.dir;
+        let bad = |what: String| {
+            FsError::corrupt_inode(
+                dir,
+                format!("directory block {lblk} (block {pblk}): {what}"),
+            )
+        };
+        let index_block = self.indexed && is_index_block(b, u64::from(lblk));
+        // With metadata_csum every block carries a checksum, as the kernel requires: a dx_tail
+        // in index blocks, a dirent tail in record blocks.
+        if let Some(s) = self.seed {
+            let checked = if index_block {
+                verify_dx_checksum(b, s)
+            } else {
+                verify_tail_checksum(b, s)
+            };
+            checked.map_err(|c| bad(c.to_string()))?;
+        }
+        let end = if index_block || self.seed.is_none() {
+            b.len()
+        } else {
+            records_end(b.len(), true)
+        };
+        let mut recs = parse_block(b, end).map_err(|c| bad(c.to_string()))?;
+        if index_block && lblk != 0 {
+            recs.clear();
+        }
+        // An entry names the root or an inode past the reserved ones (the journal, the resize
+        // inode and the others below `s_first_ino` are never in a directory): opened by
+        // name, the journal's inode would take writes.
+        let root = super::api::ROOT_INO;
+        if let Some(r) = recs.iter().find(|r| {
+            let ino = u64::from(r.inode);
+            r.inode != 0 && (ino > self.inodes || ino != root && r.inode < self.first_ino)
+        }) {
+            return Err(bad(format!(
+                "an entry names inode {}, which no directory may hold",
+                r.inode
+            )));
+        }
+        Ok((recs, index_block))
+    }
+
+    /// The index of a directory of `nblocks` blocks built from its mapped blocks (logical
+    /// block, physical block, bytes), in logical order.
+    pub fn build<'a>(
+        &self,
+        nblocks: u32,
+        blocks: impl IntoIterator<Item = (u32, u64, &'a [u8])>,
+    ) -> Result<DirIndex> {
+        let mut idx = DirIndex::new(self.indexed, nblocks as usize);
+        for (lblk, pblk, b) in blocks {
+            let (recs, index_block) = self.parse(lblk, pblk, b)?;
+            if index_block {
+                idx.index_blocks += 1;
+            }
+            idx.space[lblk as usize] = if self.indexed { 0 } else { block_space(&recs) };
+            for r in recs {
+                if r.inode != 0 {
+                    let slot = DirSlot {
+                        ino: r.inode,
+                        file_type: r.file_type,
+                        lblk,
+                        offset: r.offset as u32,
+                    };
+                    idx.names.insert(r.name, slot);
+                }
+            }
+        }
+        Ok(idx)
+    }
+}
+
+/// The largest record a new name could take in a block of records `recs`.
+pub(crate) fn block_space(recs: &[DirRecord]) -> usize {
+    recs.iter().map(record_spare).max().unwrap_or(0)
+}
+
+/// The room a new name could take in a record: all of an unused one, the tail of a used one.
+pub(crate) fn spare(inode: u32, rec_len: usize, name_len: usize) -> usize {
+    if inode == 0 {
+        rec_len
+    } else {
+        rec_len - rec_size(name_len)
+    }
+}
+
+/// [`spare`] of record `r`.
+pub(crate) fn record_spare(r: &DirRecord) -> usize {
+    spare(r.inode, r.rec_len, r.name.len())
+}
+
+/// A directory's blocks as one version of each (logical block, physical block, bytes shared
+/// with the buffer cache), in logical order.
+pub(crate) type DirBlocks = Vec<(u32, u64, Arc<[u8]>)>;
+
+/// A directory index to build without the metadata lock: an operation asks for it and
+/// stops (`DeferredReads::want_build`), the lock's owner builds it, and the operation runs
+/// again and takes it ([`BuiltIndex`]) if the directory's blocks are still those versions.
+pub(crate) struct DirBuild {
+    pub shape: DirShape,
+    pub nblocks: u32,
+    pub blocks: DirBlocks,
+}
+
+impl DirBuild {
+    /// Builds the index (or finds the damage the build under the lock would find).
+    pub fn run(self) -> BuiltIndex {
+        let result = self.shape.build(
+            self.nblocks,
+            self.blocks.iter().map(|(l, p, b)| (*l, *p, &b[..])),
+        );
+        BuiltIndex {
+            shape: self.shape,
+            nblocks: self.nblocks,
+            blocks: self.blocks,
+            result,
+        }
+    }
+}
+
+/// An index built without the lock, with what it was built from.
+pub(crate) struct BuiltIndex {
+    shape: DirShape,
+    nblocks: u32,
+    /// Held until the index is taken: a change to one of these blocks copies it (the cache's
+    /// copy on write), so a block whose cached version is still this one has not changed.
+    blocks: DirBlocks,
+    pub result: Result<DirIndex>,
+}
+
+impl BuiltIndex {
+    /// The directory it indexes.
+    pub fn dir(&self) -> u32 {
+        self.shape.dir
+    }
+
+    /// Whether it was built from exactly `blocks` (the same versions, shared), for a
+    /// directory of this shape and size.
+    pub fn built_from(&self, shape: &DirShape, nblocks: u32, blocks: &DirBlocks) -> bool {
+        self.shape == *shape
+            && self.nblocks == nblocks
+            && self.blocks.len() == blocks.len()
+            && self
+                .blocks
+                .iter()
+                .zip(blocks)
+                .all(|(a, b)| a.0 == b.0 && a.1 == b.1 && Arc::ptr_eq(&a.2, &b.2))
+    }
+}
 
 /// Where a name lives in its directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -225,12 +225,13 @@ pub(crate) type TaggedBlock = (u64, u64, Box<[u8]>);
 /// block) from the fs device, in order of block number, each run of consecutive blocks with
 /// one read of at most [`MAX_READ_RUN`] blocks. A read that fails fails the call, unless the
 /// blocks are read `ahead` of their use: then each block of the run is tried alone, and
-/// those that fail are left out.
+/// those that fail are left out (and listed in `failed`).
 pub(crate) fn read_blocks(
     io: &Io,
     mut wanted: Vec<(u64, u64)>,
     bs: usize,
     ahead: bool,
+    failed: &mut Vec<u64>,
 ) -> Result<Vec<TaggedBlock>> {
     wanted.sort_unstable();
     wanted.dedup_by_key(|w| w.0);
@@ -253,8 +254,9 @@ pub(crate) fn read_blocks(
             Err(e) if !ahead => return Err(e.into()),
             Err(_) => {
                 for &(nr, tag) in &rest[..run] {
-                    if let Ok(bytes) = read_block(io, nr, bs) {
-                        out.push((nr, tag, bytes));
+                    match read_block(io, nr, bs) {
+                        Ok(bytes) => out.push((nr, tag, bytes)),
+                        Err(_) => failed.push(nr),
                     }
                 }
             }
@@ -296,7 +298,7 @@ impl Meta {
     /// is asked for and the operation stops (`fs/deferred_reads.rs`).
     pub fn read_home(&mut self, io: &Io, nr: u64) -> Result<Box<[u8]>> {
         let stamp = self.cache.removal_stamp(nr);
-        let changed = self.op_undo.is_some() && self.cache.undo_has_changes();
+        let changed = self.changed_in_op();
         if let Some(r) = self.reads.home_copy(nr, stamp, changed) {
             return r;
         }
@@ -311,8 +313,7 @@ impl Meta {
     /// are used would take one each (`fs/deferred_reads.rs`). Anywhere else, or when at most
     /// one block is missing, does nothing: they are read as they are used.
     pub fn prefetch(&mut self, io: &Io, blocks: impl IntoIterator<Item = u64>) -> Result<()> {
-        let changed = self.op_undo.as_ref().is_some_and(|u| self.changed_since(u));
-        if !self.reads.deferring() || changed {
+        if !self.reads.deferring() || self.changed_in_op() {
             return Ok(());
         }
         let count = self.geo.blocks_count;
@@ -356,10 +357,17 @@ impl Meta {
     /// for a block it does not hold). A pointer led to each when it was asked for; none may
     /// lead to it now, which is why the stamp must cover frees too.
     pub fn keep_read_ahead(&mut self, io: &Io, blocks: Vec<TaggedBlock>) {
-        for (nr, stamp, bytes) in blocks {
-            if self.cache.removal_stamp(nr) == stamp && !self.in_memory(io, nr) {
-                self.cache.insert(nr, bytes);
-            }
+        // All judged before any is inserted: an insertion into a full cache evicts, which
+        // moves the stamps of other buckets.
+        let current: Vec<(u64, Box<[u8]>)> = blocks
+            .into_iter()
+            .filter(|&(nr, stamp, _)| {
+                self.cache.removal_stamp(nr) == stamp && !self.in_memory(io, nr)
+            })
+            .map(|(nr, _, bytes)| (nr, bytes))
+            .collect();
+        for (nr, bytes) in current {
+            self.cache.insert(nr, bytes);
         }
     }
 
@@ -570,6 +578,17 @@ impl Meta {
             self.data.lock().writes_mut().publish_mode(ino, mode);
             self.top_up_spare_with_margin();
         }
+    }
+
+    /// Whether an operation runs and has changed metadata ([`Meta::changed_since`]).
+    fn changed_in_op(&self) -> bool {
+        self.op_undo.as_ref().is_some_and(|u| self.changed_since(u))
+    }
+
+    /// Whether the running operation may still stop to have work done without the lock:
+    /// its reads are deferred and it has changed nothing.
+    pub fn may_stop(&self) -> bool {
+        self.reads.deferring() && !self.changed_in_op()
     }
 
     /// Whether the running operation, begun with undo record `u`, changed metadata: cached

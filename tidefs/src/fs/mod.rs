@@ -105,6 +105,9 @@ struct Counters {
     stops_after_change: AtomicU64,
     /// Device reads made under the metadata lock by operations past their rounds without it.
     reads_under_lock: AtomicU64,
+    /// Directory indexes built without the metadata lock and used (`fs/dir_index.rs`,
+    /// `DirBuild`).
+    dir_indexes_built_unlocked: AtomicU64,
     /// Operations taken back after a change for another cause (`Meta::undone_after_change`).
     undone_after_change: AtomicU64,
     /// Operations and commit closes that took the metadata lock (`Inner::lock_meta_reading`).
@@ -1755,6 +1758,7 @@ impl Fs {
             flushes: self.inner.io.flushes(&j),
             deferred_reads: c.deferred_reads.load(Ordering::Relaxed),
             reads_under_lock: c.reads_under_lock.load(Ordering::Relaxed),
+            dir_indexes_built_unlocked: c.dir_indexes_built_unlocked.load(Ordering::Relaxed),
             metadata_locked: c.metadata_locked.load(Ordering::Relaxed),
             stops_after_change: c.stops_after_change.load(Ordering::Relaxed),
             undone_after_change: c.undone_after_change.load(Ordering::Relaxed),
@@ -2049,14 +2053,27 @@ impl Inner {
             self.take_credit_counts(&mut m.credits);
             let wanted;
             (wanted, fetched) = m.reads.end();
-            let under_lock = m.reads.take_under_lock();
-            if under_lock > 0 {
-                self.counters
-                    .reads_under_lock
-                    .fetch_add(under_lock, Ordering::Relaxed);
+            for (n, counter) in [
+                (m.reads.take_under_lock(), &self.counters.reads_under_lock),
+                (
+                    m.reads.take_built_taken(),
+                    &self.counters.dir_indexes_built_unlocked,
+                ),
+            ] {
+                if n > 0 {
+                    counter.fetch_add(n, Ordering::Relaxed);
+                }
             }
-            if wanted.blocks.is_empty() {
+            if wanted.nothing() {
                 return Ok((m, r));
+            }
+            if let Some(build) = wanted.build {
+                // A directory index, built without the lock from the versions of its blocks
+                // the operation saw; it checks they are still current when it runs again.
+                drop(m);
+                rounds += 1;
+                fetched.built(build.run());
+                continue;
             }
             self.counters.deferred_reads.fetch_add(1, Ordering::Relaxed);
             if m.reads.stopped_after_change() {
@@ -2072,7 +2089,9 @@ impl Inner {
             let bs = m.geo.bs();
             drop(m);
             rounds += 1;
-            let read = meta::read_blocks(&self.io, stamped, bs, wanted.ahead)?;
+            let mut failed = Vec::new();
+            let read = meta::read_blocks(&self.io, stamped, bs, wanted.ahead, &mut failed)?;
+            fetched.failed_ahead(failed);
             if wanted.ahead {
                 ahead = read;
             } else {
@@ -2859,46 +2878,148 @@ mod tests {
     }
 
     /// Goal: a block read ahead joins the cache only if nothing happened to it since its
-    /// read was planned: not when it was freed or handed out again meanwhile though the cache
-    /// never held it (then its bytes may be another file's data, which reads trust the cache
-    /// for), nor when the caches were emptied; and it does when its stamp held. Fails if
-    /// `BlockCache::forget` moves the stamp only of blocks it holds.
+    /// read was planned: not when it was freed meanwhile though the cache never held it (it
+    /// may be handed out as another file's data, which reads trust the cache for), nor when
+    /// the caches were emptied; and it does when its stamp held. Method: the leaves of a
+    /// file's extent tree, left out of the cache with its map kept, are freed by a real
+    /// truncate (which needs the map, not the leaves). Fails if frees move the stamps only
+    /// of blocks the cache holds.
     #[test]
     fn read_ahead_is_kept_only_while_its_block_is_unchanged() {
         let Some(fs) = mounted() else {
             return;
         };
+        let f = new_file(&fs, b"sparse");
+        // Every other block: an extent each, two leaves under an index in the inode.
+        for k in 0..500u64 {
+            fs.write(f, 2 * k * 4096, b"x").unwrap();
+        }
+        // Committed and written home: no copy left in the journal.
+        fs.drop_caches().unwrap();
         let io = &fs.inner.io;
+        let n = f as u32;
+        let planned: Vec<(u64, u64)> = {
+            let mut m = fs.inner.meta.lock();
+            let i = m.read_inode(io, n).unwrap();
+            let leaves: Vec<u64> = m.extent_map(io, n, &i).unwrap().tree_blocks().collect();
+            assert!(leaves.len() >= 2, "{leaves:?}");
+            m.cache.drop_clean();
+            leaves
+                .into_iter()
+                .map(|nr| (nr, m.cache.removal_stamp(nr)))
+                .collect()
+        };
+        let bs = fs.inner.geo.bs();
+        let read = |planned: &[(u64, u64)]| -> Vec<meta::TaggedBlock> {
+            planned
+                .iter()
+                .map(|&(nr, stamp)| (nr, stamp, vec![7u8; bs].into_boxed_slice()))
+                .collect()
+        };
+        {
+            // Unchanged: kept.
+            let mut m = fs.inner.meta.lock();
+            m.keep_read_ahead(io, read(&planned[..1]));
+            assert!(m.cache.contains(planned[0].0), "an unchanged block is kept");
+            m.cache.drop_clean();
+        }
+        let planned: Vec<(u64, u64)> = {
+            let m = fs.inner.meta.lock();
+            let p = planned
+                .iter()
+                .map(|&(nr, _)| (nr, m.cache.removal_stamp(nr)));
+            p.collect()
+        };
+        let truncate = SetAttr {
+            size: Some(0),
+            ..Default::default()
+        };
+        fs.setattr(f, &truncate).unwrap();
         let mut m = fs.inner.meta.lock();
-        // Blocks far from the metadata of the small image, cached by nobody.
-        let (a, b, c) = (
-            m.geo.blocks_count - 3,
-            m.geo.blocks_count - 2,
-            m.geo.blocks_count - 1,
-        );
-        let planned: Vec<(u64, u64)> = [a, b, c]
-            .into_iter()
-            .map(|nr| (nr, m.cache.removal_stamp(nr)))
-            .collect();
-        let bs = m.geo.bs();
-        let bytes = |nr: u64, stamp: u64| (nr, stamp, vec![7u8; bs].into_boxed_slice());
-        let read: Vec<meta::TaggedBlock> = planned.iter().map(|&(nr, s)| bytes(nr, s)).collect();
-        // While the read was out of the lock: `a` was freed, `b` handed out again.
-        m.cache.forget_run(a, 1);
-        m.cache.forget(b);
-        m.keep_read_ahead(io, read);
-        assert!(!m.cache.contains(a), "a block freed meanwhile was kept");
-        assert!(
-            !m.cache.contains(b),
-            "a block handed out meanwhile was kept"
-        );
-        assert!(m.cache.contains(c), "an unchanged block read ahead is kept");
-        m.cache.forget(c);
+        m.keep_read_ahead(io, read(&planned));
+        for (nr, _) in &planned {
+            assert!(
+                !m.cache.contains(*nr),
+                "leaf {nr}, freed meanwhile, was kept"
+            );
+        }
+        let c = m.geo.blocks_count - 1;
         let stamp = m.cache.removal_stamp(c);
         m.cache.drop_clean();
-        let read = vec![bytes(c, stamp)];
-        m.keep_read_ahead(io, read);
+        m.keep_read_ahead(io, read(&[(c, stamp)]));
         assert!(!m.cache.contains(c), "kept after the caches were emptied");
+    }
+
+    /// Goal: an index built without the lock is taken when the directory's blocks are still
+    /// the versions it was built from, and only then: when a name was added after the build
+    /// (and the index the change built was dropped again, as memory pressure may), the
+    /// operation builds the index again and finds the name. Method: the steps of
+    /// `Inner::lock_meta_reading` done by hand: the lookup asks for the build, the build
+    /// runs, and the lookup runs again with it at hand, once as is and once after a create
+    /// changed the directory and its index was dropped. Fails if a current build is not
+    /// taken, or a stale one is.
+    #[test]
+    fn an_index_built_from_blocks_changed_since_is_not_taken() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let io = &fs.inner.io;
+        let dir = fs.mkdir(ROOT_INO, b"big", 0o755, Creds::ROOT).unwrap().ino;
+        for k in 0..4_000 {
+            fs.create(
+                dir,
+                format!("entry-{k:06}").as_bytes(),
+                0o100644,
+                0,
+                Creds::ROOT,
+            )
+            .unwrap();
+        }
+        let n = dir as u32;
+        // The blocks cached, the index not built.
+        let mut m = fs.inner.meta.lock();
+        m.forget_dir_index(n);
+        let blocks = m.read_inode(io, n).unwrap().size() / 4096;
+        assert!(blocks >= 16, "{blocks} blocks");
+        let build = |m: &mut Meta| {
+            m.reads
+                .begin(deferred_reads::FetchedBlocks::default(), true);
+            assert!(
+                m.dir_lookup(io, n, b"added").is_err(),
+                "the lookup should stop"
+            );
+            let (wanted, _) = m.reads.end();
+            wanted.build.expect("the lookup asked for a build")
+        };
+        let built = build(&mut m).run();
+        let mut fetched = deferred_reads::FetchedBlocks::default();
+        fetched.built(built);
+        m.reads.begin(fetched, true);
+        let found = m.dir_lookup(io, n, b"entry-000007");
+        m.reads.end();
+        assert!(matches!(found, Ok(Some(_))), "{found:?}");
+        assert_eq!(
+            m.reads.take_built_taken(),
+            1,
+            "a current build was not taken"
+        );
+        m.forget_dir_index(n);
+        let build = build(&mut m);
+        drop(m);
+        let built = build.run();
+        fs.create(dir, b"added", 0o100644, 0, Creds::ROOT).unwrap();
+        let mut m = fs.inner.meta.lock();
+        m.forget_dir_index(n);
+        let mut fetched = deferred_reads::FetchedBlocks::default();
+        fetched.built(built);
+        m.reads.begin(fetched, true);
+        let found = m.dir_lookup(io, n, b"added");
+        m.reads.end();
+        assert!(
+            matches!(found, Ok(Some(_))),
+            "a stale index was taken: {found:?}"
+        );
+        assert_eq!(m.reads.take_built_taken(), 0);
     }
 
     /// Marks the last `n` blocks of group 0's inode table (no inode in use in the small test
