@@ -836,6 +836,18 @@ fn big_directory(dir: &Path) -> Arc<MemDev> {
     mem
 }
 
+/// The physical block of `/big`'s block `lblk` in the image `mem`, as the real `debugfs`
+/// (`bmap`) finds it in a copy written into `dir`.
+fn big_block(dir: &Path, mem: &MemDev, lblk: u32) -> u64 {
+    let copy = dir.join("copy.img");
+    std::fs::write(&copy, mem.to_bytes()).unwrap();
+    let cmd = format!("bmap /big {lblk}");
+    let bmap = common::run_ok("debugfs", &["-R", &cmd, copy.to_str().unwrap()]);
+    bmap.trim()
+        .parse()
+        .expect("debugfs bmap prints a block number")
+}
+
 /// Goal: the first lookup in a large directory whose blocks left the caches reads them
 /// without the metadata lock in one stop, contiguous blocks with one device read, and a
 /// listing of it reads ahead a window at a time (docs/DESIGN.md §2.5, "Read-ahead"); both
@@ -957,16 +969,9 @@ fn bad_blocks_read_ahead_fail_only_the_operations_that_need_them() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mem = big_directory(dir.path());
-    let copy = dir.path().join("copy.img");
-    std::fs::write(&copy, mem.to_bytes()).unwrap();
     let dev = Arc::new(tidefs::dev::fault::FaultDev::new(mem.clone()));
     for lblk in [20, 22] {
-        let cmd = format!("bmap /big {lblk}");
-        let bmap = common::run_ok("debugfs", &["-R", &cmd, copy.to_str().unwrap()]);
-        let bad: u64 = bmap
-            .trim()
-            .parse()
-            .expect("debugfs bmap prints a block number");
+        let bad = big_block(dir.path(), &mem, lblk);
         dev.inject(tidefs::dev::fault::Fault::range(
             tidefs::dev::fault::FaultOp::Read,
             bad * 4096..(bad + 1) * 4096,
@@ -1013,13 +1018,7 @@ fn an_index_built_without_the_lock_reports_damage() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mem = big_directory(dir.path());
-    let copy = dir.path().join("copy.img");
-    std::fs::write(&copy, mem.to_bytes()).unwrap();
-    let bmap = common::run_ok("debugfs", &["-R", "bmap /big 30", copy.to_str().unwrap()]);
-    let bad: u64 = bmap
-        .trim()
-        .parse()
-        .expect("debugfs bmap prints a block number");
+    let bad = big_block(dir.path(), &mem, 30);
     let mut byte = [0u8; 1];
     mem.read_at(bad * 4096 + 100, &mut byte).unwrap();
     mem.write_at(bad * 4096 + 100, &[byte[0] ^ 0x55]).unwrap();
