@@ -307,13 +307,21 @@ impl Meta {
 
     /// Inside an operation whose device reads are deferred and which has changed nothing yet,
     /// asks for every block of `blocks` held in no memory copy (cache, commit in flight,
-    /// journal) at once, up to `deferred_reads::MAX_BATCH` and half the cache's capacity (they
-    /// join the cache before the operation runs again, [`Meta::keep_read_ahead`]): the
-    /// operation stops and runs again with them at hand, one stop where reading them as they
-    /// are used would take one each (`fs/deferred_reads.rs`). Anywhere else, or when at most
-    /// one block is missing, does nothing: they are read as they are used.
+    /// journal) at once, up to `deferred_reads::MAX_BATCH` (they join the cache before the
+    /// operation runs again, [`Meta::keep_read_ahead`]): the operation stops and runs again
+    /// with them at hand, one stop where reading them as they are used would take one each
+    /// (`fs/deferred_reads.rs`). Anywhere else, when at most one block is missing, or when
+    /// `blocks` are more than half the cache's capacity (they could not all stay in it), does
+    /// nothing: they are read as they are used.
     pub fn prefetch(&mut self, io: &Io, blocks: impl IntoIterator<Item = u64>) -> Result<()> {
         if !self.reads.deferring() || self.changed_in_op() {
+            return Ok(());
+        }
+        let blocks: Vec<u64> = blocks.into_iter().collect();
+        let room = self.cache.capacity() / 2;
+        if blocks.len() > room {
+            // The walk cannot stay in the cache whole: batches would evict the ones before
+            // them, read again at each run. Its blocks are read as it uses them.
             return Ok(());
         }
         let count = self.geo.blocks_count;
@@ -322,7 +330,7 @@ impl Meta {
             .filter(|&nr| nr < count && !self.in_memory(io, nr))
             .map(|nr| (nr, self.cache.removal_stamp(nr)))
             .collect();
-        let missing = self.reads.missing(candidates, self.cache.capacity() / 2);
+        let missing = self.reads.missing(candidates, room);
         if missing.len() < 2 {
             return Ok(());
         }
