@@ -33,6 +33,8 @@ struct HeldReads {
     held: Mutex<usize>,
     held_changed: Condvar,
     reads: std::sync::atomic::AtomicU64,
+    /// Bytes the reads asked for.
+    read_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl HeldReads {
@@ -45,6 +47,7 @@ impl HeldReads {
             held: Mutex::new(0),
             held_changed: Condvar::new(),
             reads: Default::default(),
+            read_bytes: Default::default(),
         }
     }
 
@@ -88,6 +91,8 @@ impl BlockDevice for HeldReads {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.read_bytes
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
@@ -848,6 +853,15 @@ fn big_block(dir: &Path, mem: &MemDev, lblk: u32) -> u64 {
         .expect("debugfs bmap prints a block number")
 }
 
+/// [`big_directory`] mounted on a device that counts its reads (never armed), with `/big`.
+fn big_directory_counted(dir: &Path) -> (Arc<HeldReads>, Fs, tidefs::fs::Attr) {
+    let mem = big_directory(dir);
+    let dev = Arc::new(HeldReads::new(mem, Duration::ZERO));
+    let fs = Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap();
+    let big = fs.lookup(ROOT_INO, b"big").unwrap();
+    (dev, fs, big)
+}
+
 /// Goal: the first lookup in a large directory whose blocks left the caches reads them
 /// without the metadata lock in one stop, contiguous blocks with one device read, and a
 /// listing of it reads ahead a window at a time (docs/DESIGN.md §2.5, "Read-ahead"); both
@@ -861,11 +875,7 @@ fn a_cold_directory_is_read_in_batches_without_the_lock() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mem = big_directory(dir.path());
-    // Never armed: it only counts the reads.
-    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
-    let fs = Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap();
-    let big = fs.lookup(ROOT_INO, b"big").unwrap();
+    let (dev, fs, big) = big_directory_counted(dir.path());
     let blocks = big.size / 4096;
     assert!(blocks >= 32, "the directory has {blocks} blocks");
     // The directory's inode is cached by the lookup above; its blocks are not.
@@ -1171,6 +1181,60 @@ fn read_ahead_does_not_thrash_a_small_cache() {
     assert!(
         reads <= 2 * blocks + 16,
         "{reads} device reads for a lookup in a directory of {blocks} blocks"
+    );
+    fs.unmount().unwrap();
+}
+
+/// Goal: the inodes of a directory made one after the other are read from cold in batches,
+/// not one stop per inode-table block (read-ahead of the table, as ext4's
+/// `inode_readahead_blks`): looking up 1 000 names in order reads their 63 table blocks with
+/// a few stops and no read under the lock, and every answer is right; lookups that skip
+/// through the table read no more blocks than they use. Method: the directory of
+/// [`big_directory`], its index warm and every other block cold.
+#[test]
+fn a_cold_inode_table_is_read_ahead() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (dev, fs, big) = big_directory_counted(dir.path());
+    let first = fs.lookup(big.ino, b"entry-000000").unwrap().ino;
+    fs.drop_caches().unwrap();
+    fs.lookup(ROOT_INO, b"big").unwrap();
+    // The index again, without the inodes of its names.
+    assert!(fs.lookup(big.ino, b"no-such-name").is_err());
+    let (inos, stops, under_lock, _) = read_costs(&fs, &dev, || {
+        (0..1_000u64)
+            .map(|k| {
+                let attr = fs
+                    .lookup(big.ino, format!("entry-{k:06}").as_bytes())
+                    .unwrap();
+                assert_eq!(attr.size, 0);
+                attr.ino
+            })
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(inos, (first..first + 1_000).collect::<Vec<_>>());
+    assert_eq!(under_lock, 0);
+    assert!(
+        stops <= 6,
+        "{stops} stops to read 63 cold inode-table blocks in order"
+    );
+    // Lookups that skip through the table (every 50th inode, three blocks apart) read
+    // only the blocks they need: read-ahead that is not used would be waited for.
+    fs.drop_caches().unwrap();
+    fs.lookup(ROOT_INO, b"big").unwrap();
+    assert!(fs.lookup(big.ino, b"no-such-name").is_err());
+    let bytes = || dev.read_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    let before = bytes();
+    for k in (2_000..6_000u64).step_by(50) {
+        fs.lookup(big.ino, format!("entry-{k:06}").as_bytes())
+            .unwrap();
+    }
+    let blocks = (bytes() - before) / 4096;
+    assert!(
+        blocks <= 80 + 4,
+        "{blocks} blocks read for 80 inodes three blocks apart"
     );
     fs.unmount().unwrap();
 }

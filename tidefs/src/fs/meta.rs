@@ -205,6 +205,9 @@ pub(crate) struct Meta {
     /// The journal space the running operation reserved (`fs/log_credits.rs`), and the
     /// counts of operations that waited for room or overran their reservation.
     pub credits: super::log_credits::LogCredits,
+    /// The last inode-table block found in no memory copy (`Meta::read_ahead_inode_table`):
+    /// read-ahead follows misses that walk forward.
+    pub itable_miss: Option<super::inode_table::InodeTableMiss>,
 }
 
 /// Reads block `nr` (of `bs` bytes) from the fs device.
@@ -352,7 +355,7 @@ impl Meta {
 
     /// Whether a copy of block `nr` newer than or as new as its home location is in memory:
     /// cached, in the commit in flight, or in the journal waiting for checkpoint.
-    fn in_memory(&self, io: &Io, nr: u64) -> bool {
+    pub(crate) fn in_memory(&self, io: &Io, nr: u64) -> bool {
         self.cache.contains(nr)
             || self.committing.contains_key(&nr)
             || io.journal.pending(nr).is_some()

@@ -647,6 +647,7 @@ impl Fs {
             pending_seen: HashMap::new(),
             undone_after_change: 0,
             credits: log_credits::LogCredits::default(),
+            itable_miss: None,
         };
         meta.load_groups(&io)?;
         meta.sum_free_counts();
