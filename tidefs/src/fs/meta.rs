@@ -314,17 +314,20 @@ impl Meta {
     /// operation runs again, [`Meta::keep_read_ahead`]): the operation stops and runs again
     /// with them at hand, one stop where reading them as they are used would take one each
     /// (`fs/deferred_reads.rs`). Anywhere else, when at most one block is missing, or when
-    /// `blocks` are more than half the cache's capacity (they could not all stay in it), does
-    /// nothing: they are read as they are used.
+    /// `blocks` are more than a quarter of the cache's capacity (they could not all stay in
+    /// it), does nothing: they are read as they are used.
     pub fn prefetch(&mut self, io: &Io, blocks: impl IntoIterator<Item = u64>) -> Result<()> {
         if !self.reads.deferring() || self.changed_in_op() {
             return Ok(());
         }
         let blocks: Vec<u64> = blocks.into_iter().collect();
-        let room = self.cache.capacity() / 2;
+        // The cache runs between three quarters full and full: a quarter is what it takes
+        // without evicting what it just took.
+        let room = self.cache.capacity() / 4;
         if blocks.len() > room {
             // The walk cannot stay in the cache whole: batches would evict the ones before
-            // them, read again at each run. Its blocks are read as it uses them.
+            // them, read again at each run. Its blocks are read as it uses them (one stop
+            // each, then under the lock).
             return Ok(());
         }
         let count = self.geo.blocks_count;
