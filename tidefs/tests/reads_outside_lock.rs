@@ -1238,3 +1238,57 @@ fn a_cold_inode_table_is_read_ahead() {
     );
     fs.unmount().unwrap();
 }
+
+/// Goal: two cold walks through the inode tables of different block groups at once (an
+/// `ls -l` of two directories side by side) are both read ahead: one does not reset the
+/// other's record of where it is. Method: two directories of 600 files, spread by mkdir to
+/// groups 0 and 1 of a two-group image from the real `mkfs.ext4` (`dumpe2fs -h` gives the
+/// inodes per group), looked up alternately in order after emptying the caches.
+#[test]
+fn walks_of_two_groups_inode_tables_are_both_read_ahead() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::mkimage(dir.path(), "two.img", 256, &[]);
+    let ipg: u64 = common::dumpe2fs_h(&img)["Inodes per group"]
+        .parse()
+        .unwrap();
+    let mem = Arc::new(MemDev::from_bytes(std::fs::read(&img).unwrap()));
+    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
+    let fs = Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap();
+    let mut dirs = Vec::new();
+    for name in [&b"a"[..], b"b"] {
+        let d = fs.mkdir(ROOT_INO, name, 0o755, Creds::ROOT).unwrap().ino;
+        for k in 0..600 {
+            fs.create(d, format!("f{k:04}").as_bytes(), 0o100644, 0, Creds::ROOT)
+                .unwrap();
+        }
+        dirs.push(d);
+    }
+    let group = |ino: u64| (ino - 1) / ipg;
+    let first: Vec<u64> = dirs
+        .iter()
+        .map(|&d| fs.lookup(d, b"f0000").unwrap().ino)
+        .collect();
+    assert_ne!(group(first[0]), group(first[1]), "files {first:?}");
+    fs.drop_caches().unwrap();
+    for &d in &dirs {
+        // The indexes again, without the inodes of their names.
+        assert!(fs.lookup(d, b"no-such-name").is_err());
+    }
+    let before = fs.stats().deferred_reads;
+    for k in 0..600 {
+        for &d in &dirs {
+            fs.lookup(d, format!("f{k:04}").as_bytes()).unwrap();
+        }
+    }
+    let stops = fs.stats().deferred_reads - before;
+    // 38 table blocks each: a first miss, then read-ahead of 32 and of the rest, per walk
+    // (7 with one record for both: each walk's second miss reads alone).
+    assert!(
+        stops <= 5,
+        "{stops} stops for two walks of 38 cold table blocks"
+    );
+    fs.unmount().unwrap();
+}

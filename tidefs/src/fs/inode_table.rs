@@ -16,7 +16,11 @@ use super::meta::{Io, Meta, MAX_DIR_BYTES};
 /// one after the other.
 const INODE_READ_AHEAD: u64 = 32;
 
-/// The last inode-table block found in no memory copy (`Meta::itable_miss`).
+/// Slots of `Meta::itable_miss`: a group's misses are recorded in slot `group % MISS_SLOTS`.
+pub(crate) const MISS_SLOTS: usize = 8;
+
+/// The last inode-table block found in no memory copy in a slot of groups
+/// (`Meta::itable_miss`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct InodeTableMiss {
     pub block: u64,
@@ -113,13 +117,14 @@ impl Meta {
         if self.in_memory(io, nr) {
             return Ok(());
         }
-        let (ahead, end) = match self.itable_miss {
+        let slot = ((ino - 1) / self.geo.inodes_per_group) as usize % MISS_SLOTS;
+        let (ahead, end) = match self.itable_miss[slot] {
             // The same miss, met again when the operation runs after its stop.
             Some(m) if m.block == nr => (m.ahead, m.end),
             Some(m) if m.end == nr => (true, self.inode_table_read_ahead_end(ino, nr)),
             _ => (false, nr + 1),
         };
-        self.itable_miss = Some(InodeTableMiss {
+        self.itable_miss[slot] = Some(InodeTableMiss {
             block: nr,
             ahead,
             end,

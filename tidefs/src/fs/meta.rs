@@ -205,9 +205,11 @@ pub(crate) struct Meta {
     /// The journal space the running operation reserved (`fs/log_credits.rs`), and the
     /// counts of operations that waited for room or overran their reservation.
     pub credits: super::log_credits::LogCredits,
-    /// The last inode-table block found in no memory copy (`Meta::read_ahead_inode_table`):
-    /// read-ahead follows misses that walk forward.
-    pub itable_miss: Option<super::inode_table::InodeTableMiss>,
+    /// The last inode-table block found in no memory copy, per slot of block groups
+    /// (`Meta::read_ahead_inode_table`): read-ahead follows misses that walk forward, and
+    /// walks of different groups' tables (a cold `ls -l` of two directories at once) do not
+    /// reset each other.
+    pub itable_miss: [Option<super::inode_table::InodeTableMiss>; super::inode_table::MISS_SLOTS],
 }
 
 /// Reads block `nr` (of `bs` bytes) from the fs device.

@@ -647,7 +647,7 @@ impl Fs {
             pending_seen: HashMap::new(),
             undone_after_change: 0,
             credits: log_credits::LogCredits::default(),
-            itable_miss: None,
+            itable_miss: Default::default(),
         };
         meta.load_groups(&io)?;
         meta.sum_free_counts();
