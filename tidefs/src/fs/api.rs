@@ -484,9 +484,10 @@ pub struct Stats {
     #[cfg_attr(feature = "serde", serde(default))]
     pub reads_under_lock: u64,
     /// Directory name indexes built without the metadata lock, while other operations ran,
-    /// and used: an operation that needs the index of a directory of 16 blocks or more before
-    /// its first change has it built so (docs/DESIGN.md §2.5); not counted, an index whose
-    /// directory changed meanwhile, built again under the lock.
+    /// and taken (the index used, or the damage the build found returned): an operation that
+    /// needs the index of a directory of 16 blocks or more (and up to a quarter of the
+    /// metadata cache) before its first change has it built so (docs/DESIGN.md §2.5); not
+    /// counted, an index whose directory changed meanwhile, built again under the lock.
     #[cfg_attr(feature = "serde", serde(default))]
     pub dir_indexes_built_unlocked: u64,
     /// Operations that failed after changing cached metadata, and were taken back, for

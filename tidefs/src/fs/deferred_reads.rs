@@ -10,9 +10,9 @@
 //!
 //! A fetched block is used only while it is still the newest copy: the cache did not hold it
 //! when its read was planned, and its removal stamp (`BlockCache::removal_stamp`) has not
-//! moved since; otherwise it is read again. After [`MAX_DEFERRED_ROUNDS`] reads for one
-//! operation the rest are done under the lock, so an operation always ends; they are counted
-//! (`Stats::reads_under_lock`).
+//! moved since; otherwise it is read again. After [`MAX_DEFERRED_ROUNDS`] stops of one
+//! operation (for reads or index builds) the rest of its reads are done under the lock, so an
+//! operation always ends; they are counted (`Stats::reads_under_lock`).
 //!
 //! An operation that knows which blocks it will read, before it has changed anything, asks
 //! for all those missing at once (`Meta::prefetch`, up to [`MAX_BATCH`]): the first lookup in
@@ -22,6 +22,11 @@
 //! cache as clean blocks, those still current (`Meta::keep_read_ahead`), so what is read
 //! ahead stays within the cache's bound, and a block that fails to read is left out (the
 //! operation stops for it alone if it needs it, and then gets the error).
+//!
+//! An operation may also stop to have a large directory's name index built without the lock
+//! (`DeferredReads::want_build`, `fs/dir_index.rs`): it runs again with the index at hand
+//! (`DeferredReads::take_built`), which it takes only if the directory's blocks did not
+//! change meanwhile.
 //!
 //! This module owns the bookkeeping; `Meta::read_home` and `Meta::prefetch` are where it is
 //! used.
@@ -244,6 +249,7 @@ impl DeferredReads {
             Some(f) if f.stamp == stamp => Some(Ok(f.bytes.clone())),
             _ => {
                 self.wanted = vec![nr];
+                self.ahead = false;
                 self.after_change = changed;
                 Some(Err(deferred()))
             }

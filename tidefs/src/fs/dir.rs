@@ -19,7 +19,7 @@ use crate::format::ext4::inode_csum_seed;
 use crate::{FsError, Result};
 
 use super::derived::Derived;
-use super::dir_index::{block_space, record_spare, spare, DirBuild, DirShape};
+use super::dir_index::{block_space, record_spare, spare, DirBuild, DirShape, IndexBuilder};
 pub(crate) use super::dir_index::{DirIndex, DirSlot};
 use super::extents::{inode_goal, ExtentMap};
 use super::log_credits::Reserve;
@@ -234,35 +234,51 @@ impl Meta {
         // Every block is parsed: those no memory holds are fetched at once.
         let numbers = self.dir_block_numbers(io, dir, &inode, 0..nblocks)?;
         self.prefetch(io, numbers.iter().map(|b| b.1))?;
-        let mut blocks = Vec::with_capacity(numbers.len());
-        for (lblk, pblk) in numbers {
-            self.load(io, pblk)?;
-            // OK to unwrap: just loaded.
-            let bytes = self.cache.get_shared(pblk).expect("block just loaded");
-            blocks.push((lblk, pblk, bytes));
-        }
-        let idx = match self.reads.take_built(dir) {
-            // Built without the lock from these very versions of the blocks.
-            Some(built) if built.built_from(&shape, nblocks, &blocks) => {
-                self.reads.count_built_taken();
-                built.result?
+        let built = self.reads.take_built(dir);
+        // A large directory (but not past what read-ahead takes) whose operation may still
+        // stop (it has changed nothing) has its index built without the lock, once.
+        let unlocked = built.is_none()
+            && numbers.len() >= BUILD_UNLOCKED_MIN
+            && numbers.len() <= self.cache.capacity() / 4
+            && self.reads.may_build(dir)
+            && self.may_stop();
+        let idx = if built.is_some() || unlocked {
+            // The version of each block, shared: what a build without the lock reads, and
+            // what one built so is checked against.
+            let mut blocks = Vec::with_capacity(numbers.len());
+            for (lblk, pblk) in numbers {
+                self.load(io, pblk)?;
+                // OK to unwrap: just loaded.
+                let bytes = self.cache.get_shared(pblk).expect("block just loaded");
+                blocks.push((lblk, pblk, bytes));
             }
-            // Built from versions that changed since (or none yet): built here, unless the
-            // directory is large and the operation may still stop (it has changed nothing).
-            stale => {
-                let unlocked = stale.is_none()
-                    && blocks.len() >= BUILD_UNLOCKED_MIN
-                    && self.reads.may_build(dir)
-                    && self.may_stop();
-                if unlocked {
+            match built {
+                // Built without the lock from these very versions of the blocks: its index,
+                // or the damage it found.
+                Some(built) if built.built_from(&shape, nblocks, &blocks) => {
+                    self.reads.count_built_taken();
+                    built.result?
+                }
+                Some(_) => {
+                    let versions = blocks.iter().map(|(l, p, b)| (*l, *p, &b[..]));
+                    shape.build(nblocks, versions)?
+                }
+                None => {
                     return Err(self.reads.want_build(DirBuild {
                         shape,
                         nblocks,
                         blocks,
-                    }));
+                    }))
                 }
-                shape.build(nblocks, blocks.iter().map(|(l, p, b)| (*l, *p, &b[..])))?
             }
+        } else {
+            // Block by block, none held past its parse: a directory may be far larger than
+            // the cache.
+            let mut idx = IndexBuilder::new(shape, nblocks);
+            for (lblk, pblk) in numbers {
+                idx.add(lblk, pblk, self.block(io, pblk)?)?;
+            }
+            idx.finish()
         };
         self.note_derived(Derived::DirIndex(dir));
         self.derived.dirs.insert(dir, Arc::new(idx));

@@ -85,26 +85,58 @@ impl DirShape {
         nblocks: u32,
         blocks: impl IntoIterator<Item = (u32, u64, &'a [u8])>,
     ) -> Result<DirIndex> {
-        let mut idx = DirIndex::new(self.indexed, nblocks as usize);
+        let mut idx = IndexBuilder::new(*self, nblocks);
         for (lblk, pblk, b) in blocks {
-            let (recs, index_block) = self.parse(lblk, pblk, b)?;
-            if index_block {
-                idx.index_blocks += 1;
-            }
-            idx.space[lblk as usize] = if self.indexed { 0 } else { block_space(&recs) };
-            for r in recs {
-                if r.inode != 0 {
-                    let slot = DirSlot {
-                        ino: r.inode,
-                        file_type: r.file_type,
-                        lblk,
-                        offset: r.offset as u32,
-                    };
-                    idx.names.insert(r.name, slot);
-                }
+            idx.add(lblk, pblk, b)?;
+        }
+        Ok(idx.finish())
+    }
+}
+
+/// A directory's index being built from its blocks, one at a time in logical order.
+pub(crate) struct IndexBuilder {
+    shape: DirShape,
+    idx: DirIndex,
+}
+
+impl IndexBuilder {
+    /// An index of a directory of this shape and of `nblocks` blocks, with no block yet.
+    pub fn new(shape: DirShape, nblocks: u32) -> IndexBuilder {
+        IndexBuilder {
+            shape,
+            idx: DirIndex::new(shape.indexed, nblocks as usize),
+        }
+    }
+
+    /// Adds mapped block `lblk` (at `pblk`), checked and parsed ([`DirShape::parse`]).
+    pub fn add(&mut self, lblk: u32, pblk: u64, b: &[u8]) -> Result<()> {
+        let (recs, index_block) = self.shape.parse(lblk, pblk, b)?;
+        let idx = &mut self.idx;
+        if index_block {
+            idx.index_blocks += 1;
+        }
+        idx.space[lblk as usize] = if self.shape.indexed {
+            0
+        } else {
+            block_space(&recs)
+        };
+        for r in recs {
+            if r.inode != 0 {
+                let slot = DirSlot {
+                    ino: r.inode,
+                    file_type: r.file_type,
+                    lblk,
+                    offset: r.offset as u32,
+                };
+                idx.names.insert(r.name, slot);
             }
         }
-        Ok(idx)
+        Ok(())
+    }
+
+    /// The index.
+    pub fn finish(self) -> DirIndex {
+        self.idx
     }
 }
 
