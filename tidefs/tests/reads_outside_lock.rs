@@ -824,10 +824,16 @@ const NAMES: u32 = 8_000;
 /// A 64 MiB image from the real `mkfs.ext4`, in memory, with a directory `/big` of [`NAMES`]
 /// names (about 40 blocks, written one after the other).
 fn big_directory(dir: &Path) -> Arc<MemDev> {
-    let mem = image_in_memory(dir, "big.img", 64, &[]);
+    directory_image(dir, NAMES, &[])
+}
+
+/// A 64 MiB image from the real `mkfs.ext4` (made with `mkfs_args` too), in memory, with a
+/// directory `/big` of `names` names `entry-NNNNNN`.
+fn directory_image(dir: &Path, names: u32, mkfs_args: &[&str]) -> Arc<MemDev> {
+    let mem = image_in_memory(dir, "big.img", 64, mkfs_args);
     let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
     let d = fs.mkdir(ROOT_INO, b"big", 0o755, Creds::ROOT).unwrap();
-    for k in 0..NAMES {
+    for k in 0..names {
         fs.create(
             d.ino,
             format!("entry-{k:06}").as_bytes(),
@@ -1154,26 +1160,11 @@ fn read_ahead_does_not_thrash_a_small_cache() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mem = image_in_memory(dir.path(), "huge.img", 64, &["-N", "40000"]);
-    {
-        let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
-        let d = fs.mkdir(ROOT_INO, b"huge", 0o755, Creds::ROOT).unwrap();
-        for k in 0..30_000 {
-            fs.create(
-                d.ino,
-                format!("entry-{k:06}").as_bytes(),
-                0o100644,
-                0,
-                Creds::ROOT,
-            )
-            .unwrap();
-        }
-        fs.unmount().unwrap();
-    }
+    let mem = directory_image(dir.path(), 30_000, &["-N", "40000"]);
     // Never armed: it only counts the reads.
     let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
     let fs = Fs::open_devices(dev.clone(), None, &smallest_caches()).unwrap();
-    let huge = fs.lookup(ROOT_INO, b"huge").unwrap();
+    let huge = fs.lookup(ROOT_INO, b"big").unwrap();
     let blocks = huge.size / 4096;
     assert!(blocks > 128, "{blocks} blocks");
     let (found, _, _, reads) = read_costs(&fs, &dev, || fs.lookup(huge.ino, b"entry-012345"));

@@ -103,7 +103,7 @@ impl Meta {
             indexed,
             seed: self.dir_csum_seed(dir, generation),
             first_ino: self.geo.first_ino,
-            inodes: u64::from(self.geo.inodes_per_group) * u64::from(self.geo.groups),
+            inodes: self.geo.inodes_count(),
         }
     }
 

@@ -81,8 +81,13 @@ impl Geometry {
         (self.blocks_count - first).min(u64::from(self.blocks_per_group)) as u32
     }
 
+    /// Number of inodes: the last valid inode number.
+    pub fn inodes_count(&self) -> u64 {
+        u64::from(self.inodes_per_group) * u64::from(self.groups)
+    }
+
     pub fn valid_ino(&self, ino: u64) -> bool {
-        ino >= 1 && ino <= u64::from(self.inodes_per_group) * u64::from(self.groups)
+        ino >= 1 && ino <= self.inodes_count()
     }
 
     /// `ino` as an inode number of this file system (`NotFound` when out of range).

@@ -117,11 +117,12 @@ impl Meta {
         if self.in_memory(io, nr) {
             return Ok(());
         }
-        let slot = ((ino - 1) / self.geo.inodes_per_group) as usize % MISS_SLOTS;
+        let group = (ino - 1) / self.geo.inodes_per_group;
+        let slot = group as usize % MISS_SLOTS;
         let (ahead, end) = match self.itable_miss[slot] {
             // The same miss, met again when the operation runs after its stop.
             Some(m) if m.block == nr => (m.ahead, m.end),
-            Some(m) if m.end == nr => (true, self.inode_table_read_ahead_end(ino, nr)),
+            Some(m) if m.end == nr => (true, self.inode_table_read_ahead_end(group, nr)),
             _ => (false, nr + 1),
         };
         self.itable_miss[slot] = Some(InodeTableMiss {
@@ -135,10 +136,10 @@ impl Meta {
         self.prefetch(io, nr..end)
     }
 
-    /// Where read-ahead of the inode table from block `nr` (inode `ino`'s) ends.
-    fn inode_table_read_ahead_end(&self, ino: u32, nr: u64) -> u64 {
+    /// Where read-ahead of group `group`'s inode table from its block `nr` ends.
+    fn inode_table_read_ahead_end(&self, group: u32, nr: u64) -> u64 {
         let ipg = self.geo.inodes_per_group;
-        let group = &self.alloc.groups[((ino - 1) / ipg) as usize];
+        let group = &self.alloc.groups[group as usize];
         let used = u64::from(ipg.saturating_sub(group.itable_unused));
         let used_blocks =
             (used * u64::from(self.geo.inode_size)).div_ceil(u64::from(self.geo.block_size));

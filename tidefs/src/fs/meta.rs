@@ -369,9 +369,9 @@ impl Meta {
     /// Blocks read ahead without the lock (asked for by [`Meta::prefetch`]) join the cache as
     /// clean blocks, outside any operation, those still current: no memory holds a copy, and
     /// their removal stamp has not moved since their read was planned, so none left the
-    /// cache, was freed or was handed out again meanwhile (`BlockCache::forget` moves it even
-    /// for a block it does not hold). A pointer led to each when it was asked for; none may
-    /// lead to it now, which is why the stamp must cover frees too.
+    /// cache or was freed meanwhile (`BlockCache::forget_run` moves it even for a block it
+    /// does not hold). A pointer led to each when it was asked for; none may lead to it now,
+    /// which is why the stamp must cover frees too.
     pub fn keep_read_ahead(&mut self, io: &Io, blocks: Vec<TaggedBlock>) {
         // All judged before any is inserted: an insertion into a full cache evicts, which
         // moves the stamps of other buckets.
