@@ -707,3 +707,124 @@ pub fn assert_journal_reservations_held(fs: &tidefs::fs::Fs) {
         "journal reservations overrun, or made after a change"
     );
 }
+
+/// A memory device whose reads (or writes), once armed, wait until released: a test holds an
+/// operation at its device access and checks what others can do meanwhile.
+pub struct HeldDev {
+    inner: std::sync::Arc<tidefs::dev::MemDev>,
+    /// Whether writes are held (else reads).
+    holds_writes: bool,
+    /// Every read sleeps this long first.
+    delay: std::time::Duration,
+    /// (armed, released); `held` counts accesses waiting.
+    state: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+    held: std::sync::Mutex<usize>,
+    held_changed: std::sync::Condvar,
+    pub reads: std::sync::atomic::AtomicU64,
+    /// Bytes the reads asked for.
+    pub read_bytes: std::sync::atomic::AtomicU64,
+}
+
+impl HeldDev {
+    /// A device that holds reads once armed; every read first sleeps `delay`.
+    pub fn reads(
+        inner: std::sync::Arc<tidefs::dev::MemDev>,
+        delay: std::time::Duration,
+    ) -> HeldDev {
+        HeldDev {
+            inner,
+            holds_writes: false,
+            delay,
+            state: std::sync::Mutex::new((false, false)),
+            changed: std::sync::Condvar::new(),
+            held: std::sync::Mutex::new(0),
+            held_changed: std::sync::Condvar::new(),
+            reads: Default::default(),
+            read_bytes: Default::default(),
+        }
+    }
+
+    /// A device that holds writes once armed.
+    pub fn writes(inner: std::sync::Arc<tidefs::dev::MemDev>) -> HeldDev {
+        HeldDev {
+            holds_writes: true,
+            ..HeldDev::reads(inner, std::time::Duration::ZERO)
+        }
+    }
+
+    pub fn arm(&self) {
+        self.state.lock().unwrap().0 = true;
+    }
+
+    pub fn release(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+
+    /// Arms the device and runs `f` on a new thread; returns once `f`'s device access is held
+    /// (`what` names it if it never comes).
+    pub fn hold_of<T: Send + 'static>(
+        &self,
+        what: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        self.arm();
+        let thread = std::thread::spawn(f);
+        assert!(
+            self.wait_for_held(std::time::Duration::from_secs(30)),
+            "{what} never reached the device"
+        );
+        thread
+    }
+
+    /// Waits until an access is being held (or `timeout` passes); returns whether one is.
+    pub fn wait_for_held(&self, timeout: std::time::Duration) -> bool {
+        let held = self.held.lock().unwrap();
+        let (held, _) = self
+            .held_changed
+            .wait_timeout_while(held, timeout, |n| *n == 0)
+            .unwrap();
+        *held > 0
+    }
+
+    /// Waits while the device is armed and not released.
+    fn wait_if_held(&self) {
+        let mut s = self.state.lock().unwrap();
+        if s.0 && !s.1 {
+            *self.held.lock().unwrap() += 1;
+            self.held_changed.notify_all();
+            while !s.1 {
+                s = self.changed.wait(s).unwrap();
+            }
+        }
+    }
+}
+
+impl tidefs::dev::BlockDevice for HeldDev {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.read_bytes
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        if !self.holds_writes {
+            self.wait_if_held();
+        }
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        if self.holds_writes {
+            self.wait_if_held();
+        }
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn len_bytes(&self) -> u64 {
+        self.inner.len_bytes()
+    }
+}

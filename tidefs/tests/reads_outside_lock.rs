@@ -15,108 +15,13 @@
 mod common;
 
 use std::path::Path;
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use common::HeldDev;
 use tidefs::dev::{BlockDevice, MemDev};
 use tidefs::fs::{Creds, DataMode, Fs, MountOptions, RenameFlags, ROOT_INO};
 use tidefs::FsError;
-
-/// A memory device whose reads, once armed, wait until released.
-struct HeldReads {
-    inner: Arc<MemDev>,
-    /// Every read sleeps this long first.
-    delay: Duration,
-    /// (armed, released); `held` counts reads waiting.
-    state: Mutex<(bool, bool)>,
-    changed: Condvar,
-    held: Mutex<usize>,
-    held_changed: Condvar,
-    reads: std::sync::atomic::AtomicU64,
-    /// Bytes the reads asked for.
-    read_bytes: std::sync::atomic::AtomicU64,
-}
-
-impl HeldReads {
-    fn new(inner: Arc<MemDev>, delay: Duration) -> HeldReads {
-        HeldReads {
-            inner,
-            delay,
-            state: Mutex::new((false, false)),
-            changed: Condvar::new(),
-            held: Mutex::new(0),
-            held_changed: Condvar::new(),
-            reads: Default::default(),
-            read_bytes: Default::default(),
-        }
-    }
-
-    fn arm(&self) {
-        self.state.lock().unwrap().0 = true;
-    }
-
-    fn release(&self) {
-        self.state.lock().unwrap().1 = true;
-        self.changed.notify_all();
-    }
-
-    /// Arms the device and runs `f` on a new thread; returns once `f`'s device read is held
-    /// (`what` names it if it never comes).
-    fn hold_read_of<T: Send + 'static>(
-        &self,
-        what: &str,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> std::thread::JoinHandle<T> {
-        self.arm();
-        let thread = std::thread::spawn(f);
-        assert!(
-            self.wait_for_held_read(Duration::from_secs(30)),
-            "{what} never read the device"
-        );
-        thread
-    }
-
-    /// Waits until a read is being held (or `timeout` passes); returns whether one is.
-    fn wait_for_held_read(&self, timeout: Duration) -> bool {
-        let held = self.held.lock().unwrap();
-        let (held, _) = self
-            .held_changed
-            .wait_timeout_while(held, timeout, |n| *n == 0)
-            .unwrap();
-        *held > 0
-    }
-}
-
-impl BlockDevice for HeldReads {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        self.reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.read_bytes
-            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        if !self.delay.is_zero() {
-            std::thread::sleep(self.delay);
-        }
-        let mut s = self.state.lock().unwrap();
-        if s.0 && !s.1 {
-            *self.held.lock().unwrap() += 1;
-            self.held_changed.notify_all();
-            while !s.1 {
-                s = self.changed.wait(s).unwrap();
-            }
-        }
-        drop(s);
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn len_bytes(&self) -> u64 {
-        self.inner.len_bytes()
-    }
-}
 
 /// An image from the real mkfs.ext4, served from memory.
 fn image_in_memory(dir: &Path, name: &str, size_mb: u64, extra: &[&str]) -> Arc<MemDev> {
@@ -250,7 +155,7 @@ fn cached_operations_do_not_wait_for_another_operations_device_read() {
     }
 
     // A cold cache: warm only what the cached operations will use.
-    let dev = Arc::new(HeldReads::new(mem, Duration::ZERO));
+    let dev = Arc::new(HeldDev::reads(mem, Duration::ZERO));
     let fs = Arc::new(Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap());
     let warm = fs.lookup(ROOT_INO, b"f0").unwrap();
     assert!(names(&fs) >= 40);
@@ -259,7 +164,7 @@ fn cached_operations_do_not_wait_for_another_operations_device_read() {
 
     let lookup = {
         let fs = fs.clone();
-        dev.hold_read_of("the cold lookup", move || fs.lookup(ROOT_INO, b"f39"))
+        dev.hold_of("the cold lookup", move || fs.lookup(ROOT_INO, b"f39"))
     };
     let (tx, rx) = mpsc::channel();
     {
@@ -291,7 +196,7 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
     const FILES: u64 = 12;
     let dir = tempfile::tempdir().unwrap();
     let mem = image_in_memory(dir.path(), "churn.img", 32, &["-J", "size=4"]);
-    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::from_micros(300)));
+    let dev = Arc::new(HeldDev::reads(mem.clone(), Duration::from_micros(300)));
     let fs = Arc::new(Fs::open_devices(dev.clone(), None, &smallest_caches()).unwrap());
     let creds = Creds::ROOT;
     let reads_at_mount = dev.reads.load(std::sync::atomic::Ordering::Relaxed);
@@ -378,7 +283,7 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
     after_remount(fs, &mem, check);
 }
 
-/// A fresh image behind a [`HeldReads`] device with file `old` (8 KiB of `x`) and an empty
+/// A fresh image behind a [`HeldDev`] device with file `old` (8 KiB of `x`) and an empty
 /// file `other`, synced and out of the caches; what a deletion, a create, a commit and a
 /// write-back need is warmed (a file written and synced) without caching the old file's
 /// second block. With `published`, the first block of `old` is read, which publishes its
@@ -387,7 +292,7 @@ fn reads_outside_the_lock_never_use_a_stale_block() {
 struct HeldFile {
     _dir: tempfile::TempDir,
     mem: Arc<MemDev>,
-    dev: Arc<HeldReads>,
+    dev: Arc<HeldDev>,
     fs: Arc<Fs>,
     old: u64,
     other: u64,
@@ -396,7 +301,7 @@ struct HeldFile {
 fn held_file(published: bool) -> HeldFile {
     let dir = tempfile::tempdir().unwrap();
     let mem = image_in_memory(dir.path(), "held.img", 16, &[]);
-    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
+    let dev = Arc::new(HeldDev::reads(mem.clone(), Duration::ZERO));
     let fs = Arc::new(Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap());
     let creds = Creds::ROOT;
     let old = fs.create(ROOT_INO, b"old", 0o100644, 0, creds).unwrap().ino;
@@ -433,8 +338,7 @@ fn race_held_read<T: Send + 'static>(
 ) -> (tidefs::Result<T>, tidefs::Result<Vec<u8>>) {
     let reader = {
         let (fs, old) = (h.fs.clone(), h.old);
-        h.dev
-            .hold_read_of("the read", move || fs.read(old, 4096, 4096))
+        h.dev.hold_of("the read", move || fs.read(old, 4096, 4096))
     };
     let (tx, rx) = mpsc::channel();
     let fs = h.fs.clone();
@@ -765,7 +669,7 @@ fn last_release_of_an_evicted_orphan_frees_it() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mem = image_in_memory(dir.path(), "orphan.img", 32, &[]);
-    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
+    let dev = Arc::new(HeldDev::reads(mem.clone(), Duration::ZERO));
     let opts = MountOptions::default();
     let fs = Fs::open_devices(dev.clone(), None, &opts).unwrap();
     let creds = Creds::ROOT;
@@ -805,7 +709,7 @@ fn last_release_of_an_evicted_orphan_frees_it() {
 
 /// What one call cost: the stops for device reads, the reads made under the lock, and the
 /// reads the device served.
-fn read_costs<T>(fs: &Fs, dev: &HeldReads, f: impl FnOnce() -> T) -> (T, u64, u64, u64) {
+fn read_costs<T>(fs: &Fs, dev: &HeldDev, f: impl FnOnce() -> T) -> (T, u64, u64, u64) {
     let served = || dev.reads.load(std::sync::atomic::Ordering::Relaxed);
     let (before, reads) = (fs.stats(), served());
     let r = f();
@@ -860,9 +764,9 @@ fn big_block(dir: &Path, mem: &MemDev, lblk: u32) -> u64 {
 }
 
 /// [`big_directory`] mounted on a device that counts its reads (never armed), with `/big`.
-fn big_directory_counted(dir: &Path) -> (Arc<HeldReads>, Fs, tidefs::fs::Attr) {
+fn big_directory_counted(dir: &Path) -> (Arc<HeldDev>, Fs, tidefs::fs::Attr) {
     let mem = big_directory(dir);
-    let dev = Arc::new(HeldReads::new(mem, Duration::ZERO));
+    let dev = Arc::new(HeldDev::reads(mem, Duration::ZERO));
     let fs = Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap();
     let big = fs.lookup(ROOT_INO, b"big").unwrap();
     (dev, fs, big)
@@ -952,7 +856,7 @@ fn the_leaves_of_a_cold_extent_tree_are_read_together() {
         fs.unmount().unwrap();
     }
     // Never armed: it only counts the reads.
-    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
+    let dev = Arc::new(HeldDev::reads(mem.clone(), Duration::ZERO));
     let fs = Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap();
     let f = fs.lookup(ROOT_INO, b"sparse").unwrap();
     let last = 2 * (EXTENTS - 1) * 4096;
@@ -1162,7 +1066,7 @@ fn read_ahead_does_not_thrash_a_small_cache() {
     let dir = tempfile::tempdir().unwrap();
     let mem = directory_image(dir.path(), 30_000, &["-N", "40000"]);
     // Never armed: it only counts the reads.
-    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
+    let dev = Arc::new(HeldDev::reads(mem.clone(), Duration::ZERO));
     let fs = Fs::open_devices(dev.clone(), None, &smallest_caches()).unwrap();
     let huge = fs.lookup(ROOT_INO, b"big").unwrap();
     let blocks = huge.size / 4096;
@@ -1246,7 +1150,7 @@ fn walks_of_two_groups_inode_tables_are_both_read_ahead() {
         .parse()
         .unwrap();
     let mem = Arc::new(MemDev::from_bytes(std::fs::read(&img).unwrap()));
-    let dev = Arc::new(HeldReads::new(mem.clone(), Duration::ZERO));
+    let dev = Arc::new(HeldDev::reads(mem.clone(), Duration::ZERO));
     let fs = Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap();
     let mut dirs = Vec::new();
     for name in [&b"a"[..], b"b"] {
