@@ -446,6 +446,10 @@ fn mount_opts(cfg: &Config) -> MountOptions {
         // that a seed replays the same states. The log is still checkpointed when full.
         hold_checkpoints: true,
         fenced_commits: cfg.fenced_commits,
+        // A commit allocates for more than one page over holes in pieces before its close
+        // (docs/DESIGN.md §2.5): the workloads' few-page writes go through it too, not only
+        // megabytes.
+        allocate_piece_pages: 1,
         ..MountOptions::default()
     }
 }

@@ -64,6 +64,11 @@ pub(crate) struct AllocState {
     /// Block and inode bitmap blocks: with the GDT and the superblock, what lightweight mode
     /// journals.
     pub bitmap_blocks: HashSet<u64>,
+    /// Blocks a commit's write-back allocated for pages before closing the transaction
+    /// (`Meta::allocate_ahead`): the close treats a page over one as over a hole just filled
+    /// (nothing of it at home or in the log), as it would have, had it allocated the block
+    /// itself. Emptied when the transaction closes.
+    pub allocated_ahead: BlockRuns,
 }
 
 /// A set of blocks kept as disjoint runs: deleting a 60 GiB file quarantines 15 million

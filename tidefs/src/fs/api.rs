@@ -408,9 +408,16 @@ pub struct MountOptions {
     pub data_mode: DataMode,
     /// Never start a checkpoint on the timer or at half a log (the log is still checkpointed
     /// when it is full, and by a lightweight commit whose blocks it holds, both set by the
-    /// commits alone): for the recovery benchmark, which needs a log full of transactions at
-    /// the crash, and the crash harness, whose recordings must not depend on thread timing.
+    /// commits alone), and commit a transaction grown large in the operation that found it
+    /// so rather than on the background thread: for the recovery benchmark, which needs a
+    /// log full of transactions at the crash, and the crash harness, whose recordings must
+    /// not depend on thread timing.
     pub hold_checkpoints: bool,
+    /// Pages over holes a commit allocates blocks for in each hold of the metadata lock
+    /// before it closes its transaction (docs/DESIGN.md §2.5, "Delayed allocation and
+    /// write-back"); a commit with no more than this allocates them all in its close, which
+    /// holds the lock throughout. Smaller pieces let other operations in more often.
+    pub allocate_piece_pages: usize,
     /// What a flush does on the image and journal files (`-o barrier=`); `None` is unsafe.
     pub barrier: crate::dev::Barrier,
     /// Flush every transaction's body before its commit block (`-o fenced_commits`), so the
@@ -429,6 +436,7 @@ impl Default for MountOptions {
             cache_size_bytes: 256 << 20,
             data_mode: DataMode::Ordered,
             hold_checkpoints: false,
+            allocate_piece_pages: 1024,
             barrier: crate::dev::Barrier::Flush,
             fenced_commits: false,
         }

@@ -100,6 +100,8 @@ pub(crate) struct DirtyPage {
     pub first_write: usize,
     /// See [`Page::mode`].
     pub mode: DataMode,
+    /// The page holds a reserved block (it is over a hole).
+    pub reserved: bool,
 }
 
 /// One piece of a `write()` as it changes one page.
@@ -361,10 +363,30 @@ impl DataCache {
 
     /// The dirty pages of `ino`, in block order.
     pub fn dirty_pages(&self, ino: u32) -> Vec<DirtyPage> {
+        self.dirty_pages_where(ino, 0, usize::MAX, |_| true)
+    }
+
+    /// The first `limit` dirty pages of `ino` from block `first` on that hold a reserved
+    /// block (pages over holes), in block order.
+    pub fn pages_over_holes(&self, ino: u32, first: u32, limit: usize) -> Vec<DirtyPage> {
+        self.dirty_pages_where(ino, first, limit, |p| p.reserved)
+    }
+
+    /// The first `limit` dirty pages of `ino` from block `first` on for which `keep` holds,
+    /// in block order.
+    fn dirty_pages_where(
+        &self,
+        ino: u32,
+        first: u32,
+        limit: usize,
+        keep: impl Fn(&Page) -> bool,
+    ) -> Vec<DirtyPage> {
         self.files.get(&ino).map_or_else(Vec::new, |f| {
             f.dirty
-                .iter()
+                .range(first..)
                 .filter_map(|l| f.pages.get(l).map(|p| (l, p)))
+                .filter(|(_, p)| keep(p))
+                .take(limit)
                 .map(|(l, p)| DirtyPage {
                     lblk: *l,
                     gen: p.gen,
@@ -372,6 +394,7 @@ impl DataCache {
                     changed: p.changed.clone(),
                     first_write: p.first_write,
                     mode: p.mode,
+                    reserved: p.reserved,
                 })
                 .collect()
         })

@@ -64,6 +64,8 @@ impl Meta {
         let tid = self.tid;
         self.tid = tid.wrapping_add(1);
         self.sync.set_running(self.tid);
+        // Blocks allocated ahead of this close are this transaction's (`Meta::allocate_ahead`).
+        self.alloc.allocated_ahead = Default::default();
         tid
     }
 

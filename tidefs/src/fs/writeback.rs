@@ -39,6 +39,20 @@ pub(crate) struct HomeWrite {
     pub ordered: bool,
 }
 
+impl HomeWrite {
+    /// Page `page` of file `ino`, for byte `at` of the device.
+    fn of(ino: u32, page: DirtyPage, at: u64, ordered: bool) -> HomeWrite {
+        HomeWrite {
+            at,
+            bytes: page.bytes,
+            ino,
+            lblk: page.lblk,
+            gen: page.gen,
+            ordered,
+        }
+    }
+}
+
 /// Which pages a write-back takes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scope {
@@ -48,6 +62,10 @@ pub(crate) enum Scope {
     /// that writes data in place: they need no metadata change, so fdatasync can send them
     /// home without a commit.
     Overwrites(u32),
+    /// The first `pages` pages over holes, of every file, from block `from.1` of inode
+    /// `from.0` on: a commit's write-back allocates their blocks in pieces before it closes
+    /// the transaction (`Meta::allocate_ahead`), and collects nothing.
+    Allocate { pages: usize, from: (u32, u32) },
 }
 
 impl Meta {
@@ -57,30 +75,62 @@ impl Meta {
         self.run_op(|m| m.writeback_pages(io, scope))
     }
 
+    /// Allocates the blocks of up to `pages` pages over holes, from block `from.1` of inode
+    /// `from.0` on, as one operation of the running transaction; returns how many it
+    /// allocated and where the next piece starts. A commit that writes much new data back
+    /// runs these in turn, each in one hold of the metadata lock, before its close, so other
+    /// operations wait for one piece at most rather than for the whole allocation (the close
+    /// then only collects the pages). The pages stay dirty, and the blocks are noted in
+    /// `allocated_ahead`, so the close handles each page as it would have had it allocated
+    /// the block itself.
+    pub(crate) fn allocate_ahead(
+        &mut self,
+        io: &Io,
+        pages: usize,
+        from: (u32, u32),
+    ) -> Result<(usize, (u32, u32))> {
+        let got = self.writeback(io, Scope::Allocate { pages, from })?;
+        let mut next = from;
+        if !self.reads.stopped() {
+            let bs = u64::from(self.geo.block_size);
+            // `got` is sorted by block: noted run by run.
+            let mut run: Option<(u64, u64)> = None;
+            for w in &got {
+                next = next.max((w.ino, w.lblk.saturating_add(1)));
+                let nr = w.at / bs;
+                run = match run {
+                    Some((first, len)) if first + len == nr => Some((first, len + 1)),
+                    Some((first, len)) => {
+                        self.alloc.allocated_ahead.insert(first, len);
+                        Some((nr, 1))
+                    }
+                    None => Some((nr, 1)),
+                };
+            }
+            if let Some((first, len)) = run {
+                self.alloc.allocated_ahead.insert(first, len);
+            }
+        }
+        Ok((got.len(), next))
+    }
+
     /// Loads what writing back `files` reads, before the write-back's first change (so that
     /// one that must read from the device stops with nothing to take back, docs/DESIGN.md
-    /// §4.1): each file's inode-table block and mode record and, for a file with blocks to
+    /// §4.1), given for each file the blocks it will allocate and whether it has pages to
+    /// write: each file's inode-table block and mode record and, for a file with blocks to
     /// allocate or pages to write, its block map and the block bitmaps and descriptors of the
     /// groups its new blocks will come from (`Meta::fetch_for_allocation`, from its goal for
-    /// its reservations, or for one tree block: pages over unwritten blocks split extents). The
+    /// those blocks, or for one tree block: pages over unwritten blocks split extents). The
     /// inode is read as stored: `read_inode` here would note the writes without the lock
     /// seen too early. The bitmaps are loaded ahead of need: a device error on one of them is
     /// left to the allocation that really needs it, if any, and never fails the write-back
     /// here. Cheap when all is cached (one hold of the page cache's mutex, a lookup per
     /// file), since it runs at every commit.
-    fn fetch_for_writeback(&mut self, io: &Io, files: &[u32]) -> Result<()> {
-        // Blocks to allocate and whether there are pages to write, per file.
-        let needs: Vec<(u64, bool)> = {
-            let pages = self.data.lock();
-            files
-                .iter()
-                .map(|&ino| (pages.reserved_of(ino), pages.dirty_count_of(ino) > 0))
-                .collect()
-        };
+    fn fetch_for_writeback(&mut self, io: &Io, files: &[(u32, u64, bool)]) -> Result<()> {
         // Blocks the files before claim from each group where a search starts: new files of
         // one directory share a goal, and each takes its blocks after those of the others.
         let mut claimed: HashMap<u32, u64> = HashMap::new();
-        for (&ino, (need, dirty)) in files.iter().zip(needs) {
+        for &(ino, need, dirty) in files {
             self.fetch_mode_record(io, ino)?;
             // Pages over blocks it has make unwritten ones written, which splits extents: the
             // tree may take a block even when no data block is allocated.
@@ -110,6 +160,9 @@ impl Meta {
     }
 
     fn writeback_pages(&mut self, io: &Io, scope: Scope) -> Result<Vec<HomeWrite>> {
+        // Allocation ahead: the pages of each file the piece takes, chosen first, so that it
+        // fetches for those alone (the close fetches for every file).
+        let mut chosen: HashMap<u32, Vec<DirtyPage>> = HashMap::new();
         let files = match scope {
             Scope::All => {
                 // And the files whose size or times writes without the lock changed.
@@ -121,21 +174,60 @@ impl Meta {
                 files
             }
             Scope::Overwrites(ino) => vec![ino],
+            Scope::Allocate {
+                pages: mut left,
+                from,
+            } => {
+                let pages = self.data.lock();
+                let mut files = Vec::new();
+                for ino in pages.dirty_files() {
+                    if left == 0 {
+                        break;
+                    }
+                    if ino < from.0 || pages.reserved_of(ino) == 0 {
+                        continue;
+                    }
+                    let first = if ino == from.0 { from.1 } else { 0 };
+                    let over_holes = pages.pages_over_holes(ino, first, left);
+                    if !over_holes.is_empty() {
+                        left -= over_holes.len();
+                        files.push(ino);
+                        chosen.insert(ino, over_holes);
+                    }
+                }
+                files
+            }
         };
-        if scope == Scope::All {
-            self.fetch_for_writeback(io, &files)?;
+        let overwrites = matches!(scope, Scope::Overwrites(_));
+        if !overwrites {
+            // Blocks to allocate and whether there are pages to write, per file.
+            let needs: Vec<(u32, u64, bool)> = {
+                let pages = self.data.lock();
+                files
+                    .iter()
+                    .map(|&ino| match chosen.get(&ino) {
+                        Some(c) => (ino, c.len() as u64, true),
+                        None => (ino, pages.reserved_of(ino), pages.dirty_count_of(ino) > 0),
+                    })
+                    .collect()
+            };
+            self.fetch_for_writeback(io, &needs)?;
         }
         let bs = u64::from(self.geo.block_size);
         let mut out = Vec::new();
         for ino in files {
             let mode = self.data_mode(io, ino)?;
-            if scope != Scope::All && mode.journals_data(usize::MAX) {
+            if overwrites && mode.journals_data(usize::MAX) {
                 // journal and wasteless: every page goes through the journal, none home.
                 continue;
             }
             // The size and times stored below are those of exactly these pages (a write
-            // without the lock may come in between the two otherwise).
-            let (pages, pending) = self.data.lock().dirty_pages_and_pending(ino);
+            // without the lock may come in between the two otherwise). Allocation ahead
+            // stores none: they wait for the close.
+            let (pages, pending) = match chosen.remove(&ino) {
+                Some(over_holes) => (over_holes, None),
+                None => self.data.lock().dirty_pages_and_pending(ino),
+            };
             let pending = pending.filter(|_| scope == Scope::All);
             if pages.is_empty() && pending.is_none() {
                 continue;
@@ -165,8 +257,14 @@ impl Meta {
                 // copy, neither revoked nor superseded, came back over the data by replay
                 // or checkpoint).
                 let (pblk, fresh, logged_before) = match map.map(page.lblk) {
+                    Some((p, false))
+                        if scope == Scope::All && self.alloc.allocated_ahead.contains(p) =>
+                    {
+                        (p, true, false)
+                    }
                     Some((p, false)) => (p, false, true),
-                    _ if scope != Scope::All => continue,
+                    _ if overwrites => continue,
+                    Some(_) if scope != Scope::All => continue,
                     Some((p, true)) => {
                         map.mark_written(page.lblk);
                         map_changed = true;
@@ -196,6 +294,12 @@ impl Meta {
                         (p, true, false)
                     }
                 };
+                if let Scope::Allocate { .. } = scope {
+                    // Noted as allocated ahead by the caller; the close does the rest.
+                    self.data.lock().allocated(ino, page.lblk);
+                    out.push(HomeWrite::of(ino, page, pblk * bs, false));
+                    continue;
+                }
                 // A page follows the strictest mode it was written under (a switch of mode
                 // keeps the old mode's promise for it). A block whose journaled copy is not
                 // home yet stays journaled until its checkpoint (selective's update sequence
@@ -205,10 +309,12 @@ impl Meta {
                 let journaled = mode.journals_data(page.first_write)
                     || (logged_before
                         && (self.cache.is_dirty(pblk) || io.journal.pending(pblk).is_some()));
-                if journaled && scope != Scope::All {
+                if journaled && overwrites {
                     continue;
                 }
-                self.data.lock().allocated(ino, page.lblk);
+                if page.reserved {
+                    self.data.lock().allocated(ino, page.lblk);
+                }
                 if journaled {
                     // The page joins the transaction; the buffer cache owns it from here, so
                     // the page is clean at once. Only the written bytes are logged when the
@@ -233,14 +339,7 @@ impl Meta {
                         }
                         self.cache.forget(pblk);
                     }
-                    out.push(HomeWrite {
-                        at: pblk * bs,
-                        bytes: page.bytes,
-                        ino,
-                        lblk: page.lblk,
-                        gen: page.gen,
-                        ordered: mode.orders_data(),
-                    });
+                    out.push(HomeWrite::of(ino, page, pblk * bs, mode.orders_data()));
                 }
             }
             if map_changed {
