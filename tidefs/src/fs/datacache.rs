@@ -633,6 +633,21 @@ impl DataCache {
             return;
         }
         self.note(ino, lblk);
+        self.mark_clean(ino, lblk);
+    }
+
+    /// [`DataCache::written_back`] for pages whose bytes a commit or an fdatasync wrote home,
+    /// called outside any operation and without the metadata lock, so never noted in the
+    /// undo record of an operation that may be running meanwhile (taken back, it could only
+    /// make such a page dirty again: its bytes would then go home once more).
+    pub fn written_home(&mut self, ino: u32, lblk: u32, gen: u64) {
+        if self.get(ino, lblk).is_some_and(|p| p.gen == gen && p.dirty) {
+            self.mark_clean(ino, lblk);
+        }
+    }
+
+    /// Page `(ino, lblk)` is clean.
+    fn mark_clean(&mut self, ino: u32, lblk: u32) {
         let Some(f) = self.files.get_mut(&ino) else {
             return;
         };

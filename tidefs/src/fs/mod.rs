@@ -2422,7 +2422,7 @@ impl Inner {
         }
         write_home(&self.io, &writes)?;
         self.io.dev.flush().map_err(FsError::Io)?;
-        self.meta.lock().finish_home_writes(&writes);
+        writeback::finish_home_writes(&self.pages, &writes);
         Ok(())
     }
 
@@ -2691,13 +2691,15 @@ impl Inner {
             // before the transaction counts as committed.
             r = self.write_in_place(&in_place);
         }
+        if r.is_ok() {
+            // Pages clean before the tid counts as durable: an fsync that waited for it finds
+            // its pages clean (`SyncWork::CommitThenOverwrites`).
+            writeback::finish_home_writes(&self.pages, &home);
+        }
         let mut m = self.meta.lock();
         m.committing.clear();
         match r {
             Ok(()) => {
-                // Pages clean before the tid counts as durable: an fsync that waited for it
-                // finds its pages clean (`SyncWork::CommitThenOverwrites`).
-                m.finish_home_writes(&home);
                 self.committed_tid.store(tid, Ordering::SeqCst);
                 m.forget_durable_tids(tid);
                 for (first, len) in freed {

@@ -13,13 +13,13 @@
 //!   selective's large writes: `HomeWrite::ordered`), else with it (writeback, lightweight:
 //!   the commit may then be unfenced, docs/DESIGN.md §4.2).
 //!
-//! Pages become clean only once their bytes are at home (`Meta::finish_home_writes`), and only
+//! Pages become clean only once their bytes are at home (`finish_home_writes`), and only
 //! if no write changed them meanwhile.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::datacache::DirtyPage;
+use super::datacache::{DataCache, DirtyPage};
 use super::extent_map::ExtentMap;
 use super::extents::inode_goal;
 use super::meta::{Io, Meta};
@@ -364,14 +364,15 @@ impl Meta {
         out.sort_unstable_by_key(|w| w.at);
         Ok(out)
     }
+}
 
-    /// Marks the pages of `writes` clean now that their bytes are at home (those changed
-    /// since stay dirty for the next write-back).
-    pub(crate) fn finish_home_writes(&mut self, writes: &[HomeWrite]) {
-        let mut pages = self.data.lock();
-        for w in writes {
-            pages.written_back(w.ino, w.lblk, w.gen);
-        }
+/// Marks the pages of `writes` clean now that their bytes are at home (those changed since
+/// stay dirty for the next write-back). Needs only the page cache's mutex: a commit of 64 MiB
+/// held the metadata lock 2-3 ms longer for it.
+pub(crate) fn finish_home_writes(pages: &parking_lot::Mutex<DataCache>, writes: &[HomeWrite]) {
+    let mut pages = pages.lock();
+    for w in writes {
+        pages.written_home(w.ino, w.lblk, w.gen);
     }
 }
 
