@@ -610,7 +610,7 @@ pub fn requests_table(requests: &[(String, u64)]) -> String {
 
 /// The human form of the counters.
 pub fn stats_table(s: &tidefs::fs::Stats) -> String {
-    let rows: [(&str, String); 23] = [
+    let rows: [(&str, String); 25] = [
         ("journal_bytes", bytes(s.journal_bytes)),
         ("home_bytes", bytes(s.home_bytes)),
         ("commits", s.commits.to_string()),
@@ -646,6 +646,14 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
             s.journal_credit_overruns.to_string(),
         ),
         ("metadata_locked", s.metadata_locked.to_string()),
+        (
+            "metadata_hold_max",
+            format!("{} us", s.metadata_hold_max_us),
+        ),
+        (
+            "metadata_holds_over_ms",
+            s.metadata_holds_over_ms.to_string(),
+        ),
     ];
     rows.iter()
         .map(|(k, v)| format!("{k:<24}{v:>20}\n"))

@@ -376,9 +376,16 @@ fn stats_reports_the_counters() {
         "fsync_p50_us",
         "fsync_p99_us",
         "checkpoints",
+        "metadata_hold_max_us",
+        "metadata_holds_over_ms",
     ] {
         assert!(value.get(key).is_some(), "{key} missing in {value}");
     }
+    // The create at least took the metadata lock.
+    assert!(
+        value["metadata_locked"].as_u64().unwrap_or(0) >= 1,
+        "{value}"
+    );
     assert!(value["fsyncs"].as_u64().unwrap_or(0) >= 10, "{value}");
     assert!(value["commits"].as_u64().unwrap_or(0) >= 1, "{value}");
     assert!(value["journal_bytes"].as_u64().unwrap_or(0) > 0, "{value}");

@@ -1,16 +1,17 @@
 //! How long a commit that writes back much new data keeps other operations waiting, embedded:
 //! WRITERS (4) threads each write a new file of MIB (32) MiB in 1 MiB writes and fsync it,
 //! while one more thread creates and unlinks a file in a directory of its own, over and over,
-//! timing each pair. It prints the pairs' p50, p99 and slowest, the writers' time and the
-//! commits; a commit's write-back allocates blocks for every page over a hole, and whatever of
-//! it runs under the metadata lock in one piece is what the pairs wait for
-//! (docs/DESIGN.md §2.5, "Delayed allocation and write-back").
+//! timing each pair. It prints the pairs' p50, p99 and slowest, the writers' time, the
+//! commits and the longest hold of the metadata lock (`tidefs stats`). A commit's write-back
+//! allocates blocks for every page over a hole, and whatever of it runs under the metadata
+//! lock in one piece is what the pairs wait for (docs/DESIGN.md §2.5, "Delayed allocation and
+//! write-back").
 //!
 //! Usage (an image made by `tidefs mkfs` or mkfs.ext4, 1 GiB or more; the files are removed
-//! at the end):
+//! at the end; PIECE sets `MountOptions::allocate_piece_pages`, 1024 by default):
 //!
 //! ```text
-//! cargo run --release -p tidefs --example commit_hold -- IMAGE [WRITERS [MIB]]
+//! cargo run --release -p tidefs --example commit_hold -- IMAGE [WRITERS [MIB [PIECE]]]
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,12 +46,16 @@ fn dir(fs: &Fs, name: &[u8]) -> Ino {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(image) = args.get(1).map(std::path::Path::new) else {
-        eprintln!("usage: commit_hold IMAGE [WRITERS [MIB]]");
+        eprintln!("usage: commit_hold IMAGE [WRITERS [MIB [PIECE]]]");
         std::process::exit(2);
     };
     let writers: u32 = arg(&args, 2, 4, "WRITERS");
     let mib: u64 = arg(&args, 3, 32, "MIB");
-    let fs = Arc::new(Fs::open(image, &MountOptions::default()).expect("open the image"));
+    let opts = MountOptions {
+        allocate_piece_pages: arg(&args, 4, 1024, "PIECE"),
+        ..MountOptions::default()
+    };
+    let fs = Arc::new(Fs::open(image, &opts).expect("open the image"));
     let data_dir = dir(&fs, b"data");
     let probe_dir = dir(&fs, b"probe");
     fs.fsync(probe_dir, false).expect("fsync");
@@ -108,6 +113,10 @@ fn main() {
         "waits for journal room {}, device reads deferred {}",
         after.journal_room_waits - before.journal_room_waits,
         after.deferred_reads - before.deferred_reads
+    );
+    println!(
+        "metadata lock: longest hold {} us, {} holds of 1 ms or more",
+        after.metadata_hold_max_us, after.metadata_holds_over_ms
     );
     println!(
         "create + unlink meanwhile ({}): p50 {:?} p99 {:?} max {:?}",

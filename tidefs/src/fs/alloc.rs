@@ -361,12 +361,12 @@ impl Meta {
     }
 
     /// Sets blocks aside for writes without the metadata lock (`fs/cached_writes.rs`) up to
-    /// [`SPARE_BLOCKS`], when that leaves at least four times as many allocatable beyond
+    /// `target`, when that leaves at least four times [`SPARE_BLOCKS`] allocatable beyond
     /// `margin`: a file system close to full keeps none.
-    pub fn top_up_spare(&self, margin: u64) {
+    pub fn top_up_spare(&self, target: u64, margin: u64) {
         let room = self.allocatable_blocks();
         let mut pages = self.data.lock();
-        let want = SPARE_BLOCKS.saturating_sub(pages.spare());
+        let want = target.saturating_sub(pages.spare());
         if want > 0 && room >= margin + want + 4 * SPARE_BLOCKS {
             pages.add_spare(want);
         }

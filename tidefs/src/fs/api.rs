@@ -522,4 +522,12 @@ pub struct Stats {
     /// metadata lock; the others ran without it (docs/DESIGN.md §2.5).
     #[cfg_attr(feature = "serde", serde(default))]
     pub metadata_locked: u64,
+    /// The longest hold of the metadata lock since mount, in microseconds: the longest any
+    /// operation that needs the lock may have waited for the one before it
+    /// (`fs/timed_lock.rs`).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub metadata_hold_max_us: u64,
+    /// Holds of the metadata lock of a millisecond or more since mount.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub metadata_holds_over_ms: u64,
 }

@@ -554,25 +554,7 @@ impl DataCache {
         mode: DataMode,
     ) -> Option<u64> {
         let bs = u64::from(block_size);
-        let end = offset + data.len() as u64;
-        let (Ok(first), Ok(last)) = (u32::try_from(offset / bs), u32::try_from((end - 1) / bs))
-        else {
-            return None;
-        };
-        if data.is_empty() {
-            return None;
-        }
-        let map = self.maps.get(&ino);
-        let mut holes = 0u64;
-        for l in first..=last {
-            let saved = self.undo.as_ref().and_then(|u| u.get(&(ino, l)));
-            match (self.get(ino, l), saved) {
-                (Some(_), Some(None)) => return None,
-                (Some(_), _) => {}
-                (None, None) if map.is_some_and(|m| m.map(l).is_none()) => holes += 1,
-                (None, _) => return None,
-            }
-        }
+        let (first, last, holes) = self.holes_of_write(ino, offset, data.len(), block_size)?;
         // No eviction here: it could take a page this write just found.
         if holes > self.spare || (holes > 0 && self.pages + holes as usize > self.max_pages) {
             return None;
@@ -601,6 +583,57 @@ impl DataCache {
             at += len;
         }
         Some(holes)
+    }
+
+    /// The blocks (first, last) a write of `len` bytes at `offset` into `ino` covers and how
+    /// many of them are holes of its published map with no page: `None` when it cannot go
+    /// without the metadata lock for another cause than spare blocks (no published map for a
+    /// block without a page, a page the running operation added, an empty write, offsets
+    /// past 32-bit blocks).
+    fn holes_of_write(
+        &self,
+        ino: u32,
+        offset: u64,
+        len: usize,
+        block_size: u32,
+    ) -> Option<(u32, u32, u64)> {
+        let bs = u64::from(block_size);
+        let end = offset.checked_add(len as u64)?;
+        if len == 0 {
+            return None;
+        }
+        let (Ok(first), Ok(last)) = (u32::try_from(offset / bs), u32::try_from((end - 1) / bs))
+        else {
+            return None;
+        };
+        let map = self.maps.get(&ino);
+        let mut holes = 0u64;
+        for l in first..=last {
+            let saved = self.undo.as_ref().and_then(|u| u.get(&(ino, l)));
+            match (self.get(ino, l), saved) {
+                (Some(_), Some(None)) => return None,
+                (Some(_), _) => {}
+                (None, None) if map.is_some_and(|m| m.map(l).is_none()) => holes += 1,
+                (None, _) => return None,
+            }
+        }
+        Some((first, last, holes))
+    }
+
+    /// How many spare blocks a write of `len` bytes at `offset` into `ino` lacks to go
+    /// without the metadata lock (`write_cached`): `Some(n)` when that alone refused it and
+    /// setting `n` more blocks aside (and no more pages than the cache holds) would let it
+    /// go; `None` otherwise.
+    pub fn spare_short_for_write(
+        &self,
+        ino: u32,
+        offset: u64,
+        len: usize,
+        block_size: u32,
+    ) -> Option<u64> {
+        let (_, _, holes) = self.holes_of_write(ino, offset, len, block_size)?;
+        (holes > self.spare && self.pages + holes as usize <= self.max_pages)
+            .then(|| holes - self.spare)
     }
 
     /// Applies `change` to the cached page `(ino, lblk)`, keeping the counters right.

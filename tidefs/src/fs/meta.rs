@@ -592,7 +592,7 @@ impl Meta {
         }
         if let Some((ino, mode)) = u.publish_write {
             self.data.lock().writes_mut().publish_mode(ino, mode);
-            self.top_up_spare_with_margin();
+            self.top_up_spare_with_margin(0);
         }
     }
 

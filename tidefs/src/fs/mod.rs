@@ -43,6 +43,7 @@ mod open_files;
 mod ops;
 mod read_plan;
 mod sync_view;
+mod timed_lock;
 mod tx_changes;
 mod writeback;
 
@@ -119,6 +120,9 @@ struct Counters {
     late_journal_reservations: AtomicU64,
     journal_credit_overruns: AtomicU64,
 }
+
+/// A hold of the metadata lock (timed: `fs/timed_lock.rs`).
+type MetaGuard<'a> = timed_lock::TimedGuard<'a, Meta>;
 
 /// Entries `Fs::readdir` gathers per batch (under the metadata lock, or from a published
 /// directory index without it).
@@ -225,7 +229,7 @@ struct Inner {
     free: Arc<meta::FreeCounts>,
     /// `Meta::sync`: what fsync planning reads without the metadata lock.
     sync: Arc<sync_view::SyncView>,
-    meta: Mutex<Meta>,
+    meta: timed_lock::TimedLock<Meta>,
     /// Serialises commits: at most one transaction is being committed at a time.
     gate: CommitGate,
     /// fsyncs answered by callback, served by the `tidefs-fsync` thread.
@@ -676,7 +680,7 @@ impl Fs {
             data_journaling: meta.derived.modes.data_journaling_flag(),
             free: meta.free.clone(),
             sync: meta.sync.clone(),
-            meta: Mutex::new(meta),
+            meta: timed_lock::TimedLock::new(meta),
             gate: CommitGate::default(),
             syncs: SyncQueue::default(),
             orphans_freed: (Mutex::new(0), Condvar::new()),
@@ -1193,7 +1197,10 @@ impl Fs {
             return Err(FsError::ReadOnly);
         };
         let _g = self.inner.data_locks.write(n);
-        if self.inner.write_cached(n, offset, data) {
+        if self.inner.write_cached(n, offset, data)
+            || (self.inner.spare_for_write(n, offset, data.len())
+                && self.inner.write_cached(n, offset, data))
+        {
             // At most `data.len()`, which FUSE bounds far below u32::MAX.
             return Ok(data.len() as u32);
         }
@@ -1791,6 +1798,9 @@ impl Fs {
             reads_under_lock: c.reads_under_lock.load(Ordering::Relaxed),
             dir_indexes_built_unlocked: c.dir_indexes_built_unlocked.load(Ordering::Relaxed),
             metadata_locked: c.metadata_locked.load(Ordering::Relaxed),
+            metadata_hold_max_us: u64::try_from(self.inner.meta.longest_hold().as_micros())
+                .unwrap_or(u64::MAX),
+            metadata_holds_over_ms: self.inner.meta.holds_over_ms(),
             stops_after_change: c.stops_after_change.load(Ordering::Relaxed),
             undone_after_change: c.undone_after_change.load(Ordering::Relaxed),
             journal_room_waits: c.journal_room_waits.load(Ordering::Relaxed),
@@ -1866,12 +1876,7 @@ impl Inner {
         let Some(mode) = pages.writes().mode(n) else {
             return false;
         };
-        let blocks = data.len().div_ceil(bs as usize) + 1;
-        let journaled_limit = self.io.journal.max_transaction_blocks() / 4;
-        if pages.dirty_count() + blocks >= pages.dirty_limit()
-            || (self.data_journaling.load(Ordering::SeqCst)
-                && pages.dirty_count() + blocks >= journaled_limit)
-        {
+        if !self.dirty_room_for(&pages, data.len()) {
             return false;
         }
         self.names
@@ -1901,6 +1906,54 @@ impl Inner {
                 Some(())
             })
             .is_some()
+    }
+
+    /// Whether a write of `len` bytes without the metadata lock leaves the dirty pages under
+    /// their limit (and, on a mount that journals data, under a quarter of the largest
+    /// transaction): past it, writes go under the lock, which starts the commit.
+    fn dirty_room_for(&self, pages: &datacache::DataCache, len: usize) -> bool {
+        let blocks = len.div_ceil(self.geo.block_size as usize) + 1;
+        let journaled_limit = self.io.journal.max_transaction_blocks() / 4;
+        pages.dirty_count() + blocks < pages.dirty_limit()
+            && !(self.data_journaling.load(Ordering::SeqCst)
+                && pages.dirty_count() + blocks >= journaled_limit)
+    }
+
+    /// A write without the lock was refused only because its pages over holes need more
+    /// spare blocks than are set aside (a write of more than [`cached_writes::SPARE_BLOCKS`]
+    /// new blocks, 256 KiB of 4 KiB blocks): sets that many more aside in one short hold of
+    /// the metadata lock, if the room allows (`Meta::top_up_spare`), so that the bytes are
+    /// copied without it. Whether it set them aside; the write may still be refused (another
+    /// writer took them meanwhile) and then goes under the lock. A 1 MiB write into a new
+    /// file held the lock about a millisecond, for the copy.
+    fn spare_for_write(&self, n: u32, offset: u64, len: usize) -> bool {
+        if !self.changes_without_lock() {
+            return false;
+        }
+        let bs = self.geo.block_size;
+        let short = {
+            let pages = self.pages.lock();
+            if !self.dirty_room_for(&pages, len) {
+                return false;
+            }
+            pages.spare_short_for_write(n, offset, len, bs)
+        };
+        let Some(short) = short else {
+            return false;
+        };
+        self.counters
+            .metadata_locked
+            .fetch_add(1, Ordering::Relaxed);
+        let m = self.meta.lock();
+        if m.read_only {
+            return false;
+        }
+        m.top_up_spare_with_margin(short);
+        drop(m);
+        self.pages
+            .lock()
+            .spare_short_for_write(n, offset, len, bs)
+            .is_none()
     }
 
     /// Plans [`Fs::read`] without the metadata lock (docs/DESIGN.md §2.5, "Reads without
@@ -2062,7 +2115,7 @@ impl Inner {
     fn lock_meta_reading<T>(
         &self,
         mut f: impl FnMut(&mut Meta) -> T,
-    ) -> Result<(parking_lot::MutexGuard<'_, Meta>, T)> {
+    ) -> Result<(MetaGuard<'_>, T)> {
         self.counters
             .metadata_locked
             .fetch_add(1, Ordering::Relaxed);
@@ -2482,11 +2535,7 @@ impl Inner {
     /// Frees orphan `ino` under the metadata lock `m` (mount and unmount), in steps with a
     /// commit between them when it is too big for one transaction ([`Meta::free_step`]),
     /// then [`Inner::commit_if_half_full`]. Hands back the lock (taken again after a commit).
-    fn free_orphan_now<'a>(
-        &'a self,
-        mut m: parking_lot::MutexGuard<'a, Meta>,
-        ino: u32,
-    ) -> Result<parking_lot::MutexGuard<'a, Meta>> {
+    fn free_orphan_now<'a>(&'a self, mut m: MetaGuard<'a>, ino: u32) -> Result<MetaGuard<'a>> {
         while !m.free_step(&self.io, ino)? {
             drop(m);
             self.commit_running()?;
@@ -2498,10 +2547,7 @@ impl Inner {
     /// Commits when the running transaction holds half of the journal's limit or more, so
     /// that orphans finished one after another at mount or unmount do not pile up in one
     /// transaction. Hands back the lock (taken again after a commit).
-    fn commit_if_half_full<'a>(
-        &'a self,
-        m: parking_lot::MutexGuard<'a, Meta>,
-    ) -> Result<parking_lot::MutexGuard<'a, Meta>> {
+    fn commit_if_half_full<'a>(&'a self, m: MetaGuard<'a>) -> Result<MetaGuard<'a>> {
         let size = m.transaction_size(self.io.journal.revokes_per_block());
         if size < self.io.journal.max_transaction_blocks() / 2 {
             return Ok(m);
@@ -2754,7 +2800,7 @@ impl Inner {
             match self.lock_meta_reading(|m| m.allocate_ahead(&self.io, piece, from)) {
                 Ok((m, Ok((n, next)))) if n == piece => {
                     // A waiting operation goes next, not this thread's next piece.
-                    parking_lot::MutexGuard::unlock_fair(m);
+                    m.unlock_fair();
                     from = next;
                 }
                 Ok((_, Ok(_))) => return,
@@ -3969,6 +4015,41 @@ mod tests {
             "the write-back stopped for a read after its first change"
         );
         assert_eq!(fs.read(second, 0, 8192).unwrap(), vec![2u8; 8192]);
+    }
+
+    /// Goal: a write of more new blocks than the spare holds (1 MiB into a new file: 256
+    /// against 64) sets the blocks it needs aside in one short hold of the metadata lock and
+    /// copies its bytes without it: it leaves the record of a write without the lock (size
+    /// and times for the metadata side), where a write under the lock stores them in the
+    /// inode; the spare is back to its usual size after it; and the data survives a crash.
+    /// Method: the record is read from the page cache after the write; then an fsync, a crash
+    /// and a remount.
+    #[test]
+    fn a_write_larger_than_the_spare_copies_without_the_lock() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+        let f = new_file(&fs, b"big");
+        let n = f as u32;
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 241) as u8).collect();
+        assert!(fs.inner.pages.lock().spare() < 256, "the spare holds 1 MiB already");
+        assert_eq!(fs.write(f, 0, &data).unwrap() as usize, data.len());
+        {
+            let pages = fs.inner.pages.lock();
+            let pending = pages.writes().pending(n);
+            assert!(
+                pending.is_some_and(|p| p.size == data.len() as u64),
+                "the write went under the metadata lock: {pending:?}"
+            );
+            assert!(pages.spare() <= cached_writes::SPARE_BLOCKS, "the spare stayed large");
+        }
+        assert_eq!(fs.getattr(f).unwrap().size, data.len() as u64);
+        fs.fsync(f, false).unwrap();
+        fs.crash();
+        drop(fs);
+        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        assert!(fs.read(f, 0, 1 << 20).unwrap() == data, "the data differs");
     }
 
     /// Goal: the writes that follow a create or a truncate (`O_TRUNC`), and the set-ID check

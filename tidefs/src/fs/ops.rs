@@ -12,7 +12,7 @@ use crate::format::ext4::xattr::{self, Xattr};
 use crate::{FsError, Result};
 
 use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode};
-use super::cached_writes::{from_ts, later, to_ts};
+use super::cached_writes::{from_ts, later, to_ts, SPARE_BLOCKS};
 use super::datacache::{zero_page, DataCache};
 use super::extents::{inode_goal, ExtentMap};
 use super::log_credits::{free_credits, runs_credits, Reserve, TREE_CREDITS};
@@ -1280,15 +1280,17 @@ impl Meta {
                 u.publish_write = Some((ino, mode));
                 u.forgot.insert(ino, Some(i.clone()));
             }
-            None => self.top_up_spare_with_margin(),
+            None => self.top_up_spare_with_margin(0),
         }
         Ok(())
     }
 
-    /// [`Meta::top_up_spare`] beyond the margin the page cache's reservations call for.
-    pub(super) fn top_up_spare_with_margin(&self) {
+    /// [`Meta::top_up_spare`] to [`SPARE_BLOCKS`] (or `more` beyond what is set aside, if
+    /// that is more), beyond the margin the page cache's reservations call for.
+    pub(super) fn top_up_spare_with_margin(&self, more: u64) {
         let margin = self.reservation_margin();
-        self.top_up_spare(margin);
+        let target = SPARE_BLOCKS.max(self.data.lock().spare() + more);
+        self.top_up_spare(target, margin);
     }
 
     /// Writes file data into the page cache (delayed allocation: blocks are allocated and
