@@ -4033,7 +4033,10 @@ mod tests {
         let f = new_file(&fs, b"big");
         let n = f as u32;
         let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 241) as u8).collect();
-        assert!(fs.inner.pages.lock().spare() < 256, "the spare holds 1 MiB already");
+        assert!(
+            fs.inner.pages.lock().spare() < 256,
+            "the spare holds 1 MiB already"
+        );
         assert_eq!(fs.write(f, 0, &data).unwrap() as usize, data.len());
         {
             let pages = fs.inner.pages.lock();
@@ -4042,7 +4045,10 @@ mod tests {
                 pending.is_some_and(|p| p.size == data.len() as u64),
                 "the write went under the metadata lock: {pending:?}"
             );
-            assert!(pages.spare() <= cached_writes::SPARE_BLOCKS, "the spare stayed large");
+            assert!(
+                pages.spare() <= cached_writes::SPARE_BLOCKS,
+                "the spare stayed large"
+            );
         }
         assert_eq!(fs.getattr(f).unwrap().size, data.len() as u64);
         fs.fsync(f, false).unwrap();
