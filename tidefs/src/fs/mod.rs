@@ -121,6 +121,10 @@ struct Counters {
     journal_credit_overruns: AtomicU64,
 }
 
+/// Bytes of a write without the lock whose whole pages are made before the page cache's
+/// mutex is taken (`Inner::write_cached`): FUSE sends at most 1 MiB.
+const MAX_WHOLE_PAGES_AHEAD: usize = 8 << 20;
+
 /// A hold of the metadata lock (timed: `fs/timed_lock.rs`).
 type MetaGuard<'a> = timed_lock::TimedGuard<'a, Meta>;
 
@@ -1872,6 +1876,13 @@ impl Inner {
             return false;
         }
         let bs = self.geo.block_size;
+        // Made before the page cache's mutex is taken (`DataCache::write_cached_with`); not
+        // for a write so large that the dirty limit likely sends it under the lock anyway.
+        let whole = if data.len() <= MAX_WHOLE_PAGES_AHEAD {
+            datacache::WholePages::of(offset, data, bs)
+        } else {
+            datacache::WholePages::default()
+        };
         let mut pages = self.pages.lock();
         let Some(mode) = pages.writes().mode(n) else {
             return false;
@@ -1884,7 +1895,7 @@ impl Inner {
                 if attr.kind != FileKind::File {
                     return None;
                 }
-                let holes = pages.write_cached(n, offset, data, bs, mode)?;
+                let holes = pages.write_cached_with(n, offset, data, bs, mode, &whole)?;
                 // Pages over holes hold a block each, counted as ext4 counts delayed blocks.
                 attr.blocks += holes * u64::from(bs / 512);
                 let (ctime, mtime) = (
