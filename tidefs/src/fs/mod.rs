@@ -1201,9 +1201,10 @@ impl Fs {
             return Err(FsError::ReadOnly);
         };
         let _g = self.inner.data_locks.write(n);
-        if self.inner.write_cached(n, offset, data)
+        let whole = self.inner.whole_pages(n, offset, data);
+        if self.inner.write_cached(n, offset, data, &whole)
             || (self.inner.spare_for_write(n, offset, data.len())
-                && self.inner.write_cached(n, offset, data))
+                && self.inner.write_cached(n, offset, data, &whole))
         {
             // At most `data.len()`, which FUSE bounds far below u32::MAX.
             return Ok(data.len() as u32);
@@ -1865,7 +1866,13 @@ impl Inner {
     /// holds the file's data lock, which every other change of its size takes too. `false`:
     /// nothing changed, the write goes under the lock (which also starts the commits that a
     /// growing amount of dirty data asks for).
-    fn write_cached(&self, n: u32, offset: u64, data: &[u8]) -> bool {
+    fn write_cached(
+        &self,
+        n: u32,
+        offset: u64,
+        data: &[u8],
+        whole: &datacache::WholePages,
+    ) -> bool {
         if data.is_empty() || !self.changes_without_lock() {
             return false;
         }
@@ -1876,13 +1883,6 @@ impl Inner {
             return false;
         }
         let bs = self.geo.block_size;
-        // Made before the page cache's mutex is taken (`DataCache::write_cached_with`); not
-        // for a write so large that the dirty limit likely sends it under the lock anyway.
-        let whole = if data.len() <= MAX_WHOLE_PAGES_AHEAD {
-            datacache::WholePages::of(offset, data, bs)
-        } else {
-            datacache::WholePages::default()
-        };
         let mut pages = self.pages.lock();
         let Some(mode) = pages.writes().mode(n) else {
             return false;
@@ -1895,7 +1895,7 @@ impl Inner {
                 if attr.kind != FileKind::File {
                     return None;
                 }
-                let holes = pages.write_cached_with(n, offset, data, bs, mode, &whole)?;
+                let holes = pages.write_cached_with(n, offset, data, bs, mode, whole)?;
                 // Pages over holes hold a block each, counted as ext4 counts delayed blocks.
                 attr.blocks += holes * u64::from(bs / 512);
                 let (ctime, mtime) = (
@@ -1917,6 +1917,23 @@ impl Inner {
                 Some(())
             })
             .is_some()
+    }
+
+    /// The pages a write covers whole, made before the page cache's mutex is taken
+    /// (`DataCache::write_cached_with`), once for both tries of [`Fs::write`] without the
+    /// lock; none for a file that does not take writes without the lock, for a write of
+    /// fewer than 16 blocks (its copy under the mutex is short; one more hold of the mutex
+    /// to check the file would cost as much), nor for a write so large that the dirty limit
+    /// likely sends it under the lock anyway.
+    fn whole_pages(&self, n: u32, offset: u64, data: &[u8]) -> datacache::WholePages {
+        let bs = self.geo.block_size;
+        if data.len() < 16 * bs as usize
+            || data.len() > MAX_WHOLE_PAGES_AHEAD
+            || self.pages.lock().writes().mode(n).is_none()
+        {
+            return datacache::WholePages::default();
+        }
+        datacache::WholePages::of(offset, data, bs)
     }
 
     /// Whether a write of `len` bytes without the metadata lock leaves the dirty pages under
@@ -1944,7 +1961,7 @@ impl Inner {
         let bs = self.geo.block_size;
         let short = {
             let pages = self.pages.lock();
-            if !self.dirty_room_for(&pages, len) {
+            if pages.writes().mode(n).is_none() || !self.dirty_room_for(&pages, len) {
                 return false;
             }
             pages.spare_short_for_write(n, offset, len, bs)
@@ -4232,7 +4249,7 @@ mod tests {
         let n = f as u32;
         fs.write(f, 0, b"hello").unwrap();
         assert!(
-            fs.inner.write_cached(n, 5, b"!"),
+            fs.inner.write_cached(n, 5, b"!", &Default::default()),
             "not served without the lock"
         );
         let io = &fs.inner.io;
@@ -4247,7 +4264,7 @@ mod tests {
             .run_op(|m| {
                 let mut i = m.read_inode(io, n)?;
                 assert_eq!(i.size(), 6);
-                assert!(fs.inner.write_cached(n, 6, b"??"));
+                assert!(fs.inner.write_cached(n, 6, b"??", &Default::default()));
                 i.set_mode(0o100600);
                 m.write_inode(io, n, &mut i)
             })
@@ -4279,7 +4296,7 @@ mod tests {
             .run_op(|m| {
                 let mut i = m.read_inode(io, n)?;
                 assert_eq!(i.size(), 8);
-                assert!(fs.inner.write_cached(n, 8, b"+"));
+                assert!(fs.inner.write_cached(n, 8, b"+", &Default::default()));
                 assert_eq!(m.read_inode(io, n)?.size(), 9);
                 i.set_mode(0o100640);
                 m.write_inode(io, n, &mut i)
