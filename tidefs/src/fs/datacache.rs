@@ -136,6 +136,16 @@ impl WholePages {
     }
 }
 
+/// Why a write without the metadata lock was refused (it then goes under the lock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// It needs this many more spare blocks than are set aside, and nothing else stopped it:
+    /// setting them aside lets it go (`Fs::write`).
+    Spare(u64),
+    /// Anything else.
+    Other,
+}
+
 /// One piece of a `write()` as it changes one page.
 struct PageWrite<'a> {
     offset: usize,
@@ -594,6 +604,7 @@ impl DataCache {
         mode: DataMode,
     ) -> Option<u64> {
         self.write_cached_with(ino, offset, data, block_size, mode, &WholePages::default())
+            .ok()
     }
 
     /// [`DataCache::write_cached`] with the pages the write covers whole made ahead, outside
@@ -609,12 +620,17 @@ impl DataCache {
         block_size: u32,
         mode: DataMode,
         whole: &WholePages,
-    ) -> Option<u64> {
+    ) -> Result<u64, Refused> {
         let bs = u64::from(block_size);
-        let (first, last, holes) = self.holes_of_write(ino, offset, data.len(), block_size)?;
+        let (first, last, holes) = self
+            .holes_of_write(ino, offset, data.len(), block_size)
+            .ok_or(Refused::Other)?;
         // No eviction here: it could take a page this write just found.
-        if holes > self.spare || (holes > 0 && self.pages + holes as usize > self.max_pages) {
-            return None;
+        if holes > 0 && self.pages + holes as usize > self.max_pages {
+            return Err(Refused::Other);
+        }
+        if holes > self.spare {
+            return Err(Refused::Spare(holes - self.spare));
         }
         self.spare -= holes;
         let mut at = 0usize;
@@ -644,7 +660,7 @@ impl DataCache {
             }
             at += len;
         }
-        Some(holes)
+        Ok(holes)
     }
 
     /// The blocks (first, last) a write of `len` bytes at `offset` into `ino` covers and how
@@ -680,22 +696,6 @@ impl DataCache {
             }
         }
         Some((first, last, holes))
-    }
-
-    /// How many spare blocks a write of `len` bytes at `offset` into `ino` lacks to go
-    /// without the metadata lock (`write_cached`): `Some(n)` when that alone refused it and
-    /// setting `n` more blocks aside (and no more pages than the cache holds) would let it
-    /// go; `None` otherwise.
-    pub fn spare_short_for_write(
-        &self,
-        ino: u32,
-        offset: u64,
-        len: usize,
-        block_size: u32,
-    ) -> Option<u64> {
-        let (_, _, holes) = self.holes_of_write(ino, offset, len, block_size)?;
-        (holes > self.spare && self.pages + holes as usize <= self.max_pages)
-            .then(|| holes - self.spare)
     }
 
     /// Applies `change` to the cached page `(ino, lblk)`, keeping the counters right.

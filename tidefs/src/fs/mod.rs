@@ -80,6 +80,7 @@ use crate::journal::{
 };
 use crate::{FsError, Result};
 
+use datacache::Refused;
 use fsync_queue::{SyncJob, SyncQueue, SyncWork};
 use layout::Layout;
 use lifecycle::{Lifecycle, Running};
@@ -1202,10 +1203,13 @@ impl Fs {
         };
         let _g = self.inner.data_locks.write(n);
         let whole = self.inner.whole_pages(n, offset, data);
-        if self.inner.write_cached(n, offset, data, &whole)
-            || (self.inner.spare_for_write(n, offset, data.len())
-                && self.inner.write_cached(n, offset, data, &whole))
-        {
+        let mut cached = self.inner.write_cached(n, offset, data, &whole);
+        if let Err(Refused::Spare(short)) = cached {
+            if self.inner.set_spare_aside(short) {
+                cached = self.inner.write_cached(n, offset, data, &whole);
+            }
+        }
+        if cached.is_ok() {
             // At most `data.len()`, which FUSE bounds far below u32::MAX.
             return Ok(data.len() as u32);
         }
@@ -1863,39 +1867,44 @@ impl Inner {
     /// attributes the new size and times, and leaves both for the metadata side
     /// (`fs/cached_writes.rs`). All of it in one hold of the page cache's mutex and the name
     /// cache's attribute lock, so a reader sees the write whole or not at all. The caller
-    /// holds the file's data lock, which every other change of its size takes too. `false`:
-    /// nothing changed, the write goes under the lock (which also starts the commits that a
-    /// growing amount of dirty data asks for).
+    /// holds the file's data lock, which every other change of its size takes too. Refused:
+    /// nothing changed, and the write goes under the lock (which also starts the commits that
+    /// a growing amount of dirty data asks for), unless it lacked only spare blocks
+    /// ([`Refused::Spare`]).
     fn write_cached(
         &self,
         n: u32,
         offset: u64,
         data: &[u8],
         whole: &datacache::WholePages,
-    ) -> bool {
+    ) -> std::result::Result<(), Refused> {
         if data.is_empty() || !self.changes_without_lock() {
-            return false;
+            return Err(Refused::Other);
         }
         let Some(end) = offset.checked_add(data.len() as u64) else {
-            return false;
+            return Err(Refused::Other);
         };
         if end > self.geo.max_file_bytes() {
-            return false;
+            return Err(Refused::Other);
         }
         let bs = self.geo.block_size;
         let mut pages = self.pages.lock();
         let Some(mode) = pages.writes().mode(n) else {
-            return false;
+            return Err(Refused::Other);
         };
         if !self.dirty_room_for(&pages, data.len()) {
-            return false;
+            return Err(Refused::Other);
         }
+        let mut refused = Refused::Other;
         self.names
             .change_attr(n, |attr, unseen| {
                 if attr.kind != FileKind::File {
                     return None;
                 }
-                let holes = pages.write_cached_with(n, offset, data, bs, mode, whole)?;
+                let holes = pages
+                    .write_cached_with(n, offset, data, bs, mode, whole)
+                    .map_err(|r| refused = r)
+                    .ok()?;
                 // Pages over holes hold a block each, counted as ext4 counts delayed blocks.
                 attr.blocks += holes * u64::from(bs / 512);
                 let (ctime, mtime) = (
@@ -1916,7 +1925,7 @@ impl Inner {
                 attr.ctime = attr.mtime;
                 Some(())
             })
-            .is_some()
+            .ok_or(refused)
     }
 
     /// The pages a write covers whole, made before the page cache's mutex is taken
@@ -1947,28 +1956,18 @@ impl Inner {
                 && pages.dirty_count() + blocks >= journaled_limit)
     }
 
-    /// A write without the lock was refused only because its pages over holes need more
-    /// spare blocks than are set aside (a write of more than [`cached_writes::SPARE_BLOCKS`]
-    /// new blocks, 256 KiB of 4 KiB blocks): sets that many more aside in one short hold of
-    /// the metadata lock, if the room allows (`Meta::top_up_spare`), so that the bytes are
-    /// copied without it. Whether it set them aside; the write may still be refused (another
-    /// writer took them meanwhile) and then goes under the lock. A 1 MiB write into a new
-    /// file held the lock about a millisecond, for the copy.
-    fn spare_for_write(&self, n: u32, offset: u64, len: usize) -> bool {
+    /// A write without the lock was refused only because its pages over holes need `short`
+    /// more spare blocks than are set aside (a write of more than
+    /// [`cached_writes::SPARE_BLOCKS`] new blocks, 256 KiB of 4 KiB blocks): sets them aside
+    /// in one short hold of the metadata lock, if the room allows (`Meta::top_up_spare`), so
+    /// that [`Fs::write`] tries again and copies the bytes without it. Whether it took the
+    /// lock to try; the write may still be refused (another writer took the blocks
+    /// meanwhile, or there was no room) and then goes under the lock. A 1 MiB write into a
+    /// new file held the lock about a millisecond, for the copy.
+    fn set_spare_aside(&self, short: u64) -> bool {
         if !self.changes_without_lock() {
             return false;
         }
-        let bs = self.geo.block_size;
-        let short = {
-            let pages = self.pages.lock();
-            if pages.writes().mode(n).is_none() || !self.dirty_room_for(&pages, len) {
-                return false;
-            }
-            pages.spare_short_for_write(n, offset, len, bs)
-        };
-        let Some(short) = short else {
-            return false;
-        };
         self.counters
             .metadata_locked
             .fetch_add(1, Ordering::Relaxed);
@@ -1977,11 +1976,7 @@ impl Inner {
             return false;
         }
         m.top_up_spare_with_margin(short);
-        drop(m);
-        self.pages
-            .lock()
-            .spare_short_for_write(n, offset, len, bs)
-            .is_none()
+        true
     }
 
     /// Plans [`Fs::read`] without the metadata lock (docs/DESIGN.md §2.5, "Reads without
@@ -4249,7 +4244,9 @@ mod tests {
         let n = f as u32;
         fs.write(f, 0, b"hello").unwrap();
         assert!(
-            fs.inner.write_cached(n, 5, b"!", &Default::default()),
+            fs.inner
+                .write_cached(n, 5, b"!", &Default::default())
+                .is_ok(),
             "not served without the lock"
         );
         let io = &fs.inner.io;
@@ -4264,7 +4261,10 @@ mod tests {
             .run_op(|m| {
                 let mut i = m.read_inode(io, n)?;
                 assert_eq!(i.size(), 6);
-                assert!(fs.inner.write_cached(n, 6, b"??", &Default::default()));
+                assert!(fs
+                    .inner
+                    .write_cached(n, 6, b"??", &Default::default())
+                    .is_ok());
                 i.set_mode(0o100600);
                 m.write_inode(io, n, &mut i)
             })
@@ -4296,7 +4296,10 @@ mod tests {
             .run_op(|m| {
                 let mut i = m.read_inode(io, n)?;
                 assert_eq!(i.size(), 8);
-                assert!(fs.inner.write_cached(n, 8, b"+", &Default::default()));
+                assert!(fs
+                    .inner
+                    .write_cached(n, 8, b"+", &Default::default())
+                    .is_ok());
                 assert_eq!(m.read_inode(io, n)?.size(), 9);
                 i.set_mode(0o100640);
                 m.write_inode(io, n, &mut i)
