@@ -18,30 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidefs::fs::{Creds, Fs, Ino, MountOptions, ROOT_INO};
+mod common;
 
-fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T, what: &str) -> T {
-    match args.get(i).map(|s| s.parse()) {
-        None => default,
-        Some(Ok(v)) => v,
-        Some(Err(_)) => {
-            eprintln!("{what} must be a number");
-            std::process::exit(2);
-        }
-    }
-}
-
-/// The directory `name` under the root, made if missing.
-fn dir(fs: &Fs, name: &[u8]) -> Ino {
-    match fs.lookup(ROOT_INO, name) {
-        Ok(a) => a.ino,
-        Err(_) => {
-            fs.mkdir(ROOT_INO, name, 0o755, Creds::ROOT)
-                .expect("mkdir")
-                .ino
-        }
-    }
-}
+use common::{arg, dir};
+use tidefs::fs::{Creds, Fs, MountOptions};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

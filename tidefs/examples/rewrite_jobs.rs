@@ -13,18 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidefs::fs::{Creds, Fs, MountOptions, SetAttr, ROOT_INO};
+mod common;
 
-fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T, what: &str) -> T {
-    match args.get(i).map(|s| s.parse()) {
-        None => default,
-        Some(Ok(v)) => v,
-        Some(Err(_)) => {
-            eprintln!("{what} must be a number");
-            std::process::exit(2);
-        }
-    }
-}
+use common::{arg, dir};
+use tidefs::fs::{Creds, Fs, MountOptions, SetAttr};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -43,14 +35,7 @@ fn main() {
             let (fs, stop, files) = (fs.clone(), stop.clone(), files.clone());
             std::thread::spawn(move || {
                 let name = format!("job{t}");
-                let dir = match fs.lookup(ROOT_INO, name.as_bytes()) {
-                    Ok(a) => a.ino,
-                    Err(_) => {
-                        fs.mkdir(ROOT_INO, name.as_bytes(), 0o755, Creds::ROOT)
-                            .expect("mkdir")
-                            .ino
-                    }
-                };
+                let dir = dir(&fs, name.as_bytes());
                 let block = [7u8; 4096];
                 let cut = SetAttr {
                     size: Some(0),
