@@ -202,6 +202,9 @@ pub(crate) struct Meta {
     /// taken back for making the transaction too large runs again and is not counted.) Moved
     /// into the file system's counters by `Inner::lock_meta_reading`.
     pub undone_after_change: u64,
+    /// The dirty pages when the last operation began (`Meta::begin_op`): one that ends with
+    /// more added pages, and pays for the commit they start (`Fs::with_meta`).
+    pub dirty_at_op_start: usize,
     /// The journal space the running operation reserved (`fs/log_credits.rs`), and the
     /// counts of operations that waited for room or overran their reservation.
     pub credits: super::log_credits::LogCredits,
@@ -441,7 +444,11 @@ impl Meta {
         self.op_light = None;
         self.free_in_steps.clear();
         self.cache.begin_undo();
-        self.data.lock().begin_undo();
+        {
+            let mut pages = self.data.lock();
+            pages.begin_undo();
+            self.dirty_at_op_start = pages.dirty_count();
+        }
         self.op_undo = Some(OpUndo {
             sb: self.sb.clone(),
             sb_dirty: self.sb_dirty,

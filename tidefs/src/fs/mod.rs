@@ -666,6 +666,7 @@ impl Fs {
             reads: deferred_reads::DeferredReads::default(),
             pending_seen: HashMap::new(),
             undone_after_change: 0,
+            dirty_at_op_start: 0,
             credits: log_credits::LogCredits::default(),
             itable_miss: Default::default(),
         };
@@ -864,11 +865,9 @@ impl Fs {
             // reserves (or, overrunning its reservation, took the transaction over the
             // bound), with whether anything came before it to commit first.
             let mut too_big = None;
-            let mut dirty_before = 0;
             let (r, big, dirtied, waiting_frees, steps) = {
                 let (mut m, r) = inner.lock_meta_reading(|m| {
                     too_big = None;
-                    dirty_before = m.data.lock().dirty_count();
                     if write && m.read_only {
                         return Err(FsError::ReadOnly);
                     }
@@ -890,7 +889,7 @@ impl Fs {
                 };
                 let big =
                     m.transaction_size(per_revoke_block) >= limit / 2 || dirty_pages >= dirty_limit;
-                let dirtied = dirty_pages > dirty_before;
+                let dirtied = dirty_pages > m.dirty_at_op_start;
                 (r, big, dirtied, m.frees_pending(), steps)
             };
             if too_big == Some(true) && alone < 3 {
