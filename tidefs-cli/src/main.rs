@@ -629,13 +629,13 @@ pub fn stats_table(s: &tidefs::fs::Stats) -> String {
         ("range_bytes", bytes(s.range_bytes)),
         ("compact_commits", s.compact_commits.to_string()),
         ("deferred_reads", s.deferred_reads.to_string()),
-        ("stops_after_change", s.stops_after_change.to_string()),
+        ("reads_after_change", s.reads_after_change.to_string()),
         ("reads_under_lock", s.reads_under_lock.to_string()),
         (
             "dir_indexes_built_unlocked",
             s.dir_indexes_built_unlocked.to_string(),
         ),
-        ("undone_after_change", s.undone_after_change.to_string()),
+        ("failed_after_change", s.failed_after_change.to_string()),
         ("journal_room_waits", s.journal_room_waits.to_string()),
         (
             "late_journal_reservations",

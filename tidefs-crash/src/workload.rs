@@ -894,13 +894,19 @@ pub fn record(
         writes.extend(st.writes);
         failures.extend(st.failures);
     }
-    // Every operation reserved the journal space it used before its first change.
+    // Every operation reserved the journal space it used before its first change, and none
+    // failed after it (which would have put the file system in its error state).
     let stats = fs.stats();
-    if stats.journal_credit_overruns > 0 || stats.late_journal_reservations > 0 {
+    if stats.journal_credit_overruns > 0
+        || stats.late_journal_reservations > 0
+        || stats.failed_after_change > 0
+    {
         failures.push(format!(
             "{} operation(s) changed more journal blocks than they reserved, {} reservation(s) \
-             came after an operation's first change",
-            stats.journal_credit_overruns, stats.late_journal_reservations
+             came after an operation's first change, {} operation(s) failed after it",
+            stats.journal_credit_overruns,
+            stats.late_journal_reservations,
+            stats.failed_after_change
         ));
     }
     fs.unmount()?;

@@ -1,9 +1,9 @@
 //! Goal: an operation that fails for a reason it can know up front — no block or inode left,
 //! a name that exists or does not, a directory that is not empty, a directory moved into
 //! itself, an attribute that does not fit — fails before its first change
-//! (docs/DESIGN.md §4.1, step 1 of the plan in §8), so nothing it did has to be taken back:
-//! `Stats::undone_after_change` stays 0. Only a device error or corruption found half-way
-//! may take an operation back after a change.
+//! (docs/DESIGN.md §4.1, step 1 of the plan in §8), since one that fails after a change puts
+//! the file system in its error state: `Stats::failed_after_change` stays 0. Only a device
+//! error or corruption found half-way may fail an operation after a change.
 //!
 //! Method: a small image made by the real `mkfs.ext4` (few blocks, few inodes), mounted in
 //! memory, and a few thousand random operations from a fixed seed until blocks and inodes
@@ -17,8 +17,8 @@
 //! stayed 0 after every operation, and that the image is clean at the end. It checks the
 //! journal reservations too (`fs/log_credits.rs`): no operation changed more journal blocks
 //! than it reserved, or reserved after its first change. And it empties the caches every
-//! seven steps, so operations and commits meet cold blocks: none may stop for a device read
-//! after its first change (`Stats::stops_after_change`). Before 2026-11-27 a `mkdir` or a
+//! seven steps, so operations and commits meet cold blocks: none may need a device read
+//! after its first change (`Stats::reads_after_change`; such a read is made under the lock). Before 2026-11-27 a `mkdir` or a
 //! slow `symlink` whose block came from another group than its inode's did, 1 to 5 in every
 //! hundred stops, and so did, once in about 18 000 operations, a commit's write-back of pages
 //! over unwritten blocks whose extents split into a new tree block.
@@ -104,7 +104,8 @@ fn run_seed(seed: u64) {
     let mut reads_met = 0;
     for step in 0..6_000u64 {
         // Every few steps the caches are emptied, so operations (and the commits' write-backs)
-        // meet cold blocks and stop to read them; none may stop after its first change.
+        // meet cold blocks and stop to read them; none may need a read after its first
+        // change.
         let before = fs.stats();
         if step % 7 == 3 {
             fs.drop_caches().unwrap();
@@ -230,8 +231,8 @@ fn run_seed(seed: u64) {
         }
         let after = fs.stats();
         assert_eq!(
-            after.stops_after_change, before.stops_after_change,
-            "seed {seed}, step {step}: operation {op} ({r:?}), or a commit, stopped for a read \
+            after.reads_after_change, before.reads_after_change,
+            "seed {seed}, step {step}: operation {op} ({r:?}), or a commit, read a block \
              after its first change"
         );
         if step % 1500 == 1499 {
@@ -243,8 +244,8 @@ fn run_seed(seed: u64) {
         }
         let stats = fs.stats();
         assert_eq!(
-            stats.undone_after_change, 0,
-            "seed {seed}, step {step}: operation {op} ({r:?}) was taken back after a change; errors so far: \
+            stats.failed_after_change, 0,
+            "seed {seed}, step {step}: operation {op} ({r:?}) failed after a change; errors so far: \
              {errors:?}"
         );
         // Every operation reserved its journal space before its first change, and enough.
@@ -281,12 +282,13 @@ fn run_seed(seed: u64) {
 /// Goal: the operations that store journaling-mode records in files — a directory's mode
 /// change (its files follow it), a move or a link into a directory with a mode of its own —
 /// find out before their first change that a record has no room: once a mode change stored
-/// the directory's record and then ran out of space on a file's, and had to be taken back
+/// the directory's record and then ran out of space on a file's, after its first change
 /// (found by the random workload above); a move or a link whose file's attributes leave no
-/// room for the record added the name first. Method: files whose inodes, and attribute
+/// room for the record added the name first (a failure after a change now puts the file
+/// system in its error state). Method: files whose inodes, and attribute
 /// blocks, hold no room for a record; a move and a link of such a file into a directory with
 /// a mode, then, with the file system filled, a mode change of a directory of files whose
-/// records need blocks: each fails with `NoSpace`, `undone_after_change` stays 0, the names
+/// records need blocks: each fails with `NoSpace`, `failed_after_change` stays 0, the names
 /// stay where they were; `e2fsck -fn` after.
 #[test]
 fn mode_records_without_room_fail_before_their_first_change() {
@@ -319,9 +321,9 @@ fn mode_records_without_room_fail_before_their_first_change() {
     let check = |what: &str, r: Result<(), FsError>| {
         assert!(matches!(r, Err(FsError::NoSpace)), "{what}: {r:?}");
         assert_eq!(
-            fs.stats().undone_after_change,
+            fs.stats().failed_after_change,
             0,
-            "{what} was taken back after a change"
+            "{what} failed after a change"
         );
     };
     check(

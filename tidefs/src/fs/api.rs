@@ -478,15 +478,16 @@ pub struct Stats {
     /// Cache flushes the devices received (file-system and journal device), counting the one
     /// each durable write (a commit record) ends with.
     pub flushes: u64,
-    /// Times an operation stopped to read a block from the device without the metadata lock,
-    /// then ran again (docs/DESIGN.md §2.5).
+    /// Times an operation stopped, before its first change, to read a block from the device
+    /// without the metadata lock, then ran again (docs/DESIGN.md §2.5).
     #[cfg_attr(feature = "serde", serde(default))]
     pub deferred_reads: u64,
-    /// Of those, the stops that came after the operation had changed cached metadata, whose
-    /// changes were taken back and made again: what fetching blocks before the first change
-    /// avoids (docs/DESIGN.md §4.1).
+    /// Device reads operations made after they had changed cached metadata: such an
+    /// operation never stops (its change is never taken back), so it reads under the
+    /// metadata lock; what fetching blocks before the first change avoids (docs/DESIGN.md
+    /// §4.1).
     #[cfg_attr(feature = "serde", serde(default))]
-    pub stops_after_change: u64,
+    pub reads_after_change: u64,
     /// Device reads operations made under the metadata lock: those past the rounds of reads
     /// without it one operation may take (docs/DESIGN.md §2.5).
     #[cfg_attr(feature = "serde", serde(default))]
@@ -498,13 +499,12 @@ pub struct Stats {
     /// counted, an index whose directory changed meanwhile, built again under the lock.
     #[cfg_attr(feature = "serde", serde(default))]
     pub dir_indexes_built_unlocked: u64,
-    /// Operations that failed after changing cached metadata, and were taken back, for
-    /// another cause than a device read: a failure found only half-way (space, a check), an
-    /// I/O error or corruption (an operation taken back for making its transaction too large
-    /// runs again after a commit and is not counted). Step 1 of the plan in docs/DESIGN.md §8
-    /// aims at none outside device errors and damage.
+    /// Operations that failed after changing cached metadata, each of which put the file
+    /// system in its error state (docs/DESIGN.md §4.1, §5): an I/O error or corruption found
+    /// half-way, or a failure found only half-way (space, a check), which is a bug: every
+    /// such failure is found before the first change.
     #[cfg_attr(feature = "serde", serde(default))]
-    pub undone_after_change: u64,
+    pub failed_after_change: u64,
     /// Operations that stopped because the running transaction had no room in the journal for
     /// what they reserve, and ran again after a commit (docs/DESIGN.md §4.1).
     #[cfg_attr(feature = "serde", serde(default))]

@@ -4,9 +4,12 @@
 //! runs every operation of the API, the commit's write-back and fsync planning). When it
 //! needs a block that is in no memory copy (buffer cache, commit in flight, journal), it does
 //! not read the device under the lock: it asks for the block ([`DeferredReads::home_copy`])
-//! and fails; the operation is rolled back whole, the lock is released, the block is read, and
-//! the operation runs again with the block at hand ([`FetchedBlocks`]). So no operation
-//! waits behind another one's device read (docs/DESIGN.md §2.5).
+//! and fails; the operation, which has changed nothing yet, ends, the lock is released, the
+//! block is read, and the operation runs again with the block at hand ([`FetchedBlocks`]). So
+//! no operation waits behind another one's device read (docs/DESIGN.md §2.5). An operation
+//! that has changed metadata already never stops: it reads under the lock, and such reads are
+//! counted (`Stats::reads_after_change`), since fetching before the first change is the rule
+//! (docs/DESIGN.md §4.1) and a change is never taken back for a read.
 //!
 //! A fetched block is used only while it is still the newest copy: the cache did not hold it
 //! when its read was planned, and its removal stamp (`BlockCache::removal_stamp`) has not
@@ -124,9 +127,9 @@ pub(crate) struct DeferredReads {
     ahead: bool,
     /// The directory index the operation asked to build, if it stopped for that.
     build: Option<DirBuild>,
-    /// The operation had changed cached metadata when it asked (its run's changes are taken
-    /// back and made again).
-    after_change: bool,
+    /// Device reads operations made under the lock after their first change (they never
+    /// stop then), not yet moved into the file system's counters.
+    after_change: u64,
 }
 
 impl DeferredReads {
@@ -139,7 +142,6 @@ impl DeferredReads {
         self.wanted.clear();
         self.ahead = false;
         self.build = None;
-        self.after_change = false;
     }
 
     /// The operation ended: the blocks it asked for (none if it did not stop), and the
@@ -158,6 +160,11 @@ impl DeferredReads {
     /// The operation asked for a block: whatever it did must be taken back.
     pub fn stopped(&self) -> bool {
         !self.wanted.is_empty() || self.build.is_some()
+    }
+
+    /// An operation of `Inner::lock_meta_reading` runs (its reads deferred or not).
+    pub fn running(&self) -> bool {
+        self.running
     }
 
     /// Reads are deferred: an operation may ask for blocks ([`DeferredReads::want_all`]).
@@ -185,7 +192,6 @@ impl DeferredReads {
         debug_assert!(self.active && !blocks.is_empty());
         self.wanted = blocks;
         self.ahead = true;
-        self.after_change = false;
         deferred()
     }
 
@@ -203,7 +209,6 @@ impl DeferredReads {
         debug_assert!(self.may_build(build.shape.dir));
         self.fetched.build_asked.insert(build.shape.dir);
         self.build = Some(build);
-        self.after_change = false;
         deferred()
     }
 
@@ -228,32 +233,33 @@ impl DeferredReads {
         std::mem::take(&mut self.under_lock)
     }
 
-    /// The last run stopped for a block after it had changed cached metadata (kept after
-    /// [`DeferredReads::end`], until the next run begins).
-    pub fn stopped_after_change(&self) -> bool {
-        self.after_change
+    /// The device reads made under the lock after an operation's first change since the
+    /// last call.
+    pub fn take_after_change(&mut self) -> u64 {
+        std::mem::take(&mut self.after_change)
     }
 
     /// Block `nr` for an operation that needs its home copy, `stamp` being its removal stamp
     /// now and `changed` whether the operation changed cached metadata so far: `None` when
-    /// reads are not deferred (the caller reads the device), else the fetched bytes if still
-    /// current, or an error after asking for the block.
+    /// the caller reads the device (reads are not deferred, or the operation changed
+    /// something: it never stops then, and the read is counted), else the fetched bytes if
+    /// still current, or an error after asking for the block.
     pub fn home_copy(&mut self, nr: u64, stamp: u64, changed: bool) -> Option<Result<Box<[u8]>>> {
-        if !self.active {
-            if self.running {
+        let fetched = self.fetched.blocks.get(&nr).filter(|f| f.stamp == stamp);
+        if let Some(f) = fetched.filter(|_| self.active) {
+            return Some(Ok(f.bytes.clone()));
+        }
+        if !self.active || changed {
+            if self.running && changed {
+                self.after_change += 1;
+            } else if self.running {
                 self.under_lock += 1;
             }
             return None;
         }
-        match self.fetched.blocks.get(&nr) {
-            Some(f) if f.stamp == stamp => Some(Ok(f.bytes.clone())),
-            _ => {
-                self.wanted = vec![nr];
-                self.ahead = false;
-                self.after_change = changed;
-                Some(Err(deferred()))
-            }
-        }
+        self.wanted = vec![nr];
+        self.ahead = false;
+        Some(Err(deferred()))
     }
 }
 
@@ -312,7 +318,7 @@ mod tests {
         let many = (0..5000).map(|nr| (nr + 10, 0));
         assert_eq!(r.missing(many, usize::MAX).len(), MAX_BATCH);
         let _ = r.want_all(vec![2, 3]);
-        assert!(r.stopped() && !r.stopped_after_change());
+        assert!(r.stopped());
         let wanted = r.end().0;
         assert_eq!(wanted.blocks, [2, 3]);
         assert!(wanted.ahead);

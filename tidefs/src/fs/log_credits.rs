@@ -8,7 +8,9 @@
 //! that ends having changed more journal blocks than it reserved is counted as an overrun (an
 //! estimate below is wrong), and so is a reservation made after an operation's first change
 //! (made too late): the random workload of `tests/failures_before_change.rs` and the crash
-//! harness look for both. Outside an operation (orphans freed at mount and unmount, which
+//! harness look for both. Neither takes the operation back: a change once made is kept (or
+//! the file system goes into its error state), and the bound operations reserve against
+//! leaves a quarter of the log beyond it before a commit would fail. Outside an operation (orphans freed at mount and unmount, which
 //! commit as they go) nothing is reserved.
 //!
 //! This module owns the bookkeeping and the estimates; `Meta::reserve_log` and
@@ -81,8 +83,8 @@ pub(crate) struct LogCredits {
     /// Operations that stopped for room and ran again after a commit (moved into the file
     /// system's counters by `Inner::lock_meta_reading`).
     pub room_waits: u64,
-    /// Reservations made after the operation's first change: whether they found room or
-    /// not (then the operation is taken back and made again), an estimate made too late.
+    /// Reservations made after the operation's first change, an estimate made too late:
+    /// kept whether they found room or not (a change is never taken back for room).
     pub late: u64,
     /// Operations that changed more journal blocks than they reserved.
     pub overruns: u64,
@@ -115,13 +117,17 @@ impl LogCredits {
     }
 
     /// Reserves `credits` more journal blocks for the running operation; `changed` says
-    /// whether it changed metadata already. Fails when the transaction has no room for them:
-    /// with [`LogCredits::wants_room`] set when a commit would make room (the caller commits
-    /// and runs the operation again), or for good when not even an empty transaction would.
+    /// whether it changed metadata already (then it is counted as late, and kept: the
+    /// operation goes on). Fails when the transaction has no room for them: with
+    /// [`LogCredits::wants_room`] set when a commit would make room (the caller commits and
+    /// runs the operation again), or for good when not even an empty transaction would.
     pub fn reserve(&mut self, credits: usize, changed: bool) -> Result<()> {
         self.reserved = self.reserved.saturating_add(credits);
-        if changed && credits > 0 {
-            self.late += 1;
+        if changed {
+            if credits > 0 {
+                self.late += 1;
+            }
+            return Ok(());
         }
         let Some((limit, size)) = self.bound else {
             return Ok(());
@@ -165,7 +171,8 @@ mod tests {
     use super::*;
 
     /// Goal: a reservation that fits passes; one past the bound asks for room when the
-    /// transaction holds something, and fails for good when it is empty; an unbounded
+    /// transaction holds something, and fails for good when it is empty; one made after the
+    /// operation's first change is counted late and kept, room or not; an unbounded
     /// operation reserves without limit and is never an overrun.
     #[test]
     fn reservations_fit_wait_or_fail() {
@@ -179,11 +186,17 @@ mod tests {
 
         c.begin(Some((100, 0)));
         assert!(!c.wants_room(), "a new operation starts afresh");
-        let e = c.reserve(101, true).unwrap_err();
+        let e = c.reserve(101, false).unwrap_err();
         assert!(matches!(e, FsError::Invalid(m) if m.contains("larger")));
         assert!(!c.wants_room(), "no commit makes room for it");
+        assert_eq!(c.late, 0);
+
+        c.begin(Some((100, 30)));
+        assert!(c.reserve(BASE_CREDITS, false).is_ok());
+        assert!(c.reserve(1000, true).is_ok(), "after a change: kept");
+        assert!(!c.wants_room());
         assert_eq!(c.late, 1, "reserved after a change");
-        c.reserve(0, true).unwrap_err();
+        c.reserve(0, true).unwrap();
         assert_eq!(c.late, 1, "nothing reserved");
 
         c.begin(None);

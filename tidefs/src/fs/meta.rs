@@ -196,12 +196,12 @@ pub(crate) struct Meta {
     /// operation stores the inode, that record (or an older one) has reached it, whatever
     /// copy it stores (every copy was read at or after that first read).
     pub pending_seen: HashMap<u32, u64>,
-    /// Operations that failed after they had changed metadata, and were taken back, for any
-    /// cause but a stop for a device read (counted apart): a check that came after a change,
-    /// space found short half-way, an I/O error or corruption found half-way. (An operation
-    /// taken back for making the transaction too large runs again and is not counted.) Moved
-    /// into the file system's counters by `Inner::lock_meta_reading`.
-    pub undone_after_change: u64,
+    /// What made the last operation of `Inner::lock_meta_reading` fail after it had changed
+    /// metadata: a device error or damage found half-way (or a check that came after a
+    /// change, which would be a bug: every other failure is found before the first change,
+    /// docs/DESIGN.md §4.1). `Inner::lock_meta_reading` takes it and puts the file system in
+    /// its error state, so nothing of the running transaction reaches the journal.
+    pub failed_after_change: Option<String>,
     /// The dirty pages when the last operation began (`Meta::begin_op`): one that ends with
     /// more added pages, and pays for the commit they start (`Fs::with_meta`).
     pub dirty_at_op_start: usize,
@@ -486,51 +486,48 @@ impl Meta {
     /// (EINVAL) before its first change; operations that can be large go in parts
     /// (fallocate, frees, journaled writes, mode changes of large directories). One that
     /// ends having changed more than it reserved is counted as an overrun (an estimate is
-    /// wrong) and, if that takes the transaction over the bound, taken back whole and None
-    /// too: a commit larger than the log would fail and put the file system in its error
-    /// state. The undo record covers what an operation changes (blocks, pages, allocator and
-    /// revoke state, derived caches, the handles it opened, the "changed unseen" marks of
-    /// times), so the operation run again finds the state it first found.
+    /// wrong) and kept: a change once made is never taken back for room (the bound is three
+    /// quarters of the log, and a commit fails only past all of it). An operation that fails
+    /// after its first change is taken back in memory, and `Inner::lock_meta_reading` puts
+    /// the file system in its error state ([`Meta::failed_after_change`]). The undo record
+    /// covers what an operation changes (blocks, pages, allocator and revoke state, derived
+    /// caches, the handles it opened, the "changed unseen" marks of times), so an operation
+    /// that stopped before its first change and runs again finds the state it first found,
+    /// and a file system in its error state serves reads of whole operations only.
     pub fn run_op_within<T>(
         &mut self,
         bound: Option<(usize, usize)>,
         f: impl FnOnce(&mut Meta) -> Result<T>,
     ) -> Option<Result<T>> {
-        let before = bound.map(|(limit, per)| (limit, per, self.transaction_size(per)));
         let per = bound.map_or(1, |(_, per)| per);
-        self.credits
-            .begin(before.map(|(limit, _, size)| (limit, size)));
+        let before = bound.map(|(limit, per)| (limit, self.transaction_size(per)));
+        self.credits.begin(before);
         if let Err(e) = self.credits.reserve(BASE_CREDITS, false) {
             return (!self.credits.wants_room()).then_some(Err(e));
         }
         self.begin_op();
         let r = f(self);
-        // An operation that stopped for room in the journal runs again after a commit (not
-        // a failure, not counted as one).
+        // An operation that stopped for room in the journal (before its first change: a
+        // reservation after it is kept, `LogCredits::reserve`) runs again after a commit.
         if self.credits.wants_room() {
-            self.rollback_op(false);
+            self.rollback_op(None);
             return None;
         }
-        // An operation that stopped for a deferred read is taken back even if it went on
-        // (someone swallowed the error): it runs again once the block is read.
+        // An operation that stopped for a deferred read (before its first change) is taken
+        // back even if it went on (someone swallowed the error): it runs again once the block
+        // is read.
         if r.is_ok() && !self.reads.stopped() {
             if let Some(over) = self.credits.end(self.log_used(per)) {
+                // Kept, even past the bound: a change is never taken back once made. A commit
+                // fails only past the whole log, a quarter beyond the bound.
                 log::warn!(
                     "an operation changed {over} journal block(s) more than it reserved \
                      (docs/DESIGN.md §4.1)"
                 );
             }
-            if let Some((limit, per, size)) = before {
-                let after = self.transaction_size(per);
-                if after > limit && after > size {
-                    // Not a failure: it runs again after a commit (not counted).
-                    self.rollback_op(false);
-                    return None;
-                }
-            }
             self.end_op();
         } else {
-            self.rollback_op(true);
+            self.rollback_op(r.as_ref().err());
         }
         Some(r)
     }
@@ -627,14 +624,17 @@ impl Meta {
             || self.alloc.late_frees.len() != u.late_frees_len
     }
 
-    /// Ends an operation that failed: takes back every change it made, so the running
-    /// transaction holds exactly what it held before the operation began. Block maps,
+    /// Ends an operation that failed (`failure`) or stopped before its first change: takes
+    /// back every change it made, so the running transaction holds exactly what it held
+    /// before the operation began. An operation of `Inner::lock_meta_reading` that failed
+    /// after a change is noted in [`Meta::failed_after_change`]: the file system goes into
+    /// its error state, and the rollback only keeps what reads are served consistent. Block maps,
     /// directory indexes and mode records are derived from blocks, so those the operation
     /// built, loaded, lent or changed are dropped and rebuilt on next use (the others were
     /// derived from blocks it did not change, and stay: a create that stops for a cold
     /// inode-table block must not cost the rebuild of its large directory's index, nor the
     /// reload of every mode record). A rollback of pages only keeps them all.
-    fn rollback_op(&mut self, failed: bool) {
+    fn rollback_op(&mut self, failure: Option<&FsError>) {
         self.op_light = None;
         let Some(u) = self.op_undo.take() else {
             return;
@@ -648,8 +648,10 @@ impl Meta {
             }
         }
         let metadata_changed = self.changed_since(&u);
-        if failed && metadata_changed && !self.reads.stopped() {
-            self.undone_after_change += 1;
+        if let Some(e) = failure.filter(|_| metadata_changed && !self.reads.stopped()) {
+            if self.reads.running() {
+                self.failed_after_change = Some(e.to_string());
+            }
         }
         if !metadata_changed {
             // A failure before any change of metadata (a lookup that finds nothing, a refused

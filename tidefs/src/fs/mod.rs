@@ -102,16 +102,18 @@ struct Counters {
     fsync_active: AtomicU32,
     /// Moving average of a commit's duration, nanoseconds.
     avg_commit_ns: AtomicU64,
-    /// Operations stopped for a device read, and those of them that had changed metadata.
+    /// Operations stopped for a device read (before their first change), and device reads
+    /// operations made under the lock after their first change.
     deferred_reads: AtomicU64,
-    stops_after_change: AtomicU64,
+    reads_after_change: AtomicU64,
     /// Device reads made under the metadata lock by operations past their rounds without it.
     reads_under_lock: AtomicU64,
     /// Directory indexes built without the metadata lock and used (`fs/dir_index.rs`,
     /// `DirBuild`).
     dir_indexes_built_unlocked: AtomicU64,
-    /// Operations taken back after a change for another cause (`Meta::undone_after_change`).
-    undone_after_change: AtomicU64,
+    /// Operations that failed after their first change, putting the file system in its
+    /// error state (`Meta::failed_after_change`).
+    failed_after_change: AtomicU64,
     /// Operations and commit closes that took the metadata lock (`Inner::lock_meta_reading`).
     metadata_locked: AtomicU64,
     /// Operations that waited for room in the journal, reservations made after an
@@ -665,7 +667,7 @@ impl Fs {
             blocks_changed: Vec::new(),
             reads: deferred_reads::DeferredReads::default(),
             pending_seen: HashMap::new(),
-            undone_after_change: 0,
+            failed_after_change: None,
             dirty_at_op_start: 0,
             credits: log_credits::LogCredits::default(),
             itable_miss: Default::default(),
@@ -862,8 +864,8 @@ impl Fs {
         loop {
             let orphans_freed = inner.orphans_freed_so_far();
             // Set when the operation found no room in the running transaction for what it
-            // reserves (or, overrunning its reservation, took the transaction over the
-            // bound), with whether anything came before it to commit first.
+            // reserves (before its first change), with whether anything came before it to
+            // commit first.
             let mut too_big = None;
             let (r, big, dirtied, waiting_frees, steps) = {
                 let (mut m, r) = inner.lock_meta_reading(|m| {
@@ -1809,8 +1811,8 @@ impl Fs {
             metadata_hold_max_us: u64::try_from(self.inner.meta.longest_hold().as_micros())
                 .unwrap_or(u64::MAX),
             metadata_holds_over_ms: self.inner.meta.holds_over_ms(),
-            stops_after_change: c.stops_after_change.load(Ordering::Relaxed),
-            undone_after_change: c.undone_after_change.load(Ordering::Relaxed),
+            reads_after_change: c.reads_after_change.load(Ordering::Relaxed),
+            failed_after_change: c.failed_after_change.load(Ordering::Relaxed),
             journal_room_waits: c.journal_room_waits.load(Ordering::Relaxed),
             late_journal_reservations: c.late_journal_reservations.load(Ordering::Relaxed),
             journal_credit_overruns: c.journal_credit_overruns.load(Ordering::Relaxed),
@@ -2150,17 +2152,26 @@ impl Inner {
             m.reads
                 .begin(fetched, rounds < deferred_reads::MAX_DEFERRED_ROUNDS);
             let r = f(&mut m);
-            let undone = std::mem::take(&mut m.undone_after_change);
-            if undone > 0 {
+            if let Some(why) = m.failed_after_change.take() {
+                // Half an operation can be neither committed nor safely taken back while
+                // others run: as ext4 does with `errors=remount-ro`, nothing more reaches the
+                // journal, and the next mount finds the last committed state (docs/DESIGN.md
+                // §5). The operation's caller gets its own error; later changes get EROFS.
                 self.counters
-                    .undone_after_change
-                    .fetch_add(undone, Ordering::Relaxed);
+                    .failed_after_change
+                    .fetch_add(1, Ordering::Relaxed);
+                let e = FsError::Io(std::io::Error::other(why));
+                let _ = self.fail(&mut m, "operation failed after its first change", e);
             }
             self.take_credit_counts(&mut m.credits);
             let wanted;
             (wanted, fetched) = m.reads.end();
             for (n, counter) in [
                 (m.reads.take_under_lock(), &self.counters.reads_under_lock),
+                (
+                    m.reads.take_after_change(),
+                    &self.counters.reads_after_change,
+                ),
                 (
                     m.reads.take_built_taken(),
                     &self.counters.dir_indexes_built_unlocked,
@@ -2182,11 +2193,6 @@ impl Inner {
                 continue;
             }
             self.counters.deferred_reads.fetch_add(1, Ordering::Relaxed);
-            if m.reads.stopped_after_change() {
-                self.counters
-                    .stops_after_change
-                    .fetch_add(1, Ordering::Relaxed);
-            }
             let stamped: Vec<(u64, u64)> = wanted
                 .blocks
                 .into_iter()
@@ -3684,14 +3690,14 @@ mod tests {
 
     /// Goal: an operation starts only when the running transaction has room for what it
     /// reserves (`fs/log_credits.rs`), and stops before its first change otherwise; one that
-    /// changes more than it reserved is counted as an overrun and, when that takes the
-    /// transaction over its bound, taken back whole (None), so that no commit is ever larger
-    /// than the log takes; revoke records count as the log packs them, hundreds to a block.
+    /// changes more than it reserved is counted as an overrun and kept, even past its bound
+    /// (a change is never taken back for room: the bound leaves a quarter of the log before
+    /// a commit fails); revoke records count as the log packs them, hundreds to a block.
     /// Method: an inode change (one inode-table block) with room for the base reservation,
     /// then again with one block less room; an inode change that also changes more blocks
     /// than the base reservation; then a thousand revokes.
     #[test]
-    fn an_operation_reserves_room_and_one_past_its_bound_is_taken_back_whole() {
+    fn an_operation_reserves_room_and_one_past_its_bound_is_kept() {
         let Some(fs) = mounted() else {
             return;
         };
@@ -3725,15 +3731,16 @@ mod tests {
         });
         assert!(r.is_none() && !ran);
         assert_eq!(m.credits.room_waits, 1);
-        // More than it reserved, past the bound: taken back whole, and counted.
+        // More than it reserved, past the bound: kept, and counted.
         let size = m.transaction_size(per);
         let over = BASE_CREDITS as u64 + 1;
         let r = m.run_op_within(Some((size + BASE_CREDITS, per)), chmod(0o100644, over));
-        assert!(r.is_none(), "an operation past its bound was kept");
-        assert_eq!(m.transaction_size(per), size, "blocks left behind");
-        assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100600);
+        assert!(matches!(r, Some(Ok(()))), "an overrun was taken back");
+        assert!(m.transaction_size(per) > size + BASE_CREDITS, "blocks lost");
+        assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100644);
         assert_eq!(m.credits.overruns, 1);
         // A thousand revokes need a few log blocks, within the base reservation.
+        let size = m.transaction_size(per);
         let r = m.run_op_within(Some((size + BASE_CREDITS, per)), |m| {
             for b in 0..1000u64 {
                 m.revoke(1_000_000 + b);
@@ -3748,9 +3755,9 @@ mod tests {
     }
 
     /// Goal: a step of `Fs::in_steps_with` counts its progress only once its operation is
-    /// kept: a step taken back (here for room in the journal, after a change) and run again
-    /// hands over the progress of the run that was kept, once (a mode change's cursor moved
-    /// inside the step once, so a step taken back left its files behind the cursor).
+    /// kept: a step taken back (here for room in the journal) and run again hands over the
+    /// progress of the run that was kept, once (a mode change's cursor moved inside the step
+    /// once, so a step taken back left its files behind the cursor).
     #[test]
     fn a_step_taken_back_counts_its_progress_once() {
         use std::cell::{Cell, RefCell};
@@ -3768,10 +3775,10 @@ mod tests {
                     runs.set(runs.get() + 1);
                     match runs.get() {
                         1 => {
+                            m.reserve_log(usize::MAX / 2)?;
                             let mut i = m.read_inode(io, f)?;
                             i.set_mode(0o100600);
                             m.write_inode(io, f, &mut i)?;
-                            m.reserve_log(usize::MAX / 2)?;
                             Ok(Some(1))
                         }
                         2 => Ok(Some(2)),
@@ -3785,16 +3792,178 @@ mod tests {
         assert_eq!(done, "finished");
         assert_eq!(runs.get(), 3, "the step taken back did not run again");
         assert_eq!(*kept.borrow(), vec![2]);
-        assert_eq!(fs.stats().late_journal_reservations, 1);
+        assert_eq!(fs.stats().journal_room_waits, 1);
         fs.unmount().unwrap();
     }
 
-    /// Goal: an operation that reserves journal space after its first change, when the
-    /// transaction has no room for it, is taken back and counted as waiting for room after a
-    /// change (never as a failure); with room, the late reservation passes. Method: an inode
-    /// change, then a reservation of more than the bound leaves.
+    /// Goal: an operation of the API that fails after its first change puts the file system
+    /// in its error state (docs/DESIGN.md §4.1, §5): its caller gets its error, later changes
+    /// get EROFS, reads are served (the half operation is not shown), the unmount reports
+    /// the error, and the next mount finds the last committed state, with the error
+    /// recorded in the superblock. Before, the operation was taken back and the running
+    /// transaction went on to commit. Method: a chmod that fails after storing the inode,
+    /// run as `Fs` runs operations, beside a create left uncommitted.
     #[test]
-    fn a_late_reservation_without_room_takes_the_operation_back() {
+    fn an_operation_that_fails_after_its_first_change_puts_the_file_system_in_its_error_state() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+        let f = new_file(&fs, b"f");
+        fs.write(f, 0, b"kept").unwrap();
+        fs.fsync(f, false).unwrap();
+        new_file(&fs, b"uncommitted");
+        let n = f as u32;
+        let io = &fs.inner.io;
+        let (m, r) = fs
+            .inner
+            .lock_meta_reading(|m| {
+                m.run_op(|m| {
+                    let mut i = m.read_inode(io, n)?;
+                    i.set_mode(0o100600);
+                    m.write_inode(io, n, &mut i)?;
+                    Err::<(), _>(FsError::Corrupt(crate::Corrupt::new("found half-way")))
+                })
+            })
+            .unwrap();
+        drop(m);
+        assert!(matches!(r, Err(FsError::Corrupt(_))), "{r:?}");
+        assert_eq!(fs.stats().failed_after_change, 1);
+        let later = fs.create(ROOT_INO, b"later", 0o100644, 0, Creds::ROOT);
+        assert!(matches!(later, Err(FsError::ReadOnly)), "{later:?}");
+        assert_eq!(
+            fs.getattr(f).unwrap().perm,
+            0o644,
+            "half an operation shown"
+        );
+        assert_eq!(fs.read(f, 0, 100).unwrap(), b"kept");
+        assert!(fs.unmount().is_err(), "the unmount hid the error");
+        drop(fs);
+        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        assert_eq!(fs.read(f, 0, 100).unwrap(), b"kept");
+        assert_eq!(fs.getattr(f).unwrap().perm, 0o644);
+        assert!(matches!(
+            fs.lookup(ROOT_INO, b"uncommitted"),
+            Err(FsError::NotFound)
+        ));
+        let state = fs.inner.meta.lock().sb.state();
+        assert_ne!(state & superblock::STATE_ERROR, 0, "error not recorded");
+        fs.unmount().unwrap();
+    }
+
+    /// Two files whose inodes lie in different inode-table blocks of group 0, committed, with
+    /// every cache dropped after.
+    fn files_in_two_cold_inode_blocks(fs: &Fs) -> (u32, u32) {
+        let files: Vec<u32> = (0..40)
+            .map(|k| new_file(fs, format!("f{k}").as_bytes()) as u32)
+            .collect();
+        let (a, b) = (files[0], files[39]);
+        let per_block = fs.inner.geo.block_size / fs.inner.geo.inode_size;
+        assert_ne!(
+            (a - 1) / per_block,
+            (b - 1) / per_block,
+            "one inode-table block"
+        );
+        assert!(b <= fs.inner.geo.inodes_per_group, "{b} outside group 0");
+        fs.sync().unwrap();
+        fs.drop_caches().unwrap();
+        (a, b)
+    }
+
+    /// Runs, as `Fs` runs operations (`Inner::lock_meta_reading`), one operation that changes
+    /// inode `a`'s mode to 0600 and then reads inode `b`; returns its result (`b`'s mode) and
+    /// how many times it ran.
+    fn change_a_then_read_b(fs: &Fs, a: u32, b: u32) -> (Result<u16>, u32) {
+        let io = &fs.inner.io;
+        let mut runs = 0;
+        let (m, r) = fs
+            .inner
+            .lock_meta_reading(|m| {
+                runs += 1;
+                m.run_op(|m| {
+                    let mut i = m.read_inode(io, a)?;
+                    i.set_mode(0o100600);
+                    m.write_inode(io, a, &mut i)?;
+                    m.read_inode(io, b).map(|i| i.mode())
+                })
+            })
+            .unwrap();
+        drop(m);
+        (r, runs)
+    }
+
+    /// Goal: an operation that has changed metadata never stops for a device read (which
+    /// would take its change back and make it again): it reads under the lock, counted in
+    /// `reads_after_change`; before its first change it still stops. Method: with the
+    /// caches dropped, an operation changes one inode (whose cold block it stops for first)
+    /// and then reads another inode in another cold inode-table block.
+    #[test]
+    fn a_read_after_the_first_change_is_made_under_the_lock() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let (a, b) = files_in_two_cold_inode_blocks(&fs);
+        let before = fs.stats();
+        let (r, runs) = change_a_then_read_b(&fs, a, b);
+        assert_eq!(r.unwrap(), 0o100644);
+        let after = fs.stats();
+        assert_eq!(runs, 2, "a stop after the change");
+        assert_eq!(after.deferred_reads - before.deferred_reads, 1);
+        assert_eq!(after.reads_after_change - before.reads_after_change, 1);
+        assert_eq!(fs.getattr(u64::from(a)).unwrap().perm, 0o600);
+        fs.unmount().unwrap();
+    }
+
+    /// Goal: a device read that fails after an operation's first change fails the operation
+    /// with EIO and puts the file system in its error state: later changes get EROFS, and
+    /// nothing of the operation reaches the disk (the next mount finds the file as it was,
+    /// and the error recorded). Method: as above, on a device whose reads of the second
+    /// inode's block fail.
+    #[test]
+    fn a_read_that_fails_after_the_first_change_puts_the_file_system_in_its_error_state() {
+        use crate::dev::fault::{Fault, FaultDev, FaultOp};
+        let Some(mem) = image() else {
+            return;
+        };
+        let dev = Arc::new(FaultDev::new(mem.clone()));
+        let fs = Fs::open_devices(dev.clone(), None, &MountOptions::default()).unwrap();
+        let (a, b) = files_in_two_cold_inode_blocks(&fs);
+        let bs = u64::from(fs.inner.geo.block_size);
+        let per_block = bs / u64::from(fs.inner.geo.inode_size);
+        let table = fs.inner.meta.lock().alloc.groups[0].inode_table;
+        let block = table + u64::from(b - 1) / per_block;
+        dev.inject(Fault::range(FaultOp::Read, block * bs..(block + 1) * bs));
+        let (r, _) = change_a_then_read_b(&fs, a, b);
+        assert!(matches!(&r, Err(FsError::Io(_))), "{r:?}");
+        assert_eq!(fs.stats().failed_after_change, 1);
+        let later = fs.setattr(
+            u64::from(b),
+            &SetAttr {
+                mode: Some(0o600),
+                ..SetAttr::default()
+            },
+        );
+        assert!(matches!(later, Err(FsError::ReadOnly)), "{later:?}");
+        assert!(fs.unmount().is_err(), "the unmount hid the error");
+        drop(fs);
+        dev.heal();
+        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        assert_eq!(
+            fs.getattr(u64::from(a)).unwrap().perm,
+            0o644,
+            "half an operation"
+        );
+        let state = fs.inner.meta.lock().sb.state();
+        assert_ne!(state & superblock::STATE_ERROR, 0, "error not recorded");
+        fs.unmount().unwrap();
+    }
+
+    /// Goal: an operation that reserves journal space after its first change is kept, with
+    /// room for it or not (a change is never taken back for room), and the reservation is
+    /// counted as late, never as a wait for room or a failure. Method: an inode change, then
+    /// a reservation of more than the bound leaves, then one within it.
+    #[test]
+    fn a_late_reservation_is_kept() {
         let Some(fs) = mounted() else {
             return;
         };
@@ -3805,23 +3974,27 @@ mod tests {
         let per = io.journal.revokes_per_block();
         let size = m.transaction_size(per);
         assert!(size > 0, "the create is not committed");
-        let op = |late: usize| {
+        let op = |late: usize, mode: u16| {
             move |m: &mut Meta| {
                 let mut i = m.read_inode(io, n)?;
-                i.set_mode(0o100600);
+                i.set_mode(mode);
                 m.write_inode(io, n, &mut i)?;
                 m.reserve_log(late)
             }
         };
-        let r = m.run_op_within(Some((size + BASE_CREDITS + 5, per)), op(6));
-        assert!(r.is_none(), "no room, yet kept");
-        assert_eq!(m.transaction_size(per), size, "blocks left behind");
-        assert_ne!(m.read_inode(io, n).unwrap().mode(), 0o100600);
-        assert_eq!((m.credits.room_waits, m.credits.late), (1, 1));
-        assert_eq!(m.undone_after_change, 0, "counted as a failure");
-        let r = m.run_op_within(Some((size + BASE_CREDITS + 5, per)), op(5));
-        assert!(matches!(r, Some(Ok(()))));
+        let r = m.run_op_within(Some((size + BASE_CREDITS + 5, per)), op(6, 0o100600));
+        assert!(
+            matches!(r, Some(Ok(()))),
+            "taken back for room after a change"
+        );
         assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100600);
+        assert_eq!((m.credits.room_waits, m.credits.late), (0, 1));
+        assert!(m.failed_after_change.is_none(), "counted as a failure");
+        let size = m.transaction_size(per);
+        let r = m.run_op_within(Some((size + BASE_CREDITS + 5, per)), op(5, 0o100640));
+        assert!(matches!(r, Some(Ok(()))));
+        assert_eq!((m.credits.room_waits, m.credits.late), (0, 2));
+        assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100640);
         drop(m);
         fs.unmount().unwrap();
     }
@@ -3950,14 +4123,14 @@ mod tests {
         fs.unmount().unwrap();
     }
 
-    /// Goal: a truncate taken back (for making its transaction too large) leaves no spare
-    /// blocks behind: it drops reserved pages, and the room they leave is what a top-up of
-    /// the spare would count, but the rollback puts the reservations back; spare and
+    /// Goal: a truncate taken back (it failed after its change) leaves no spare blocks
+    /// behind: it drops reserved pages, and the room they leave is what a top-up of the
+    /// spare would count, but the rollback puts the reservations back; spare and
     /// reservations must never promise more blocks than are free (an audit found the top-up
     /// made inside the operation). Method: a file created and committed, 40 pages written
     /// into it without the lock (reserved from the spare; its inode-table block stays
-    /// clean), the spare given back, then the truncate run with room for what it reserves,
-    /// changing more blocks than that room besides (an overrun), so that it is taken back.
+    /// clean), the spare given back, then the truncate run, failing after it (outside
+    /// `Inner::lock_meta_reading`, so the file system stays writable).
     #[test]
     fn a_truncate_taken_back_leaves_no_spare_behind() {
         let Some(fs) = mounted() else {
@@ -3977,19 +4150,15 @@ mod tests {
         m.data.lock().release_spare();
         let reserved = m.data.lock().reserved();
         assert!(reserved >= 40, "{reserved} reserved");
-        let per = fs.inner.io.journal.revokes_per_block();
-        // Room for what the truncate reserves; it then changes more than the room left.
-        let limit = m.transaction_size(per) + 2 * BASE_CREDITS;
         let truncate = SetAttr {
             size: Some(0),
             ..Default::default()
         };
-        let r = m.run_op_within(Some((limit, per)), |m| {
+        let r = m.run_op(|m| {
             m.setattr(&fs.inner.io, n, &truncate)?;
-            dirty_inode_table_blocks(m, &fs.inner.io, 2 * BASE_CREDITS as u64);
-            Ok(())
+            Err::<(), _>(FsError::NoSpace)
         });
-        assert!(r.is_none(), "the truncate should be taken back for size");
+        assert!(r.is_err());
         assert_eq!(m.data.lock().reserved(), reserved, "reservations put back");
         assert_eq!(
             m.data.lock().spare(),
@@ -4033,7 +4202,7 @@ mod tests {
             "the write-back should meet cold blocks"
         );
         assert_eq!(
-            after.stops_after_change, before.stops_after_change,
+            after.reads_after_change, before.reads_after_change,
             "the write-back stopped for a read after its first change"
         );
         assert_eq!(fs.read(second, 0, 8192).unwrap(), vec![2u8; 8192]);
@@ -4187,14 +4356,13 @@ mod tests {
         fs.unmount().unwrap();
     }
 
-    /// Goal: an operation taken back after it succeeded (`Meta::run_op_within`, for making
-    /// the transaction too large) leaves nothing of itself outside the blocks either: the
-    /// handle an `O_TMPFILE` opened is dropped, and a file whose times had been seen before its
-    /// write counts as seen again, so the operation run again holds one handle and stamps its
-    /// write by the same rule. Method: a bound of the base reservation, and an operation
-    /// that changes more blocks than that.
+    /// Goal: an operation taken back after its changes (`Meta::run_op`) leaves nothing of
+    /// itself outside the blocks either: the handle an `O_TMPFILE` opened is dropped, and a
+    /// file whose times had been seen before its write counts as seen again, so what reads
+    /// see is the state before it. Method: an operation that makes a tmpfile, writes, and
+    /// then fails (outside `Inner::lock_meta_reading`, so the file system stays writable).
     #[test]
-    fn an_operation_taken_back_after_success_leaves_no_handle_or_mark() {
+    fn an_operation_taken_back_leaves_no_handle_or_mark() {
         let Some(mem) = image() else {
             return;
         };
@@ -4206,15 +4374,13 @@ mod tests {
         let io = &fs.inner.io;
         let mut m = fs.inner.meta.lock();
         assert!(!m.names.changed_unseen(n), "getattr showed the times");
-        let per = io.journal.revokes_per_block();
         let mut made = None;
-        let r = m.run_op_within(Some((BASE_CREDITS, per)), |m| {
+        let r = m.run_op(|m| {
             made = Some(m.tmpfile(io, ROOT_INO as u32, 0o100600, Creds::ROOT)?.ino);
             m.write(io, n, 0, b"x", 1)?;
-            dirty_inode_table_blocks(m, io, BASE_CREDITS as u64);
-            Ok(())
+            Err::<(), _>(FsError::NoSpace)
         });
-        assert!(r.is_none(), "the operation was not taken back");
+        assert!(r.is_err(), "the operation did not fail");
         let made = made.unwrap() as u32;
         assert!(
             !m.open.contains(made),
