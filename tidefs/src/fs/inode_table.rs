@@ -8,6 +8,7 @@ use crate::fs::api::Attr;
 use crate::fs::cached_writes::PendingInode;
 use crate::{FsError, Result};
 
+use super::itable_misses::InodeTableMiss;
 use super::meta::{Io, Meta, MAX_DIR_BYTES};
 
 /// Inode-table blocks read at once when an inode's block is in no memory copy and the
@@ -15,20 +16,6 @@ use super::meta::{Io, Meta, MAX_DIR_BYTES};
 /// `inode_readahead_blks`, 32 by default), since the inodes of one directory are mostly made
 /// one after the other.
 const INODE_READ_AHEAD: u64 = 32;
-
-/// Slots of `Meta::itable_miss`: a group's misses are recorded in slot `group % MISS_SLOTS`.
-pub(crate) const MISS_SLOTS: usize = 8;
-
-/// The last inode-table block found in no memory copy in a slot of groups
-/// (`Meta::itable_miss`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct InodeTableMiss {
-    pub block: u64,
-    /// It was read ahead.
-    pub ahead: bool,
-    /// The block after what it read: a miss of this block is the walk going on forward.
-    pub end: u64,
-}
 
 /// Byte ranges of an on-disk inode that hold only timestamps and the checksum (which follows
 /// them): a change confined to these needs no commit for fdatasync. Offsets from the ext4
@@ -120,18 +107,20 @@ impl Meta {
             return Ok(());
         }
         let group = (ino - 1) / self.geo.inodes_per_group;
-        let slot = group as usize % MISS_SLOTS;
-        let (ahead, end) = match self.itable_miss[slot] {
+        let (ahead, end) = match self.itable_miss.last(group) {
             // The same miss, met again when the operation runs after its stop.
             Some(m) if m.block == nr => (m.ahead, m.end),
             Some(m) if m.end == nr => (true, self.inode_table_read_ahead_end(group, nr)),
             _ => (false, nr + 1),
         };
-        self.itable_miss[slot] = Some(InodeTableMiss {
-            block: nr,
-            ahead,
-            end,
-        });
+        self.itable_miss.note(
+            group,
+            InodeTableMiss {
+                block: nr,
+                ahead,
+                end,
+            },
+        );
         if !ahead {
             return Ok(());
         }

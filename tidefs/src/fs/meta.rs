@@ -209,10 +209,8 @@ pub(crate) struct Meta {
     /// counts of operations that waited for room or overran their reservation.
     pub credits: super::log_credits::LogCredits,
     /// The last inode-table block found in no memory copy, per slot of block groups
-    /// (`Meta::read_ahead_inode_table`): read-ahead follows misses that walk forward, and
-    /// walks of different groups' tables (a cold `ls -l` of two directories at once) do not
-    /// reset each other.
-    pub itable_miss: [Option<super::inode_table::InodeTableMiss>; super::inode_table::MISS_SLOTS],
+    /// (`Meta::read_ahead_inode_table`): read-ahead follows misses that walk forward.
+    pub itable_miss: super::itable_misses::InodeTableMisses,
 }
 
 /// Reads block `nr` (of `bs` bytes) from the fs device.

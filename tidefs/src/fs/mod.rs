@@ -32,6 +32,7 @@ mod fsync_queue;
 mod geometry;
 mod inode_locks;
 mod inode_table;
+mod itable_misses;
 mod layout;
 mod lifecycle;
 mod log_credits;
