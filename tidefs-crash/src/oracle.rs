@@ -335,7 +335,7 @@ pub fn check_no_garbage(
 
 /// Journaled data: each write issued before the crash shows all of its bytes or none of them
 /// (bytes a later issued op overwrote or truncated are left out). Only files whose every write
-/// is journaled for sure are checked: by the mode the file obeyed when it ran, or when the model
+/// is journaled for sure, each as one operation (`DataWrite::parted`), are checked: by the mode the file obeyed when it ran, or when the model
 /// does not know that, by every mode the file may have obeyed (selective journals only writes
 /// below its threshold for sure; lightweight, writeback and ordered none).
 pub fn check_atomic_writes(
@@ -350,6 +350,8 @@ pub fn check_atomic_writes(
         .writes
         .iter()
         .filter(|x| match x.mode {
+            // Written as several operations: each is whole, the write is not.
+            _ if x.parted => true,
             // The page keeps the mode of the write (or a stricter one) until its write-back.
             Some(m) => !m.journals_data(x.len),
             None => !rec

@@ -65,7 +65,18 @@ pub enum WriteKind {
     OverwriteSub,
     /// 6000 bytes at offset 1500 (unaligned, over two blocks).
     OverwriteMulti,
+    /// [`LARGE_WRITE`] bytes starting 300 bytes past the end of file: more new blocks than
+    /// the page cache keeps spare (so the write sets blocks aside under the lock and copies
+    /// without it), allocated ahead of its commit's close in many pieces, and, in a
+    /// data-journaling mode on a small journal, written as several operations. Only the
+    /// random family uses it.
+    AppendLarge,
 }
+
+/// Bytes of a [`WriteKind::AppendLarge`]: 74 blocks of 4 KiB (the images' block size), more
+/// than the 64 the page cache keeps spare, and than the 62 one journaled operation takes with
+/// the images' 4 MiB journal.
+pub const LARGE_WRITE: usize = 300_000;
 
 impl WriteKind {
     /// Offset and length for a file of `size` bytes.
@@ -76,6 +87,7 @@ impl WriteKind {
             WriteKind::AppendMulti => (size + 300, 9000),
             WriteKind::OverwriteSub => (1000, 200),
             WriteKind::OverwriteMulti => (1500, 6000),
+            WriteKind::AppendLarge => (size + 300, LARGE_WRITE),
         }
     }
 }
@@ -494,6 +506,9 @@ pub struct DataWrite {
     /// The mode the file obeyed when the write ran, when the model knows it for sure (not
     /// while another thread switches modes, nor for a file whose directory was removed).
     pub mode: Option<DataMode>,
+    /// In a data-journaling mode the write went as several operations
+    /// (`Fs::journaled_write_part`): no all-or-nothing promise covers it.
+    pub parted: bool,
 }
 
 /// One event of a recorded workload, with its log position.
@@ -630,6 +645,7 @@ pub fn setup_base(
             len,
             pos: 0,
             mode: Some(model.dir_mode("")),
+            parted: fs.journaled_write_part(off, len) < len,
         });
     }
     let v = pattern(3, 0, 24);
@@ -996,6 +1012,7 @@ fn run_op(
                 len,
                 pos,
                 mode,
+                parted: fs.journaled_write_part(off, len) < len,
             });
             let data = pattern(id, off, len);
             let n = fs.write(ino, off, &data)?;
@@ -1561,7 +1578,8 @@ impl Workloads {
         let i = self.random_index;
         self.random_index += 1;
         let mut r = Rng::derive(self.seed, 2, i);
-        let ops_all = ace_ops();
+        let mut ops_all = ace_ops();
+        ops_all.extend(FILES.map(|f| Op::Write(f, WriteKind::AppendLarge)));
         let len = 4 + r.below(9) as usize;
         let mut m = self.base.clone();
         let mut ops = Vec::new();

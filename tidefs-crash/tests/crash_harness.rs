@@ -25,7 +25,7 @@ use tidefs::fs::DataMode;
 use tidefs::test_support::{current_test, skip};
 use tidefs_crash::canary::Canary;
 use tidefs_crash::gen::{self, Rng};
-use tidefs_crash::workload::Family;
+use tidefs_crash::workload::{Family, Op, WriteKind, LARGE_WRITE};
 use tidefs_crash::{Config, FreshImage, Harness, ImageShape, Report};
 
 /// Crash states per mode of the ACE and random families. A debug build checks about 30 of them
@@ -300,6 +300,48 @@ fn file_backed_device_states_keep_the_promise() {
     assert!(
         left.is_empty(),
         "recording image files left behind: {left:?}"
+    );
+}
+
+/// Goal: the random family writes large files (`WriteKind::AppendLarge`): more new blocks
+/// than the page cache keeps spare, allocated ahead of the commit's close in many pieces and,
+/// on these images' small journal, written in `journal` mode as several operations, so its
+/// crash states cover those paths (the other writes of the workloads touch at most three
+/// blocks); and recording one is clean. Method: the first random workloads of the default
+/// seed, one with a large write recorded in `journal` mode.
+#[test]
+fn the_random_family_writes_large_files_in_parts() {
+    if !have_e2fsprogs() {
+        return;
+    }
+    let cfg = Config {
+        family: Family::Random,
+        ..Config::new(DataMode::Journal)
+    };
+    let h = Harness::new(cfg, fresh_image(ImageShape::OneGroup)).unwrap();
+    let with_large: Vec<_> = h
+        .workloads()
+        .take(20)
+        .filter(|w| {
+            w.ops
+                .iter()
+                .any(|op| matches!(op, Op::Write(_, WriteKind::AppendLarge)))
+        })
+        .collect();
+    assert!(
+        with_large.len() >= 2,
+        "{} of 20 random workloads write a large file",
+        with_large.len()
+    );
+    let rec = h.record(&with_large[0]).unwrap();
+    assert!(rec.failures.is_empty(), "{:?}", rec.failures);
+    assert!(
+        rec.writes.iter().any(|w| w.len == LARGE_WRITE && w.parted),
+        "no large write went in parts: {:?}",
+        rec.writes
+            .iter()
+            .map(|w| (w.len, w.parted))
+            .collect::<Vec<_>>()
     );
 }
 

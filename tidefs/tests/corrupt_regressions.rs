@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use tidefs::format::jbd2::{BlockHeader, BlockType, DescriptorBlock, JournalSuperblock, TagFormat};
-use tidefs::fs::{Creds, Fs, MountOptions, SetAttr, ROOT_INO};
+use tidefs::fs::{Creds, Fs, MountOptions, RenameFlags, SetAttr, ROOT_INO};
 use tidefs::FsError;
 
 const BS: usize = 4096;
@@ -423,6 +423,13 @@ fn directory_size_ending_inside_its_blocks_is_corrupt() {
     let fs = open(&img);
     let r = fs.create(u64::from(d), b"y", 0o100644, 0, Creds::ROOT);
     assert!(damage::is_corrupt(&r), "{r:?}");
+    // Found before the create's first change: an error for that directory only, the file
+    // system stays writable (found after it, the file system went into its error state).
+    assert_eq!(fs.stats().failed_after_change, 0);
+    fs.mkdir(ROOT_INO, b"e", 0o755, Creds::ROOT).unwrap();
+    let r = fs.rename(ROOT_INO, b"e", u64::from(d), b"e", RenameFlags::default());
+    assert!(damage::is_corrupt(&r), "{r:?}");
+    assert_eq!(fs.stats().failed_after_change, 0);
     fs.unmount().unwrap();
 }
 

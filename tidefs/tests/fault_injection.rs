@@ -1,8 +1,9 @@
 //! Goal: every error path keeps its promise. A failed commit fails every fsync it covers with
 //! EIO and puts the file system in the error state (changes refused with EROFS, reads served,
 //! the error recorded on disk where the next mount and e2fsck see it); an operation that meets
-//! an error half-way (EIO from a read or write, no space) is taken back whole, so nothing
-//! half-done is ever committed.
+//! an error (EIO from a read or write, no space) meets it before its first change and leaves
+//! nothing behind, or after it and puts the file system in the error state: either way
+//! nothing half-done is ever committed.
 //!
 //! Method: images made by the real `mkfs.ext4`, loaded into memory and served through
 //! `FaultDev`, which fails the Nth read, write or flush. Durability and "nothing half-done" are

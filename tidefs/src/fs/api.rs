@@ -510,8 +510,8 @@ pub struct Stats {
     #[cfg_attr(feature = "serde", serde(default))]
     pub journal_room_waits: u64,
     /// Reservations of journal space made after an operation's first change (an estimate
-    /// made too late; when it found no room the operation's changes were taken back and made
-    /// again): none expected.
+    /// made too late; kept whether it found room or not, since a change is never taken
+    /// back for room): none expected.
     #[cfg_attr(feature = "serde", serde(default))]
     pub late_journal_reservations: u64,
     /// Operations that changed more journal blocks than they reserved: an estimate of

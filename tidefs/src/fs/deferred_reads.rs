@@ -250,10 +250,12 @@ impl DeferredReads {
             return Some(Ok(f.bytes.clone()));
         }
         if !self.active || changed {
-            if self.running && changed {
-                self.after_change += 1;
-            } else if self.running {
+            // Past its rounds without the lock, a read counts as such; before, it is made
+            // under the lock only because the operation changed something.
+            if self.running && !self.active {
                 self.under_lock += 1;
+            } else if self.running {
+                self.after_change += 1;
             }
             return None;
         }

@@ -303,6 +303,27 @@ impl Meta {
         self.dir_lookup(io, dir, name)
     }
 
+    /// Refuses, before an operation's first change, to add a name to directory `dir` whose
+    /// size ends before its last mapped block: appending a block at the size, when no block
+    /// has room, would hand out a block the directory maps already (damage `e2fsck` repairs).
+    /// Lookups and listings of it go on, as they read only up to the size.
+    pub(crate) fn check_dir_tail(&mut self, io: &Io, dir: u32) -> Result<()> {
+        let inode = self.read_inode(io, dir)?;
+        let by_size = inode.size() / u64::from(self.geo.block_size);
+        let map = self.extent_map(io, dir, &inode)?;
+        if let Some(e) = map.extents().last().filter(|e| e.logical_end() > by_size) {
+            return Err(FsError::corrupt_inode(
+                dir,
+                format!(
+                    "directory i_size {} ends before its mapped block {}",
+                    inode.size(),
+                    by_size.max(u64::from(e.logical))
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Reserves, once per operation, the journal blocks that rewriting the htree index of
     /// `dir` as a linear directory changes ([`Meta::dir_unindex`]), if it has one: called by
     /// the operations that will change it, before their first change.

@@ -67,11 +67,11 @@ pub(crate) struct OpUndo {
     /// them forgotten.
     pub(super) forgot: HashMap<u32, Option<Inode>>,
     /// Inodes this operation opened a handle on (an `O_TMPFILE`): a rollback drops the
-    /// handles again, so an operation taken back and run again holds one, not two.
+    /// handles again, so an operation taken back holds none.
     pub(super) opened: Vec<u32>,
     /// Inodes whose times this operation changed, with whether they had changed unseen
     /// before (`NameCache::changed_unseen`): a rollback puts back those that had been seen,
-    /// so the operation run again stamps its change by the same rule.
+    /// so a later change is stamped by the rule the taken-back one found.
     pub(super) times: Vec<(u32, bool)>,
     /// A file this operation wrote, truncated or created, with its mode, found or left without
     /// capabilities: it may take writes without the lock once the operation ends well

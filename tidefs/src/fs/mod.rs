@@ -11,10 +11,12 @@
 //! from the page cache and the file's published block map without `meta` when they can, else
 //! under it, and read the device outside it.
 //!
-//! Failures: an operation that fails half-way is rolled back whole (`Meta::begin_op`), so a
-//! commit never sees half of one; a commit, checkpoint or lightweight in-place write that fails
-//! puts the file system in the error state (`Inner::fail`: EROFS for changes, EIO for every
-//! fsync not yet durable, the error recorded in both superblocks).
+//! Failures: an operation fails before its first change for every cause but a device error or
+//! damage found half-way (docs/DESIGN.md §4.1); one that fails after it is taken back in memory
+//! (`Meta::begin_op`) and, like a commit, checkpoint or lightweight in-place write that fails,
+//! puts the file system in the error state, so no commit ever sees half an operation
+//! (`Inner::fail`: EROFS for changes, EIO for every fsync not yet durable, the error recorded
+//! in both superblocks).
 
 mod alloc;
 mod alloc_state;
@@ -895,6 +897,11 @@ impl Fs {
                 let dirtied = dirty_pages > m.dirty_at_op_start;
                 (r, big, dirtied, m.frees_pending(), steps)
             };
+            if r.is_err() && inner.errored.load(Ordering::SeqCst) {
+                // It failed after its first change, or the file system was in its error state
+                // already: its caller gets its own error, and nothing commits.
+                return r;
+            }
             if too_big == Some(true) && alone < 3 {
                 // Alone in a transaction of its own, it may fit (a few tries: writes without
                 // the lock may fill the next one meanwhile).
@@ -1394,6 +1401,15 @@ impl Fs {
             |m, io| m.zero_range_step(io, n, offset, len),
             |m, io| m.zero_range(io, n, offset, len, keep_size),
         )
+    }
+
+    /// How many bytes of a write of `len` bytes at offset `at` one operation takes when data
+    /// may be journaled: all of them, unless the write spans more blocks than a quarter of
+    /// the largest transaction, as a small journal cannot carry a large journaled write at
+    /// once (docs/DESIGN.md §4.1). So `journal` mode's all-or-nothing promise holds for a
+    /// write exactly when this is `len`; the rest goes in later operations.
+    pub fn journaled_write_part(&self, at: u64, len: usize) -> usize {
+        self.inner.write_part(at, len, true)
     }
 
     /// Makes the file durable (only its data and the metadata needed to read it if `datasync`):
@@ -2664,6 +2680,10 @@ impl Inner {
             }
         }
         self.allocate_ahead();
+        if self.errored.load(Ordering::SeqCst) {
+            // A piece failed after its change (or another operation did meanwhile).
+            return Err(self.error_result());
+        }
         let started = Instant::now();
         let (req, freed, tid, in_place, late_frees, home, changed, held_by_log) = {
             // Write-back: cached file data gets its blocks in this transaction (`None`:
@@ -2805,7 +2825,15 @@ impl Inner {
                 }
                 Ok(())
             }
-            Err(e) => Err(self.fail(&mut m, &format!("commit of transaction {tid}"), e)),
+            Err(e) => {
+                let e = self.fail(&mut m, &format!("commit of transaction {tid}"), e);
+                // The journal refuses a commit once the error state is latched (an operation
+                // failed after its change meanwhile): its waiters learn the error, not EROFS.
+                Err(match e {
+                    FsError::ReadOnly => self.error_result(),
+                    e => e,
+                })
+            }
         }
     }
 
@@ -2816,8 +2844,9 @@ impl Inner {
     /// it 14-16 ms in one piece, 3.5-5.7 ms now, and 0.6-1 ms per piece of 1 024 pages.
     /// Called by a commit holding the gate, so no other commit closes the transaction
     /// meanwhile. Bounded by the pages counted at the start (writes keep adding more); a
-    /// failure is left to the close, which meets it again (or not, once a stop for a read is
-    /// done) and fails the commit as before.
+    /// failure before a piece's first change is left to the close, which meets it again and
+    /// fails the commit as before; one after it puts the file system in its error state
+    /// (`Inner::lock_meta_reading`), which the commit then returns.
     fn allocate_ahead(&self) {
         let piece = self.allocate_piece;
         let holes = self.pages.lock().reserved();
@@ -3809,7 +3838,12 @@ mod tests {
         let Some(mem) = image() else {
             return;
         };
-        let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+        // No commit on a timer: the create below stays in the running transaction.
+        let opts = MountOptions {
+            commit_interval: Duration::from_secs(3600),
+            ..MountOptions::default()
+        };
+        let fs = Fs::open_devices(mem.clone(), None, &opts).unwrap();
         let f = new_file(&fs, b"f");
         fs.write(f, 0, b"kept").unwrap();
         fs.fsync(f, false).unwrap();
@@ -3962,7 +3996,7 @@ mod tests {
     /// Goal: an operation that reserves journal space after its first change is kept, with
     /// room for it or not (a change is never taken back for room), and the reservation is
     /// counted as late, never as a wait for room or a failure. Method: an inode change, then
-    /// a reservation of more than the bound leaves, then one within it.
+    /// a reservation of more than the bound leaves; then a second such operation.
     #[test]
     fn a_late_reservation_is_kept() {
         let Some(fs) = mounted() else {

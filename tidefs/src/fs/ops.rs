@@ -281,13 +281,14 @@ impl Meta {
         self.write_inode(io, dir, &mut d)
     }
 
-    /// Checks that `name` is free in `parent`, for an operation that will add it.
+    /// Checks that `name` is free in `parent`, and that `parent` can take it, for an
+    /// operation that will add it.
     fn check_absent(&mut self, io: &Io, parent: u32, name: &[u8]) -> Result<()> {
         check_name(name)?;
         if self.dir_lookup_to_change(io, parent, name)?.is_some() {
             return Err(FsError::Exists);
         }
-        Ok(())
+        self.check_dir_tail(io, parent)
     }
 
     /// Creates a non-directory inode (file, device, fifo, socket).
@@ -951,6 +952,9 @@ impl Meta {
             .dir_lookup_to_change(io, parent, name)?
             .ok_or(FsError::NotFound)?;
         let dst = self.dir_lookup_to_change(io, new_parent, new_name)?;
+        if dst.is_none() {
+            self.check_dir_tail(io, new_parent)?;
+        }
         let si = self.read_inode(io, src.ino)?;
         let src_dir = si.is_dir();
         for ino in [parent, new_parent, src.ino]
