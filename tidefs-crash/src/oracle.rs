@@ -25,7 +25,7 @@ use tidefs::fs::{FileKind, Fs, Ino, ROOT_INO};
 
 use tidefs::fs::DataMode;
 
-use crate::workload::{pattern_byte, Event, Expect, ExpectEntry, Key, Model, Recorded};
+use crate::workload::{pattern_byte, DataWrite, Event, Expect, ExpectEntry, Key, Model, Recorded};
 
 /// One object of a recovered tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -334,10 +334,11 @@ pub fn check_no_garbage(
 }
 
 /// Journaled data: each write issued before the crash shows all of its bytes or none of them
-/// (bytes a later issued op overwrote or truncated are left out). Only files whose every write
-/// is journaled for sure, each as one operation (`DataWrite::parted`), are checked: by the mode the file obeyed when it ran, or when the model
-/// does not know that, by every mode the file may have obeyed (selective journals only writes
-/// below its threshold for sure; lightweight, writeback and ordered none).
+/// (bytes a later issued op overwrote or truncated are left out); a write that goes as several
+/// operations (`DataWrite::parts`, a large one), each of its parts. Only files whose every
+/// write is journaled for sure are checked: by the mode the file obeyed when it ran, or when
+/// the model does not know that, by every mode the file may have obeyed (selective journals
+/// only writes below its threshold for sure; lightweight, writeback and ordered none).
 pub fn check_atomic_writes(
     tree: &RTree,
     rec: &Recorded,
@@ -350,8 +351,6 @@ pub fn check_atomic_writes(
         .writes
         .iter()
         .filter(|x| match x.mode {
-            // Written as several operations: each is whole, the write is not.
-            _ if x.parted => true,
             // The page keeps the mode of the write (or a stricter one) until its write-back.
             Some(m) => !m.journals_data(x.len),
             None => !rec
@@ -403,41 +402,69 @@ pub fn check_atomic_writes(
             .iter()
             .filter(|x| x.id != w.id && x.fid == w.fid && issued(x.pos, crash_pos))
             .collect();
-        let (mut shows, mut lacks) = (0usize, 0usize);
-        for off in w.offset..w.offset + w.len as u64 {
-            if off >= later_cut || off < zeroed_later {
-                continue;
+        for (k, part) in w.parts.iter().enumerate() {
+            let (shows, lacks) =
+                part_shows(w, part.clone(), &others, data, later_cut, zeroed_later);
+            if shows > 0 && lacks > 0 {
+                let which = if w.parts.len() > 1 {
+                    format!(
+                        ", part {} of {} ({}..{})",
+                        k + 1,
+                        w.parts.len(),
+                        part.start,
+                        part.end
+                    )
+                } else {
+                    String::new()
+                };
+                problems.push(format!(
+                    "write #{} to /{path} ({}+{}{which}) is torn: {shows} of its bytes are \
+                     there, {lacks} are not",
+                    w.id, w.offset, w.len
+                ));
             }
-            let covered_later = others
-                .iter()
-                .any(|x| x.pos > w.pos && off >= x.offset && off < x.offset + x.len as u64);
-            if covered_later {
-                continue;
-            }
-            let want = pattern_byte(w.id, off);
-            let got = usize::try_from(off).ok().and_then(|i| data.get(i)).copied();
-            match got {
-                Some(b) if b == want => {
-                    let ambiguous = others.iter().any(|x| {
-                        off >= x.offset
-                            && off < x.offset + x.len as u64
-                            && pattern_byte(x.id, off) == b
-                    });
-                    if !ambiguous {
-                        shows += 1;
-                    }
-                }
-                _ => lacks += 1,
-            }
-        }
-        if shows > 0 && lacks > 0 {
-            problems.push(format!(
-                "write #{} to /{path} ({}+{}) is torn: {shows} of its bytes are there, {lacks} \
-                 are not",
-                w.id, w.offset, w.len
-            ));
         }
     }
+}
+
+/// Of the bytes `part` of write `w`, those the file (`data`) shows from it and those it lacks,
+/// leaving out bytes a later issued write covers, a later truncate (from `later_cut`) or
+/// zero-range / punch-hole (below `zeroed_later`) took away, and bytes another write of the
+/// same pattern could explain.
+fn part_shows(
+    w: &DataWrite,
+    part: std::ops::Range<u64>,
+    others: &[&DataWrite],
+    data: &[u8],
+    later_cut: u64,
+    zeroed_later: u64,
+) -> (usize, usize) {
+    let (mut shows, mut lacks) = (0usize, 0usize);
+    for off in part {
+        if off >= later_cut || off < zeroed_later {
+            continue;
+        }
+        let covered_later = others
+            .iter()
+            .any(|x| x.pos > w.pos && off >= x.offset && off < x.offset + x.len as u64);
+        if covered_later {
+            continue;
+        }
+        let want = pattern_byte(w.id, off);
+        let got = usize::try_from(off).ok().and_then(|i| data.get(i)).copied();
+        match got {
+            Some(b) if b == want => {
+                let ambiguous = others.iter().any(|x| {
+                    off >= x.offset && off < x.offset + x.len as u64 && pattern_byte(x.id, off) == b
+                });
+                if !ambiguous {
+                    shows += 1;
+                }
+            }
+            _ => lacks += 1,
+        }
+    }
+    (shows, lacks)
 }
 
 /// Differences between two recovered trees (tidefs's and the reference's), at most 20.

@@ -73,9 +73,24 @@ pub enum WriteKind {
     AppendLarge,
 }
 
-/// Bytes of a [`WriteKind::AppendLarge`]: 74 blocks of 4 KiB (the images' block size), more
-/// than the 64 the page cache keeps spare, and than the 62 one journaled operation takes with
-/// the images' 4 MiB journal.
+/// The byte ranges of the operations a write of `len` bytes at `off` goes as in a
+/// data-journaling mode ([`DataWrite::parts`]).
+fn journaled_parts(fs: &Fs, off: u64, len: usize) -> Vec<std::ops::Range<u64>> {
+    let end = off + len as u64;
+    let mut parts = Vec::new();
+    let mut at = off;
+    while at < end {
+        let rest = usize::try_from(end - at).unwrap_or(usize::MAX);
+        let n = fs.journaled_write_part(at, rest).max(1) as u64;
+        parts.push(at..at + n);
+        at += n;
+    }
+    parts
+}
+
+/// Bytes of a [`WriteKind::AppendLarge`]: 74 or 75 blocks of 4 KiB (the images' block size),
+/// more than the 64 the page cache keeps spare, and than the 62 one journaled operation takes
+/// with the images' 4 MiB journal.
 pub const LARGE_WRITE: usize = 300_000;
 
 impl WriteKind {
@@ -506,9 +521,10 @@ pub struct DataWrite {
     /// The mode the file obeyed when the write ran, when the model knows it for sure (not
     /// while another thread switches modes, nor for a file whose directory was removed).
     pub mode: Option<DataMode>,
-    /// In a data-journaling mode the write went as several operations
-    /// (`Fs::journaled_write_part`): no all-or-nothing promise covers it.
-    pub parted: bool,
+    /// The byte ranges of the operations it goes as in a data-journaling mode
+    /// (`Fs::journaled_write_part`): one for most writes; a large write goes in parts, each
+    /// of which is all or nothing, not the whole.
+    pub parts: Vec<std::ops::Range<u64>>,
 }
 
 /// One event of a recorded workload, with its log position.
@@ -645,7 +661,7 @@ pub fn setup_base(
             len,
             pos: 0,
             mode: Some(model.dir_mode("")),
-            parted: fs.journaled_write_part(off, len) < len,
+            parts: journaled_parts(&fs, off, len),
         });
     }
     let v = pattern(3, 0, 24);
@@ -1012,7 +1028,7 @@ fn run_op(
                 len,
                 pos,
                 mode,
-                parted: fs.journaled_write_part(off, len) < len,
+                parts: journaled_parts(fs, off, len),
             });
             let data = pattern(id, off, len);
             let n = fs.write(ino, off, &data)?;

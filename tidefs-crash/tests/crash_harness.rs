@@ -336,11 +336,13 @@ fn the_random_family_writes_large_files_in_parts() {
     let rec = h.record(&with_large[0]).unwrap();
     assert!(rec.failures.is_empty(), "{:?}", rec.failures);
     assert!(
-        rec.writes.iter().any(|w| w.len == LARGE_WRITE && w.parted),
+        rec.writes
+            .iter()
+            .any(|w| w.len == LARGE_WRITE && w.parts.len() > 1),
         "no large write went in parts: {:?}",
         rec.writes
             .iter()
-            .map(|w| (w.len, w.parted))
+            .map(|w| (w.len, w.parts.len()))
             .collect::<Vec<_>>()
     );
 }

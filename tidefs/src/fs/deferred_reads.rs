@@ -250,11 +250,12 @@ impl DeferredReads {
             return Some(Ok(f.bytes.clone()));
         }
         if !self.active || changed {
-            // Past its rounds without the lock, a read counts as such; before, it is made
-            // under the lock only because the operation changed something.
+            // Counted as what it is on both counts: past the rounds without the lock, and
+            // after the operation's first change.
             if self.running && !self.active {
                 self.under_lock += 1;
-            } else if self.running {
+            }
+            if self.running && changed {
                 self.after_change += 1;
             }
             return None;

@@ -304,20 +304,24 @@ impl Meta {
     }
 
     /// Refuses, before an operation's first change, to add a name to directory `dir` whose
-    /// size ends before its last mapped block: appending a block at the size, when no block
-    /// has room, would hand out a block the directory maps already (damage `e2fsck` repairs).
-    /// Lookups and listings of it go on, as they read only up to the size.
+    /// size ends before one of its mapped blocks: a name that finds no room would append a
+    /// block at the size, and hand out a block the directory maps already (damage `e2fsck`
+    /// repairs). The refusal does not wait to know whether the name would find room, so any
+    /// new name in such a directory is refused, as damage; lookups and listings of it go on,
+    /// as they read only up to the size.
     pub(crate) fn check_dir_tail(&mut self, io: &Io, dir: u32) -> Result<()> {
         let inode = self.read_inode(io, dir)?;
         let by_size = inode.size() / u64::from(self.geo.block_size);
         let map = self.extent_map(io, dir, &inode)?;
-        if let Some(e) = map.extents().last().filter(|e| e.logical_end() > by_size) {
+        let past = u32::try_from(by_size)
+            .ok()
+            .and_then(|from| map.next_mapped(from));
+        if let Some((lblk, _)) = past {
             return Err(FsError::corrupt_inode(
                 dir,
                 format!(
-                    "directory i_size {} ends before its mapped block {}",
-                    inode.size(),
-                    by_size.max(u64::from(e.logical))
+                    "directory i_size {} ends before its mapped block {lblk}",
+                    inode.size()
                 ),
             ));
         }

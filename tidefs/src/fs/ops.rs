@@ -952,9 +952,6 @@ impl Meta {
             .dir_lookup_to_change(io, parent, name)?
             .ok_or(FsError::NotFound)?;
         let dst = self.dir_lookup_to_change(io, new_parent, new_name)?;
-        if dst.is_none() {
-            self.check_dir_tail(io, new_parent)?;
-        }
         let si = self.read_inode(io, src.ino)?;
         let src_dir = si.is_dir();
         for ino in [parent, new_parent, src.ino]
@@ -962,6 +959,10 @@ impl Meta {
             .chain(dst.map(|d| d.ino))
         {
             self.acts_for(io, ino)?;
+        }
+        if dst.is_none() && !fl.exchange {
+            // The name is added to `new_parent`.
+            self.check_dir_tail(io, new_parent)?;
         }
         self.changes_names();
         // After the checks, before the first change: room for a new directory block and its
