@@ -444,7 +444,7 @@ fn mount_opts(cfg: &Config) -> MountOptions {
         commit_interval: Duration::from_secs(3600),
         // No background checkpoints: the recording must not depend on thread timing, so
         // that a seed replays the same states. The log is still checkpointed when full.
-        hold_checkpoints: true,
+        deterministic_writes: true,
         fenced_commits: cfg.fenced_commits,
         // A commit allocates for more than one page over holes in pieces before its close
         // (docs/DESIGN.md §2.5): the workloads' few-page writes go through it too, not only

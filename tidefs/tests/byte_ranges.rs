@@ -21,7 +21,7 @@ fn options(mode: DataMode) -> MountOptions {
     MountOptions {
         data_mode: mode,
         commit_interval: Duration::from_secs(3600),
-        hold_checkpoints: true,
+        deterministic_writes: true,
         ..MountOptions::default()
     }
 }

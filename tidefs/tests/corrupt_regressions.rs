@@ -215,7 +215,7 @@ fn bad_journal_data_block_skips_only_that_block() {
     let fs = Fs::open(
         &img,
         &MountOptions {
-            hold_checkpoints: true,
+            deterministic_writes: true,
             ..MountOptions::default()
         },
     )

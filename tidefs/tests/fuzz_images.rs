@@ -261,7 +261,7 @@ fn build_base(name: &'static str, block_size: &str, size_mb: u64, crashed: bool)
     );
     let mut rng = Rng(0x5EED_0000 + size_mb);
     let opts = MountOptions {
-        hold_checkpoints: crashed,
+        deterministic_writes: crashed,
         ..MountOptions::default()
     };
     let fs = Fs::open(&img, &opts).unwrap();

@@ -316,7 +316,7 @@ fn deleting_a_file_the_log_holds_revokes_it_in_one_operation() {
     let img = groups_image(dir.path());
     let opts = MountOptions {
         data_mode: DataMode::Journal,
-        hold_checkpoints: true,
+        deterministic_writes: true,
         ..MountOptions::default()
     };
     let fs = Fs::open(&img, &opts).unwrap();

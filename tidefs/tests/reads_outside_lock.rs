@@ -549,7 +549,7 @@ fn reads_through_published_maps_see_current_blocks_in_every_mode() {
         let mem = image_in_memory(dir.path(), "maps.img", 32, &["-J", "size=4"]);
         let opts = MountOptions {
             data_mode: mount_mode,
-            hold_checkpoints: true,
+            deterministic_writes: true,
             ..smallest_caches()
         };
         let fs = Arc::new(Fs::open_devices(mem.clone(), None, &opts).unwrap());

@@ -77,7 +77,7 @@ fn one_run(cfg: &RecoveryBench, mode: DataMode, run: usize) -> Result<Sample, Cl
         // records and stay the peer of the comparison (unfenced commits would guard the log
         // with tidefs's incompat bit, as byte-range records do).
         fenced_commits: true,
-        hold_checkpoints: true,
+        deterministic_writes: true,
         commit_interval: Duration::from_secs(3600),
         ..MountOptions::default()
     };

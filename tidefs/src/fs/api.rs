@@ -406,13 +406,15 @@ pub struct MountOptions {
     pub cache_size_bytes: usize,
     /// How file data is journaled.
     pub data_mode: DataMode,
-    /// Never start a checkpoint on the timer or at half a log (the log is still checkpointed
-    /// when it is full, and by a lightweight commit whose blocks it holds, both set by the
-    /// commits alone), and commit a transaction grown large in the operation that found it
-    /// so rather than on the background thread: for the recovery benchmark, which needs a
-    /// log full of transactions at the crash, and the crash harness, whose recordings must
-    /// not depend on thread timing.
-    pub hold_checkpoints: bool,
+    /// Make every write to the devices follow from the operations alone, not from thread
+    /// timing: never start a checkpoint on the timer or at half a log (the log is still
+    /// checkpointed when it is full, and by a lightweight commit whose blocks it holds, both
+    /// set by the commits alone), and commit a transaction grown large in the operation that
+    /// found it so rather than on the background thread. For the recovery benchmark, which
+    /// needs a log full of transactions at the crash, and the crash harness, whose recordings
+    /// must not depend on thread timing. (The commit timer still runs: set
+    /// `commit_interval` long for none.)
+    pub deterministic_writes: bool,
     /// Pages over holes a commit allocates blocks for in each hold of the metadata lock
     /// before it closes its transaction (docs/DESIGN.md §2.5, "Delayed allocation and
     /// write-back"); a commit with no more than this allocates them all in its close, which
@@ -435,7 +437,7 @@ impl Default for MountOptions {
             journal_device: None,
             cache_size_bytes: 256 << 20,
             data_mode: DataMode::Ordered,
-            hold_checkpoints: false,
+            deterministic_writes: false,
             allocate_piece_pages: 1024,
             barrier: crate::dev::Barrier::Flush,
             fenced_commits: false,

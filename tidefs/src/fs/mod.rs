@@ -273,8 +273,9 @@ struct Inner {
     wake: (Mutex<Wake>, Condvar),
     commit_interval: Duration,
     recovery: Option<RecoveryReport>,
-    /// Never checkpoint on the timer (recovery benchmark, crash harness).
-    hold_checkpoints: bool,
+    /// [`MountOptions::deterministic_writes`]: no checkpoint on the timer, large transactions
+    /// committed by the operations that find them (recovery benchmark, crash harness).
+    deterministic_writes: bool,
     /// [`MountOptions::allocate_piece_pages`] (at least 1).
     allocate_piece: usize,
 }
@@ -564,7 +565,7 @@ impl Fs {
             ));
         };
         let journal = Journal::open(jgeo, dev.clone(), jopts)?;
-        journal.hold_checkpoints(opts.hold_checkpoints);
+        journal.hold_checkpoints(opts.deterministic_writes);
         // A damaged primary with nothing in the journal to repair it: the backup in group 1,
         // as e2fsck -b does; mount writes it back as the primary.
         let (sb, torn_superblock) = match (torn_superblock, journal.needs_recovery()) {
@@ -709,7 +710,7 @@ impl Fs {
             wake: (Mutex::new(Wake::default()), Condvar::new()),
             commit_interval: opts.commit_interval.max(Duration::from_millis(10)),
             recovery,
-            hold_checkpoints: opts.hold_checkpoints,
+            deterministic_writes: opts.deterministic_writes,
             allocate_piece: opts.allocate_piece_pages.max(1),
         });
         if !ro {
@@ -912,7 +913,7 @@ impl Fs {
             if write
                 && big
                 && !dirtied
-                && !inner.hold_checkpoints
+                && !inner.deterministic_writes
                 && !matches!(r, Err(FsError::NoSpace))
             {
                 // The transaction or the dirty pages passed the size that starts a commit, but
@@ -921,7 +922,7 @@ impl Fs {
                 // beside a 64 MiB writer waited 110-150 ms). Writes that add pages pay for
                 // the commit themselves, which keeps the pages within their memory bound, and
                 // an operation that finds no room in the transaction commits it above. (With
-                // `hold_checkpoints` every commit comes from an operation: a recording of the
+                // `deterministic_writes` every commit comes from an operation: a recording of the
                 // crash harness must not depend on thread timing.)
                 inner.start_commit();
             } else if write && (big || matches!(r, Err(FsError::NoSpace)) && waiting_frees) {
@@ -2671,7 +2672,7 @@ impl Inner {
         // older copies in the log (a block a change of names journaled, say). Write the log
         // home first, under the gate so that no commit logs them again meanwhile: from this
         // commit on they go in place (docs/DESIGN.md §3.1). Counted in commits, not time, so
-        // it runs with `hold_checkpoints` too: a recorded workload replays the same, and the
+        // it runs with `deterministic_writes` too: a recorded workload replays the same, and the
         // crash harness sees the in-place writes that follow.
         if self.light_held_commits.load(Ordering::Relaxed) >= 2 {
             self.light_held_commits.store(0, Ordering::Relaxed);
@@ -2924,7 +2925,7 @@ impl Inner {
             }
             let j = &self.io.journal;
             let space = j.space();
-            if !self.hold_checkpoints && space.used > space.capacity / 2 {
+            if !self.deterministic_writes && space.used > space.capacity / 2 {
                 if let Err(e) = j.checkpoint() {
                     let mut m = self.meta.lock();
                     self.fail(&mut m, "checkpoint", e);
