@@ -218,6 +218,10 @@ pub(crate) struct DataCache {
     /// their reservation back. A commit's write-back allocates thousands of pages at once,
     /// and saving each whole cost most of its time under the metadata lock.
     undo_reserved: Vec<(u32, u32)>,
+    /// Pages rollbacks put back since the cache was made (an operation that stops after
+    /// filling pages wastes their copies; tests look for none, docs/DESIGN.md §4.1).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pages_taken_back: u64,
     /// Block maps published for reads without the metadata lock (shared with `Meta::maps`).
     maps: HashMap<u32, Arc<ExtentMap>>,
     /// Writes without the metadata lock: which files may take them, and the size and times
@@ -260,6 +264,7 @@ impl DataCache {
             drops: vec![0; DROP_BUCKETS].into_boxed_slice(),
             undo: None,
             undo_reserved: Vec::new(),
+            pages_taken_back: 0,
             maps: HashMap::new(),
             writes: CachedWrites::default(),
             journaled_files: Some(HashSet::new()),
@@ -485,12 +490,19 @@ impl DataCache {
         self.writes.end_undo();
     }
 
+    /// Pages rollbacks put back since the cache was made.
+    #[cfg(test)]
+    pub fn pages_taken_back(&self) -> u64 {
+        self.pages_taken_back
+    }
+
     /// Ends the operation and puts back every page it touched.
     pub fn rollback(&mut self) {
         self.writes.rollback();
         let Some(undo) = self.undo.take() else {
             return;
         };
+        self.pages_taken_back += undo.len() as u64;
         for ((ino, lblk), before) in undo {
             self.remove_page(ino, lblk);
             if let Some(p) = before {

@@ -3997,6 +3997,39 @@ mod tests {
         fs.unmount().unwrap();
     }
 
+    /// Goal: a write that covers the first and last blocks of its range in part, over a file
+    /// whose blocks are on disk and cached nowhere, reads both blocks' old bytes before it
+    /// fills any page, so its stops for those reads take back no page (before, it filled the
+    /// first page, stopped for the last block, and threw the copy away), and the bytes around
+    /// the write are kept. Method: three blocks written and synced, every cache dropped, then
+    /// a write from byte 100 to 8 100; the page cache counts the pages rollbacks put back.
+    #[test]
+    fn a_write_reads_its_partial_edge_blocks_before_filling_pages() {
+        let Some(fs) = mounted() else {
+            return;
+        };
+        let f = new_file(&fs, b"f");
+        fs.write(f, 0, &[1u8; 3 * 4096]).unwrap();
+        fs.sync().unwrap();
+        fs.drop_caches().unwrap();
+        let before = (
+            fs.stats().deferred_reads,
+            fs.inner.pages.lock().pages_taken_back(),
+        );
+        fs.write(f, 100, &[7u8; 8000]).unwrap();
+        let after = (
+            fs.stats().deferred_reads,
+            fs.inner.pages.lock().pages_taken_back(),
+        );
+        assert!(after.0 > before.0, "the write met no cold block");
+        assert_eq!(after.1, before.1, "pages filled, then taken back");
+        let got = fs.read(f, 0, 3 * 4096).unwrap();
+        let mut want = vec![1u8; 3 * 4096];
+        want[100..8100].fill(7);
+        assert!(got == want, "the bytes around the write changed");
+        fs.unmount().unwrap();
+    }
+
     /// Goal: an operation that reserves journal space after its first change is kept, with
     /// room for it or not (a change is never taken back for room), and the reservation is
     /// counted as late, never as a wait for room or a failure. Method: an inode change, then

@@ -129,6 +129,9 @@ struct Piece<'a> {
     bytes: &'a [u8],
     /// Length of the whole request this piece belongs to (see `Page::first_write`).
     request_len: usize,
+    /// The block's old bytes, read before the operation filled any page
+    /// ([`Meta::write`]), for a piece that covers part of a block written on disk.
+    old: Option<Arc<[u8]>>,
 }
 
 impl<'a> Piece<'a> {
@@ -140,6 +143,7 @@ impl<'a> Piece<'a> {
             offset,
             bytes: zeros,
             request_len: zeros.len(),
+            old: None,
         }
     }
 }
@@ -1190,6 +1194,7 @@ impl Meta {
             offset,
             bytes,
             request_len,
+            old,
         } = piece;
         let mode = self.data_mode(io, ino)?;
         // Each attempt finds the page and writes into it under one hold of the page cache's
@@ -1203,8 +1208,9 @@ impl Meta {
             return Ok(());
         }
         let bs = self.geo.bs();
-        let page = match home {
-            Some((p, false)) if bytes.len() < bs => Arc::from(self.read_data_block(io, p)?),
+        let page = match (old, home) {
+            (Some(old), _) => old,
+            (None, Some((p, false))) if bytes.len() < bs => Arc::from(self.read_data_block(io, p)?),
             _ => zero_page(bs),
         };
         let mut pages = self.data.lock();
@@ -1336,6 +1342,18 @@ impl Meta {
         let (first, last) = ((offset / bs) as u32, ((end - 1) / bs) as u32);
         let map = self.extent_map(io, ino, &i)?;
         let homes: Vec<Option<(u64, bool)>> = (first..=last).map(|l| map.map(l)).collect();
+        // The old bytes of a last block the write covers in part, written on disk and not
+        // cached, read before any page is filled: a stop for that read then takes back no
+        // page (docs/DESIGN.md §4.1; the first block is the first filled, so its read comes
+        // before any page too).
+        let last_old = match homes.last() {
+            Some(&Some((p, false)))
+                if last > first && end % bs != 0 && self.data.lock().get(ino, last).is_none() =>
+            {
+                Some(Arc::<[u8]>::from(self.read_data_block(io, p)?))
+            }
+            _ => None,
+        };
         let margin = self.reservation_margin();
         let mut room = self
             .allocatable_blocks_for(margin + u64::from(last - first) + 1)
@@ -1358,6 +1376,7 @@ impl Meta {
                 offset: in_block,
                 bytes: &data[written..written + len],
                 request_len,
+                old: if lblk == last { last_old.clone() } else { None },
             };
             self.put_data(io, ino, piece)?;
             pos += len as u64;
