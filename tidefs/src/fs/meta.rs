@@ -284,13 +284,8 @@ impl Meta {
                 self.geo.blocks_count
             )));
         }
-        let newest = self
-            .committing
-            .get(&nr)
-            .cloned()
-            .or_else(|| io.journal.pending(nr));
         // A newer copy in memory is shared, not copied: the cache holds the same version.
-        let data: Arc<[u8]> = match newest {
+        let data: Arc<[u8]> = match self.copy_past_the_cache(io, nr) {
             Some(copy) => copy,
             None => self.read_home(io, nr)?.into(),
         };
@@ -793,6 +788,12 @@ impl Meta {
         if let Some(b) = self.cache.get_shared(nr) {
             return Some(b);
         }
+        self.copy_past_the_cache(io, nr)
+    }
+
+    /// The newest copy of block `nr` newer than its home location that the buffer cache does
+    /// not hold: in the commit in flight, else committed and waiting for checkpoint.
+    fn copy_past_the_cache(&self, io: &Io, nr: u64) -> Option<Arc<[u8]>> {
         self.committing
             .get(&nr)
             .cloned()
