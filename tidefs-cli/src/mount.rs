@@ -607,6 +607,8 @@ impl control::Daemon for DaemonState {
             "image": self.image.display().to_string(),
             "mountpoint": self.mountpoint.display().to_string(),
             "read_only": self.read_only,
+            // The error state (docs/DESIGN.md §5): changes refused since this error.
+            "error": self.fs.error(),
             "commit_seconds": self.options.commit_interval.as_secs_f64(),
             "cache_size_bytes": self.options.cache_size_bytes,
             "data_mode": self.options.data_mode.name(),

@@ -287,6 +287,7 @@ fn mount_options_cache_size_and_data_mode_are_in_effect() {
     assert_eq!(status["cache_size_bytes"], 16u64 << 20, "{status}");
     assert_eq!(status["data_mode"], "journal", "{status}");
     assert_eq!(status["read_only"], false, "{status}");
+    assert!(status["error"].is_null(), "{status}");
     let journal_bytes = |m: &Mount| -> u64 {
         let out = output(tidefs().args(["stats", "--json"]).arg(&m.mnt));
         assert!(out.status.success(), "{}", stderr(&out));

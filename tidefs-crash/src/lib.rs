@@ -442,8 +442,10 @@ fn mount_opts(cfg: &Config) -> MountOptions {
     MountOptions {
         data_mode: cfg.mode,
         commit_interval: Duration::from_secs(3600),
-        // No background checkpoints: the recording must not depend on thread timing, so
-        // that a seed replays the same states. The log is still checkpointed when full.
+        // Every device write follows from the operations (no background checkpoints, large
+        // transactions committed by the operations that find them): the recording must not
+        // depend on thread timing, so that a seed replays the same states. The log is still
+        // checkpointed when full.
         deterministic_writes: true,
         fenced_commits: cfg.fenced_commits,
         // A commit allocates for more than one page over holes in pieces before its close

@@ -648,8 +648,9 @@ impl Meta {
         }
         if !metadata_changed {
             // A failure before any change of metadata (a lookup that finds nothing, a refused
-            // argument, a write that failed after filling pages): only pages to take back, and the maps and indexes derived from metadata
-            // blocks stay valid (a lent block map that was edited is not put back).
+            // argument, a write that failed after filling pages): only pages to take back,
+            // and the maps and indexes derived from metadata blocks stay valid (a lent block
+            // map that was edited is not put back).
             self.cache.end_undo();
             self.data.lock().rollback();
             return;

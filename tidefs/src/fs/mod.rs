@@ -1783,6 +1783,15 @@ impl Fs {
         Ok(())
     }
 
+    /// The error that put the file system in its error state (docs/DESIGN.md §5), if one
+    /// did: what failed and why. From then on every change fails with EROFS.
+    pub fn error(&self) -> Option<String> {
+        if !self.inner.errored.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(self.inner.first_error.lock().clone().unwrap_or_default())
+    }
+
     /// Live counters.
     pub fn stats(&self) -> Stats {
         let c = &self.inner.counters;
@@ -3852,6 +3861,7 @@ mod tests {
         fs.write(f, 0, b"kept").unwrap();
         fs.fsync(f, false).unwrap();
         new_file(&fs, b"uncommitted");
+        assert_eq!(fs.error(), None);
         let n = f as u32;
         let io = &fs.inner.io;
         let (m, r) = fs
@@ -3868,6 +3878,8 @@ mod tests {
         drop(m);
         assert!(matches!(r, Err(FsError::Corrupt(_))), "{r:?}");
         assert_eq!(fs.stats().failed_after_change, 1);
+        let error = fs.error().expect("no error reported");
+        assert!(error.contains("found half-way"), "{error}");
         let later = fs.create(ROOT_INO, b"later", 0o100644, 0, Creds::ROOT);
         assert!(matches!(later, Err(FsError::ReadOnly)), "{later:?}");
         assert_eq!(

@@ -1342,22 +1342,33 @@ impl Meta {
         let (first, last) = ((offset / bs) as u32, ((end - 1) / bs) as u32);
         let map = self.extent_map(io, ino, &i)?;
         let homes: Vec<Option<(u64, bool)>> = (first..=last).map(|l| map.map(l)).collect();
-        // The old bytes of a last block the write covers in part, written on disk and not
-        // cached, read before any page is filled: a stop for that read then takes back no
-        // page (docs/DESIGN.md §4.1; the first block is the first filled, so its read comes
-        // before any page too).
-        let last_old = match homes.last() {
-            Some(&Some((p, false)))
-                if last > first && end % bs != 0 && self.data.lock().get(ino, last).is_none() =>
-            {
-                Some(Arc::<[u8]>::from(self.read_data_block(io, p)?))
-            }
-            _ => None,
-        };
         let margin = self.reservation_margin();
         let mut room = self
             .allocatable_blocks_for(margin + u64::from(last - first) + 1)
             .saturating_sub(margin);
+        // The old bytes of a last block the write covers in part, written on disk and not
+        // cached, read before any page is filled: a stop for that read then takes back no
+        // page (docs/DESIGN.md §4.1; the first block is the first filled, so its read comes
+        // before any page too). Not when space runs out before the write gets there.
+        let last_old = match homes.last() {
+            Some(&Some((p, false))) if last > first && end % bs != 0 => {
+                let (cached, holes) = {
+                    let pages = self.data.lock();
+                    let holes = homes
+                        .iter()
+                        .zip(first..)
+                        .filter(|(h, l)| h.is_none() && pages.get(ino, *l).is_none())
+                        .count();
+                    (pages.get(ino, last).is_some(), holes as u64)
+                };
+                if cached || holes > room {
+                    None
+                } else {
+                    Some(Arc::<[u8]>::from(self.read_data_block(io, p)?))
+                }
+            }
+            _ => None,
+        };
         let mut pos = offset;
         let mut written = 0usize;
         for (k, home) in homes.into_iter().enumerate() {
