@@ -10,8 +10,8 @@
 //! (made too late): the random workload of `tests/failures_before_change.rs` and the crash
 //! harness look for both. Neither takes the operation back: a change once made is kept (or
 //! the file system goes into its error state), and the bound operations reserve against
-//! leaves a quarter of the log beyond it before a commit would fail. Outside an operation (orphans freed at mount and unmount, which
-//! commit as they go) nothing is reserved.
+//! leaves a quarter of the log beyond it before a commit would fail. Outside an operation
+//! (orphans freed at mount and unmount, which commit as they go) nothing is reserved.
 //!
 //! This module owns the bookkeeping and the estimates; `Meta::reserve_log` and
 //! `Meta::run_op_within` are where they are used.

@@ -3862,20 +3862,9 @@ mod tests {
         fs.fsync(f, false).unwrap();
         new_file(&fs, b"uncommitted");
         assert_eq!(fs.error(), None);
-        let n = f as u32;
-        let io = &fs.inner.io;
-        let (m, r) = fs
-            .inner
-            .lock_meta_reading(|m| {
-                m.run_op(|m| {
-                    let mut i = m.read_inode(io, n)?;
-                    i.set_mode(0o100600);
-                    m.write_inode(io, n, &mut i)?;
-                    Err::<(), _>(FsError::Corrupt(crate::Corrupt::new("found half-way")))
-                })
-            })
-            .unwrap();
-        drop(m);
+        let (r, _) = chmod_then(&fs, f as u32, |_, _| {
+            Err::<(), _>(FsError::Corrupt(crate::Corrupt::new("found half-way")))
+        });
         assert!(matches!(r, Err(FsError::Corrupt(_))), "{r:?}");
         assert_eq!(fs.stats().failed_after_change, 1);
         let error = fs.error().expect("no error reported");
@@ -3890,15 +3879,12 @@ mod tests {
         assert_eq!(fs.read(f, 0, 100).unwrap(), b"kept");
         assert!(fs.unmount().is_err(), "the unmount hid the error");
         drop(fs);
-        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        let fs = mount_after_error(mem, f);
         assert_eq!(fs.read(f, 0, 100).unwrap(), b"kept");
-        assert_eq!(fs.getattr(f).unwrap().perm, 0o644);
         assert!(matches!(
             fs.lookup(ROOT_INO, b"uncommitted"),
             Err(FsError::NotFound)
         ));
-        let state = fs.inner.meta.lock().sb.state();
-        assert_ne!(state & superblock::STATE_ERROR, 0, "error not recorded");
         fs.unmount().unwrap();
     }
 
@@ -3922,9 +3908,13 @@ mod tests {
     }
 
     /// Runs, as `Fs` runs operations (`Inner::lock_meta_reading`), one operation that changes
-    /// inode `a`'s mode to 0600 and then reads inode `b`; returns its result (`b`'s mode) and
-    /// how many times it ran.
-    fn change_a_then_read_b(fs: &Fs, a: u32, b: u32) -> (Result<u16>, u32) {
+    /// inode `a`'s mode to 0600 and then does `then`; returns its result and how many times
+    /// it ran.
+    fn chmod_then<T>(
+        fs: &Fs,
+        a: u32,
+        mut then: impl FnMut(&mut Meta, &Io) -> Result<T>,
+    ) -> (Result<T>, u32) {
         let io = &fs.inner.io;
         let mut runs = 0;
         let (m, r) = fs
@@ -3935,12 +3925,28 @@ mod tests {
                     let mut i = m.read_inode(io, a)?;
                     i.set_mode(0o100600);
                     m.write_inode(io, a, &mut i)?;
-                    m.read_inode(io, b).map(|i| i.mode())
+                    then(m, io)
                 })
             })
             .unwrap();
         drop(m);
         (r, runs)
+    }
+
+    /// [`chmod_then`] reading inode `b`'s mode after the change.
+    fn change_a_then_read_b(fs: &Fs, a: u32, b: u32) -> (Result<u16>, u32) {
+        chmod_then(fs, a, |m, io| m.read_inode(io, b).map(|i| i.mode()))
+    }
+
+    /// Mounts `mem` again after the file system went into its error state: inode `ino`'s
+    /// mode is as last committed (0644, not the failed operation's 0600) and the superblock
+    /// records the error.
+    fn mount_after_error(mem: Arc<MemDev>, ino: u64) -> Fs {
+        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        assert_eq!(fs.getattr(ino).unwrap().perm, 0o644, "half an operation");
+        let state = fs.inner.meta.lock().sb.state();
+        assert_ne!(state & superblock::STATE_ERROR, 0, "error not recorded");
+        fs
     }
 
     /// Goal: an operation that has changed metadata never stops for a device read (which
@@ -3998,15 +4004,7 @@ mod tests {
         assert!(fs.unmount().is_err(), "the unmount hid the error");
         drop(fs);
         dev.heal();
-        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
-        assert_eq!(
-            fs.getattr(u64::from(a)).unwrap().perm,
-            0o644,
-            "half an operation"
-        );
-        let state = fs.inner.meta.lock().sb.state();
-        assert_ne!(state & superblock::STATE_ERROR, 0, "error not recorded");
-        fs.unmount().unwrap();
+        mount_after_error(mem, u64::from(a)).unmount().unwrap();
     }
 
     /// Goal: a write that covers the first and last blocks of its range in part, over a file

@@ -1350,7 +1350,7 @@ impl Meta {
         // cached, read before any page is filled: a stop for that read then takes back no
         // page (docs/DESIGN.md §4.1; the first block is the first filled, so its read comes
         // before any page too). Not when space runs out before the write gets there.
-        let last_old = match homes.last() {
+        let mut last_old = match homes.last() {
             Some(&Some((p, false))) if last > first && end % bs != 0 => {
                 let (cached, holes) = {
                     let pages = self.data.lock();
@@ -1387,7 +1387,7 @@ impl Meta {
                 offset: in_block,
                 bytes: &data[written..written + len],
                 request_len,
-                old: if lblk == last { last_old.clone() } else { None },
+                old: if lblk == last { last_old.take() } else { None },
             };
             self.put_data(io, ino, piece)?;
             pos += len as u64;
