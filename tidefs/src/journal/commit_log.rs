@@ -22,8 +22,9 @@
 //! before the file system reads anything, so it is not part of this trait.
 //!
 //! Invariants every implementation keeps:
-//! - `commit` returns only once the transaction is durable, and after an error no later
-//!   commit succeeds;
+//! - `commit` returns only once the transaction is durable (`commit_holding` may return
+//!   with it held, and then the next successful commit or `finish_held` makes it durable),
+//!   and after an error no later commit succeeds;
 //! - `pending(b)` is the content of `b` in the newest durable transaction that logged it,
 //!   until a copy at least that new is durable at home (or a later transaction revoked it);
 //! - a checkpoint never writes a block's older copy home after a newer one.
@@ -46,6 +47,15 @@ pub struct LogSpace {
 pub trait CommitLog: Send + Sync {
     /// Makes `req` durable as one transaction and returns its tid.
     fn commit(&self, req: CommitRequest) -> Result<Tid>;
+    /// Like [`CommitLog::commit`], but may return before the transaction is durable, with
+    /// what is left to write (for jbd2, the commit block) held (the `bool` is then true): the
+    /// next commit writes it with its own first batch and one flush makes both durable, or
+    /// [`CommitLog::finish_held`] writes it alone. A commit that returns `Ok` has made every
+    /// earlier held transaction durable. Held, a transaction is not yet in `pending`,
+    /// `is_logged` or `held_in`: the caller keeps serving its blocks.
+    fn commit_holding(&self, req: CommitRequest, may_hold: bool) -> Result<(Tid, bool)>;
+    /// Makes the held transaction (if any) durable; returns its tid.
+    fn finish_held(&self) -> Result<Option<Tid>>;
     /// The newest committed copy of `home_block` not yet written home.
     fn pending(&self, home_block: u64) -> Option<Arc<[u8]>>;
     /// Writes every committed block home and reclaims the log space they held.
@@ -92,6 +102,12 @@ impl CommitLog for Journal {
     // resolve to this trait method again.
     fn commit(&self, req: CommitRequest) -> Result<Tid> {
         super::log::JournalCore::commit(self, req)
+    }
+    fn commit_holding(&self, req: CommitRequest, may_hold: bool) -> Result<(Tid, bool)> {
+        super::log::JournalCore::commit_holding(self, req, may_hold)
+    }
+    fn finish_held(&self) -> Result<Option<Tid>> {
+        super::log::JournalCore::finish_held(self)
     }
     fn pending(&self, home_block: u64) -> Option<Arc<[u8]>> {
         super::log::JournalCore::pending(self, home_block)

@@ -434,6 +434,11 @@ struct TxnWrite<'a> {
     commit_time: (u64, u32),
     /// Written with its commit block in one batch and one flush (see `JournalCore::commit`).
     unfenced: bool,
+    /// The held commit block of the transaction before (device offset, bytes), written first
+    /// in the batch.
+    carried: Option<(u64, &'a [u8])>,
+    /// Keep the commit block of a fenced transaction instead of writing it.
+    hold: bool,
 }
 
 /// A committed transaction whose blocks may not yet be home.
@@ -455,9 +460,38 @@ pub(super) struct LiveTxn {
     pub end: (u32, u32),
 }
 
-/// The tidefs-only incompat bits the live transactions need.
-fn live_guard(live: &VecDeque<LiveTxn>) -> u32 {
-    live.iter().fold(0, |bits, t| bits | t.guard)
+/// The tidefs-only incompat bits the live transactions, and the one whose commit block is
+/// held, need.
+fn live_guard(live: &VecDeque<LiveTxn>, held: Option<&HeldCommit>) -> u32 {
+    live.iter()
+        .chain(held.map(|h| &h.done.live))
+        .fold(0, |bits, t| bits | t.guard)
+}
+
+/// What a transaction's commit becomes once its commit block is durable
+/// ([`JournalCore::made_durable`]).
+pub(super) struct DurableTxn {
+    pub live: LiveTxn,
+    pub records: Vec<Record>,
+    pub revoked: Vec<u64>,
+    /// Bytes the journal device received for it.
+    pub written: u64,
+    pub compact: bool,
+    /// Its commit block was written as a durable write of its own (a write and a flush).
+    pub durable_write: bool,
+}
+
+/// A commit block not yet written: its device byte offset and its bytes.
+type UnwrittenCommit = (u64, Vec<u8>);
+
+/// A block-layout transaction whose body (and ordered data) is durable and whose commit block
+/// is not yet written: the next commit writes it in its first batch, ahead of its own body,
+/// so that one flush makes this transaction durable and the next one's body too.
+pub(super) struct HeldCommit {
+    /// Device byte offset of the commit block.
+    pub at: u64,
+    pub block: Vec<u8>,
+    pub done: DurableTxn,
 }
 
 /// The newest committed copy of a home block.
@@ -481,6 +515,12 @@ pub(super) struct LogState {
     pub head_off: u32,
     /// Committed, not checkpointed transactions, oldest first. [log]
     pub live: VecDeque<LiveTxn>,
+    /// The transaction after the live ones whose body is durable and whose commit block
+    /// waits in memory, to go out in the next commit's first batch (see
+    /// [`JournalCore::commit_holding`]). Its blocks already count in `used`, the head is past
+    /// it and `next_tid` names its successor; it joins `live` once its commit block is
+    /// durable. [log]
+    pub held: Option<HeldCommit>,
     /// Set by the first failed write or flush; never cleared. [log]
     pub aborted: bool,
     /// The features the options ask for are on in the on-disk superblock. Opening never writes
@@ -666,6 +706,7 @@ impl Journal {
                 head: sb.first_log_block,
                 head_off: 0,
                 live: VecDeque::new(),
+                held: None,
                 aborted: false,
                 features_ready: false,
                 sb,
@@ -752,10 +793,13 @@ impl JournalCore {
     /// Whole-state consistency check, run after each commit in debug builds.
     #[cfg(debug_assertions)]
     pub(super) fn check_invariants(&self, state: &LogState) {
-        let used: u32 = state.live.iter().map(|t| t.len).sum();
+        // The held transaction follows the live ones in the log.
+        let held = state.held.as_ref().map(|h| &h.done.live);
+        let all: Vec<&LiveTxn> = state.live.iter().chain(held).collect();
+        let used: u32 = all.iter().map(|t| t.len).sum();
         assert_eq!(used, self.used.load(Ordering::Acquire));
         assert!(used <= self.capacity());
-        for pair in state.live.iter().zip(state.live.iter().skip(1)) {
+        for pair in all.iter().zip(all.iter().skip(1)) {
             assert_eq!(pair.0.tid.wrapping_add(1), pair.1.tid);
             let (b, off) = pair.0.end;
             let next_boundary = if off == 0 { b } else { self.advance(b, 1) };
@@ -769,24 +813,26 @@ impl JournalCore {
         }
         assert_eq!(
             state.sb.feature_incompat & INCOMPAT_TIDEFS_ONLY,
-            live_guard(&state.live)
+            live_guard(&state.live, state.held.as_ref())
         );
-        if let Some(last) = state.live.back() {
-            let front = state.live.front().map_or(last.tid, |t| t.tid);
+        if let Some(last) = all.last() {
+            let front = all.first().map_or(last.tid, |t| t.tid);
+            // Pending copies and logged blocks come from durable transactions only.
+            let durable = state.live.back().map_or(front.wrapping_sub(1), |t| t.tid);
             assert_eq!(last.end, (state.head, state.head_off));
             assert_eq!(
                 last.tid.wrapping_add(1),
                 self.next_tid.load(Ordering::Acquire)
             );
             assert_eq!(
-                state.live.front().map(|t| (t.start, t.tid)),
+                all.first().map(|t| (t.start, t.tid)),
                 Some((state.sb.start_block, state.sb.sequence))
             );
             for p in self.pending.read().values() {
-                assert!(tid_geq(p.tid, front) && tid_geq(last.tid, p.tid));
+                assert!(tid_geq(p.tid, front) && tid_geq(durable, p.tid));
             }
             for t in self.logged.lock().values() {
-                assert!(tid_geq(*t, front) && tid_geq(last.tid, *t));
+                assert!(tid_geq(*t, front) && tid_geq(durable, *t));
             }
         } else {
             assert_eq!(state.head_off, 0);
@@ -911,7 +957,23 @@ impl JournalCore {
     /// writes when it revokes a block a checkpoint may be writing. A block both logged and
     /// revoked in one request is logged, not revoked (the kernel cancels such revokes). Empty
     /// requests still commit.
-    pub fn commit(&self, mut req: CommitRequest) -> Result<Tid> {
+    pub fn commit(&self, req: CommitRequest) -> Result<Tid> {
+        self.commit_holding(req, false).map(|(tid, _)| tid)
+    }
+
+    /// [`JournalCore::commit`], except that with `may_hold` a fenced block-layout transaction
+    /// (ordered data went home for it) returns once its body and data are durable, with its
+    /// commit block held in memory instead of written (the `bool` is then true): the next
+    /// commit writes that block in its first batch, ahead of its own body, and its first flush
+    /// makes both durable, so a stream of commits costs one flush each instead of two; or
+    /// [`JournalCore::finish_held`] writes it alone. Until then the held transaction is not
+    /// durable: it is not in `pending`, `is_logged` or `held_in` (its caller keeps its blocks),
+    /// a checkpoint leaves it alone, and the log tail never moves past it. Any commit that
+    /// cannot carry the held block (a compact commit, one that must first make an incompat
+    /// bit durable, one that waits for room) writes it first, as a durable write of its own.
+    /// A crash before the held block is durable leaves the held transaction without its
+    /// commit block: recovery stops at it, as the kernel's would.
+    pub fn commit_holding(&self, mut req: CommitRequest, may_hold: bool) -> Result<(Tid, bool)> {
         let _gate = self.commit_gate.lock();
         let bs = usize::try_from(self.geom.block_size).unwrap_or(usize::MAX);
         let home_data = std::mem::take(&mut req.home_data);
@@ -984,6 +1046,8 @@ impl JournalCore {
                     "the journal is still full after a checkpoint",
                 ));
             }
+            // A checkpoint retires only durable transactions.
+            self.finish_held_locked(&mut state)?;
             drop(state);
             self.stats.lock().commits_waited_for_checkpoint += 1;
             self.checkpoint()?;
@@ -1003,7 +1067,12 @@ impl JournalCore {
             0
         };
         let set_bit = guard & !state.sb.feature_incompat != 0;
-        if state.live.is_empty() {
+        let carry = compact.is_none() && !set_bit;
+        if !carry {
+            self.finish_held_locked(&mut state)?;
+        }
+        let log_empty = state.live.is_empty() && state.held.is_none();
+        if log_empty {
             state.sb.start_block = start;
             state.sb.sequence = tid;
         }
@@ -1012,10 +1081,10 @@ impl JournalCore {
             // the kernel or e2fsck would replay.
             state.sb.feature_incompat |= guard;
             self.write_sb_durable(&mut state)?;
-        } else if state.live.is_empty() {
+        } else if log_empty {
             self.write_sb(&mut state)?;
         }
-        let (written, end) = match &compact {
+        let (written, end, held) = match &compact {
             Some(rec) => {
                 self.write_home_data(&home_data)
                     .map_err(|e| io_abort(&mut state, e))?;
@@ -1032,9 +1101,10 @@ impl JournalCore {
                 } else {
                     (start, end_off)
                 };
-                (self.geom.received(&[(off, &rec[..])]), end)
+                (self.geom.received(&[(off, &rec[..])]), end, None)
             }
             None => {
+                let carried = state.held.take();
                 let txn = TxnWrite {
                     tid,
                     records: &records,
@@ -1042,23 +1112,91 @@ impl JournalCore {
                     start,
                     commit_time: now,
                     unfenced,
+                    carried: carried.as_ref().map(|h| (h.at, &h.block[..])),
+                    hold: may_hold,
                 };
-                let n = self.write_block_layout(&mut state, &txn)?;
-                (n, (self.advance(start, needed), 0))
+                let (n, held) = self.write_block_layout(&mut state, &txn)?;
+                if let Some(h) = carried {
+                    // Its commit block went out in the batch just flushed.
+                    self.made_durable(&mut state, h.done);
+                }
+                (n, (self.advance(start, needed), 0), held)
             }
         };
-        // Durable: account for it.
-        state.live.push_back(LiveTxn {
-            tid,
-            start,
-            start_off,
-            len: needed,
-            guard,
-            end,
-        });
+        // The log's space and the head are this transaction's from now on, durable or held.
         (state.head, state.head_off) = end;
         self.used.fetch_add(needed, Ordering::AcqRel);
         self.next_tid.store(tid.wrapping_add(1), Ordering::Release);
+        let done = DurableTxn {
+            live: LiveTxn {
+                tid,
+                start,
+                start_off,
+                len: needed,
+                guard,
+                end,
+            },
+            records,
+            revoked,
+            written,
+            compact: compact.is_some(),
+            durable_write: !unfenced && held.is_none(),
+        };
+        let is_held = held.is_some();
+        match held {
+            Some((at, block)) => state.held = Some(HeldCommit { at, block, done }),
+            None => self.made_durable(&mut state, done),
+        }
+        #[cfg(debug_assertions)]
+        self.check_invariants(&state);
+        drop(state);
+        self.request_background_checkpoint();
+        Ok((tid, is_held))
+    }
+
+    /// Writes the held commit block (if any) as a durable write of its own: its transaction
+    /// is then durable. Returns its tid. For a caller whose commit returned with its block
+    /// held and that no later commit carried.
+    pub fn finish_held(&self) -> Result<Option<Tid>> {
+        let _gate = self.commit_gate.lock();
+        let mut state = self.log.lock();
+        let tid = self.finish_held_locked(&mut state)?;
+        #[cfg(debug_assertions)]
+        self.check_invariants(&state);
+        drop(state);
+        self.request_background_checkpoint();
+        Ok(tid)
+    }
+
+    /// [`JournalCore::finish_held`] with `commit_gate` and `log` held.
+    fn finish_held_locked(&self, state: &mut LogState) -> Result<Option<Tid>> {
+        let Some(mut h) = state.held.take() else {
+            return Ok(None);
+        };
+        self.check_writable(state)?;
+        if let Err(e) = self.geom.dev.write_durable(h.at, &h.block) {
+            return Err(io_abort(state, e));
+        }
+        h.done.written += self.geom.received(&[(h.at, &h.block[..])]);
+        h.done.durable_write = true;
+        let tid = h.done.live.tid;
+        self.made_durable(state, h.done);
+        Ok(Some(tid))
+    }
+
+    /// A transaction's commit block is durable: it joins the live transactions, its blocks
+    /// become pending checkpoint (and its revokes take effect), and it is counted.
+    fn made_durable(&self, state: &mut LogState, done: DurableTxn) {
+        let DurableTxn {
+            live,
+            records,
+            revoked,
+            written,
+            compact,
+            durable_write,
+        } = done;
+        let tid = live.tid;
+        state.live.push_back(live);
         let mut revoked_pending = false;
         {
             let mut pending = self.pending.write();
@@ -1094,29 +1232,23 @@ impl JournalCore {
             // Later batches see the block gone from `pending` and skip it.
             drop(self.cp_batch.lock());
         }
-        #[cfg(debug_assertions)]
-        self.check_invariants(&state);
-        drop(state);
-        {
-            let mut stats = self.stats.lock();
-            stats.commits += 1;
-            // An unfenced commit ends with a flush, not a durable write.
-            stats.durable_writes += u64::from(!unfenced);
-            stats.journal_bytes += written;
-            stats.compact_commits += u64::from(compact.is_some());
-            for r in &records {
-                match r {
-                    Record::FullBlock { .. } => stats.blocks_logged += 1,
-                    Record::Range { ranges, .. } => {
-                        stats.range_records += 1;
-                        stats.range_bytes += ranges.iter().map(|r| u64::from(r.1)).sum::<u64>();
-                    }
-                    Record::Revoke { .. } => {}
+        let mut stats = self.stats.lock();
+        stats.commits += 1;
+        // An unfenced commit ends with a flush, and a carried commit block rides on the next
+        // commit's flush, not a durable write.
+        stats.durable_writes += u64::from(durable_write);
+        stats.journal_bytes += written;
+        stats.compact_commits += u64::from(compact);
+        for r in &records {
+            match r {
+                Record::FullBlock { .. } => stats.blocks_logged += 1,
+                Record::Range { ranges, .. } => {
+                    stats.range_records += 1;
+                    stats.range_bytes += ranges.iter().map(|r| u64::from(r.1)).sum::<u64>();
                 }
+                Record::Revoke { .. } => {}
             }
         }
-        self.request_background_checkpoint();
-        Ok(tid)
     }
 
     /// Writes a transaction in the block layout at `txn.start`: the body and the home data
@@ -1124,7 +1256,11 @@ impl JournalCore {
     /// device), a flush of both devices, then the commit block as a durable write. An unfenced
     /// transaction puts its commit block into the first batch and ends with the flush instead.
     /// Returns the bytes the journal device received.
-    fn write_block_layout(&self, state: &mut LogState, txn: &TxnWrite<'_>) -> Result<u64> {
+    fn write_block_layout(
+        &self,
+        state: &mut LogState,
+        txn: &TxnWrite<'_>,
+    ) -> Result<(u64, Option<UnwrittenCommit>)> {
         let TxnWrite {
             tid,
             records,
@@ -1132,9 +1268,12 @@ impl JournalCore {
             start,
             commit_time,
             unfenced,
+            carried,
+            hold,
         } = *txn;
         let txn = state.layout.serialize(tid, records, commit_time, unfenced);
-        let mut positioned: Vec<(u64, &[u8])> = Vec::with_capacity(txn.body.len() + 1);
+        let mut positioned: Vec<(u64, &[u8])> = Vec::with_capacity(txn.body.len() + 2);
+        positioned.extend(carried);
         for (i, b) in txn.body.iter().enumerate() {
             let at = self
                 .geom
@@ -1174,12 +1313,18 @@ impl JournalCore {
             self.flush_both(state)?;
         }
         if unfenced {
-            return Ok(body_bytes);
+            return Ok((body_bytes, None));
+        }
+        if hold {
+            return Ok((body_bytes, Some((commit_off, txn.commit))));
         }
         if let Err(e) = self.geom.dev.write_durable(commit_off, &txn.commit) {
             return Err(io_abort(state, e));
         }
-        Ok(body_bytes + self.geom.received(&[(commit_off, &txn.commit[..])]))
+        Ok((
+            body_bytes + self.geom.received(&[(commit_off, &txn.commit[..])]),
+            None,
+        ))
     }
 
     /// The records of a request (see [`JournalCore::commit`]) and its revokes, sorted, without
@@ -1426,8 +1571,15 @@ impl JournalCore {
             freed += front.len;
             state.live.pop_front();
         }
-        match state.live.front().copied() {
+        let front = state
+            .live
+            .front()
+            .or(state.held.as_ref().map(|h| &h.done.live))
+            .copied();
+        match front {
             Some(front) => {
+                // The held transaction's body is on disk and its commit block may follow:
+                // the tail stays at it.
                 state.sb.start_block = front.start;
                 state.sb.sequence = front.tid;
             }
@@ -1443,8 +1595,8 @@ impl JournalCore {
                 }
             }
         }
-        state.sb.feature_incompat =
-            state.sb.feature_incompat & !INCOMPAT_TIDEFS_ONLY | live_guard(&state.live);
+        state.sb.feature_incompat = state.sb.feature_incompat & !INCOMPAT_TIDEFS_ONLY
+            | live_guard(&state.live, state.held.as_ref());
         freed
     }
 
@@ -1562,8 +1714,12 @@ impl JournalCore {
         if self.opts.read_only || self.needs_recovery() {
             return Ok(());
         }
-        if self.log.lock().aborted {
-            return Err(FsError::ReadOnly);
+        {
+            let mut state = self.log.lock();
+            if state.aborted {
+                return Err(FsError::ReadOnly);
+            }
+            self.finish_held_locked(&mut state)?;
         }
         // No commit can run (`commit_gate`), so this retires every live transaction.
         self.checkpoint()?;

@@ -1353,3 +1353,133 @@ fn damage_in_an_unfenced_transaction_before_another_is_not_a_tear() {
         assert_eq!(&rig.home(32)[..], &block(3, 0)[..]);
     }
 }
+
+/// Goal: a held commit block rides with the next commit's body, so a stream of commits costs
+/// one flush each and no durable write of its own, and the held transaction is not served as
+/// committed (`pending`, `is_logged`) until a flush made its commit block durable. Method:
+/// count the device's ordering points over ten commits that each may hold; look the blocks
+/// up in between.
+#[test]
+fn a_held_commit_block_rides_with_the_next_commit() {
+    use crate::dev::CountingDevice;
+    use std::sync::atomic::Ordering::Relaxed;
+    let rig = Rig::new(96, 0, 0);
+    let counted = Arc::new(CountingDevice::new(rig.dev.clone()));
+    let j = rig.open_on(counted.clone(), V3_64_FENCED).unwrap();
+    j.commit(req(&[(80, block(1, 0))], &[])).unwrap();
+    let (f0, d0) = (
+        counted.counters.flushes.load(Relaxed),
+        counted.counters.durable_writes.load(Relaxed),
+    );
+    for t in 0..10u64 {
+        let (tid, held) = j
+            .commit_holding(req(&[(81 + t, block(2, t))], &[]), true)
+            .unwrap();
+        assert!(held, "a fenced commit holds its commit block when allowed");
+        assert_eq!(j.next_tid(), tid.wrapping_add(1));
+        assert_eq!(j.pending(81 + t), None, "held: not yet committed");
+        assert!(!j.is_logged(81 + t));
+        if t > 0 {
+            assert_eq!(
+                j.pending(80 + t).as_deref(),
+                Some(&block(2, t - 1)[..]),
+                "carried: durable with this commit's flush"
+            );
+        }
+    }
+    assert_eq!(counted.counters.flushes.load(Relaxed) - f0, 10);
+    assert_eq!(counted.counters.durable_writes.load(Relaxed) - d0, 0);
+    assert!(j.finish_held().unwrap().is_some());
+    assert_eq!(j.finish_held().unwrap(), None, "nothing left to finish");
+    assert_eq!(counted.counters.durable_writes.load(Relaxed) - d0, 1);
+    assert_eq!(j.pending(90).as_deref(), Some(&block(2, 9)[..]));
+    assert_eq!(j.stats().commits, 11);
+    drop(j);
+    let report = rig.open(V3_64_FENCED).unwrap().recover().unwrap();
+    assert_eq!(report.transactions, 11);
+    for t in 0..10u64 {
+        assert_eq!(&rig.home(81 + t)[..], &block(2, t)[..]);
+    }
+}
+
+/// Goal: a crash while a commit block is held loses that transaction only (it never was
+/// durable), and a crash after the next commit carried it replays it. Method: crash (drop)
+/// at each point and recover against a model.
+#[test]
+fn a_crash_with_a_held_commit_block_loses_only_the_held_transaction() {
+    for carried in [false, true] {
+        let rig = Rig::new(64, 0, 0);
+        let j = rig.open(V3_64_FENCED).unwrap();
+        j.commit(req(&[(20, block(1, 0))], &[])).unwrap();
+        j.commit_holding(req(&[(21, block(2, 0))], &[]), true)
+            .unwrap();
+        if carried {
+            j.commit_holding(req(&[(22, block(3, 0))], &[]), true)
+                .unwrap();
+        }
+        drop(j);
+        let report = rig.open(V3_64_FENCED).unwrap().recover().unwrap();
+        assert_eq!(report.transactions, 1 + u32::from(carried));
+        assert_eq!(&rig.home(20)[..], &block(1, 0)[..]);
+        assert_eq!(rig.home(21) == block(2, 0)[..].to_vec(), carried);
+        assert_ne!(
+            &rig.home(22)[..],
+            &block(3, 0)[..],
+            "still held at the crash"
+        );
+    }
+}
+
+/// Goal: a checkpoint that retires every durable transaction while a commit block is held
+/// leaves the log tail at the held transaction, so that once its commit block is durable a
+/// crash replays it; and a commit that must wait for room makes the held transaction durable
+/// first (a checkpoint retires only durable ones). Method: checkpoint between a held commit
+/// and its finish, then crash; and fill a small log with held commits, checkpoints held.
+#[test]
+fn checkpoints_keep_the_tail_at_a_held_transaction() {
+    let rig = Rig::new(64, 0, 0);
+    let j = rig.open(V3_64_FENCED).unwrap();
+    j.commit(req(&[(20, block(1, 0))], &[])).unwrap();
+    let (tid, _) = j
+        .commit_holding(req(&[(21, block(2, 0))], &[]), true)
+        .unwrap();
+    j.checkpoint().unwrap();
+    assert_eq!(&rig.home(20)[..], &block(1, 0)[..]);
+    let sb = rig.read_sb();
+    assert_eq!(sb.sequence, tid, "the tail is the held transaction");
+    assert_ne!(sb.start_block, 0);
+    assert_eq!(j.finish_held().unwrap(), Some(tid));
+    drop(j);
+    let report = rig.open(V3_64_FENCED).unwrap().recover().unwrap();
+    assert_eq!(report.transactions, 1);
+    assert_eq!(&rig.home(21)[..], &block(2, 0)[..]);
+
+    // Many held commits through a log of 64 blocks: each needs three, so the log fills and
+    // commits wait for checkpoints.
+    let rig = Rig::new(64, 0, 0);
+    let j = rig.open(V3_64_FENCED).unwrap();
+    let mut model: HashMap<u64, Arc<[u8]>> = HashMap::new();
+    for t in 0..60u64 {
+        let b = (30 + t % 7, block(4, t));
+        model.insert(b.0, b.1.clone());
+        j.commit_holding(req(&[b], &[]), true).unwrap();
+    }
+    assert!(j.stats().commits_waited_for_checkpoint > 0);
+    // A held transaction of 40 blocks and the next one of 20 do not fit together: the
+    // checkpoint that makes room must find the first one durable.
+    let big = |tag: u8, n: u64| -> Vec<(u64, Arc<[u8]>)> {
+        // Clear of the journal, at device blocks 100..132 and 200..232.
+        (0..n).map(|i| (140 + i, block(tag, i))).collect()
+    };
+    j.commit_holding(req(&big(5, 40), &[]), true).unwrap();
+    j.commit_holding(req(&big(6, 20), &[]), true).unwrap();
+    for (h, d) in big(5, 40).into_iter().chain(big(6, 20)) {
+        model.insert(h, d);
+    }
+    j.finish_held().unwrap();
+    drop(j);
+    rig.open(V3_64_FENCED).unwrap().recover().unwrap();
+    for (h, d) in &model {
+        assert_eq!(&rig.home(*h)[..], &d[..], "home block {h}");
+    }
+}
