@@ -70,6 +70,10 @@ pub(crate) struct Page {
     pub mode: DataMode,
     /// Read or written since eviction last passed it over (its second chance).
     pub referenced: bool,
+    /// The generation a commit sent home whose transaction is not yet durable (its commit
+    /// block held, docs/DESIGN.md §4.2): the next commit's write-back leaves the page alone
+    /// while it has not changed since, and it turns clean when that transaction is durable.
+    pub sent: Option<u64>,
 }
 
 impl Page {
@@ -85,6 +89,7 @@ impl Page {
             mode: DataMode::default(),
             // Used once so far: only a second use protects it from the next eviction.
             referenced: false,
+            sent: None,
         }
     }
 }
@@ -102,6 +107,8 @@ pub(crate) struct DirtyPage {
     pub mode: DataMode,
     /// The page holds a reserved block (it is over a hole).
     pub reserved: bool,
+    /// A commit not yet durable sent these very bytes home ([`Page::sent`]).
+    pub sent: bool,
 }
 
 /// The pages a write covers whole, made ahead of the page cache's mutex: the blocks from
@@ -402,6 +409,19 @@ impl DataCache {
         self.files.get(&ino).map_or(0, |f| f.dirty.len())
     }
 
+    /// Whether a dirty page waits for a write-back: one not already sent home by a commit
+    /// whose transaction is not yet durable (with nothing else changed since). Stops at the
+    /// first such page; only while a commit block is held does it look at that commit's
+    /// pages.
+    pub fn has_unsent_dirty(&self) -> bool {
+        self.dirty > 0
+            && self.files.values().any(|f| {
+                f.dirty
+                    .iter()
+                    .any(|l| f.pages.get(l).is_some_and(|p| p.sent != Some(p.gen)))
+            })
+    }
+
     /// Files with dirty pages, in inode order.
     pub fn dirty_files(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self
@@ -448,6 +468,7 @@ impl DataCache {
                     first_write: p.first_write,
                     mode: p.mode,
                     reserved: p.reserved,
+                    sent: p.sent == Some(p.gen),
                 })
                 .collect()
         })
@@ -505,7 +526,10 @@ impl DataCache {
         self.pages_taken_back += undo.len() as u64;
         for ((ino, lblk), before) in undo {
             self.remove_page(ino, lblk);
-            if let Some(p) = before {
+            if let Some(mut p) = before {
+                // The commit that sent it may be durable by now, and would then have found
+                // the page changed: sent again at worst, never left dirty for good.
+                p.sent = None;
                 self.put_page(ino, lblk, p);
             }
         }
@@ -743,6 +767,19 @@ impl DataCache {
         self.mark_clean(ino, lblk);
     }
 
+    /// A commit whose transaction is not yet durable sent generation `gen` of page
+    /// `(ino, lblk)` home ([`Page::sent`]). Outside any operation, like
+    /// [`DataCache::written_home`].
+    pub fn sent_home(&mut self, ino: u32, lblk: u32, gen: u64) {
+        let page = self
+            .files
+            .get_mut(&ino)
+            .and_then(|f| f.pages.get_mut(&lblk));
+        if let Some(p) = page.filter(|p| p.gen == gen && p.dirty) {
+            p.sent = Some(gen);
+        }
+    }
+
     /// [`DataCache::written_back`] for pages whose bytes a commit or an fdatasync wrote home,
     /// called outside any operation and without the metadata lock, so never noted in the
     /// undo record of an operation that may be running meanwhile (taken back, it could only
@@ -760,6 +797,7 @@ impl DataCache {
         };
         if let Some(p) = f.pages.get_mut(&lblk) {
             p.dirty = false;
+            p.sent = None;
             p.changed.clear();
             f.dirty.remove(&lblk);
             self.dirty -= 1;

@@ -153,9 +153,11 @@ pub(crate) struct Meta {
     pub open: Arc<super::open_files::OpenFiles>,
     /// Next inode generation number.
     pub next_generation: u32,
-    /// The blocks of the transaction being committed, until the journal holds them: the
-    /// versions the cache closed the transaction with, shared with it (not copies).
-    pub committing: HashMap<u64, Arc<[u8]>>,
+    /// The blocks of the transactions being committed, until the journal holds them as
+    /// pending: the versions the cache closed each transaction with, shared with it (not
+    /// copies), with the tid of the newest transaction that has each. Two transactions may be
+    /// in it at once: one whose commit block the journal holds and the next one closing.
+    pub committing: HashMap<u64, (u32, Arc<[u8]>)>,
     /// The mode of directories without their own and of the files in them (`-o data=`).
     pub default_mode: DataMode,
     /// While an operation runs: whether every inode it acts for is `lightweight` (`None`:
@@ -352,6 +354,17 @@ impl Meta {
         };
         let end = blocks.len().min(from + window);
         self.prefetch(io, blocks[from..end].iter().copied())
+    }
+
+    /// Whether a copy of block `nr` may come back from the log over its home location: a live
+    /// transaction logged it (`is_logged`, or its copy is still pending), or a transaction
+    /// closed and not yet durable did (`committing`: one whose commit block the journal holds
+    /// is not live yet, docs/DESIGN.md §4.2). A write of the block in place outside the log
+    /// must then revoke it, or keep journaling it.
+    pub(crate) fn log_may_hold(&self, io: &Io, nr: u64) -> bool {
+        self.committing.contains_key(&nr)
+            || io.journal.is_logged(nr)
+            || io.journal.pending(nr).is_some()
     }
 
     /// Whether a copy of block `nr` newer than or as new as its home location is in memory:
@@ -771,7 +784,7 @@ impl Meta {
     /// commit's write-back (one hold of the page cache's mutex).
     fn data_pending(&self) -> bool {
         let pages = self.data.lock();
-        pages.dirty_count() > 0 || pages.writes().pending_files().next().is_some()
+        pages.has_unsent_dirty() || pages.writes().pending_files().next().is_some()
     }
 
     /// Whether block `nr` is an allocation structure (bitmap, group descriptor table or
@@ -797,7 +810,7 @@ impl Meta {
     fn copy_past_the_cache(&self, io: &Io, nr: u64) -> Option<Arc<[u8]>> {
         self.committing
             .get(&nr)
-            .cloned()
+            .map(|(_, b)| Arc::clone(b))
             .or_else(|| io.journal.pending(nr))
     }
 

@@ -196,6 +196,34 @@ struct CommitGate {
 /// Exclusive use of the commit path; released on drop.
 struct GateGuard<'a>(&'a CommitGate);
 
+/// How [`Inner::close_and_commit`] ended.
+enum Committed {
+    /// The running transaction held nothing to commit.
+    Nothing,
+    /// The transaction is durable.
+    Durable,
+    /// The journal holds its commit block (`Inner::held`).
+    Held,
+}
+
+/// What a commit still has to do once its transaction is durable ([`Inner::commit_durable`]).
+struct CommitDone {
+    tid: u32,
+    /// Blocks the transaction freed, allocatable once it is durable.
+    freed: Vec<(u64, u32)>,
+    /// Lightweight frees to apply in the next transaction.
+    late_frees: Vec<alloc_state::LateFree>,
+    /// File data that went home with it: clean once it is durable.
+    home: Vec<writeback::HomeWrite>,
+    /// Bytes of its metadata blocks that changed.
+    changed: u64,
+    /// Blocks (whole and by ranges) it logged.
+    nblocks: u64,
+    /// Lightweight: it journaled blocks that would have gone in place but for older copies
+    /// in the log.
+    held_by_log: bool,
+}
+
 impl Drop for GateGuard<'_> {
     fn drop(&mut self) {
         *self.0.busy.lock() = false;
@@ -251,6 +279,9 @@ struct Inner {
     /// Commits in a row that journaled blocks only lightweight operations changed, because
     /// the log still held older copies of them (`LightweightSort::held_by_log`).
     light_held_commits: AtomicU32,
+    /// The closed transaction whose commit block the journal holds, to go out with the next
+    /// commit's first batch (`Inner::commit_up_to`); touched only with the gate held.
+    held: Mutex<Option<CommitDone>>,
     /// Tid of the last transaction that is durable.
     committed_tid: AtomicU32,
     /// Set once a commit, checkpoint or in-place write failed: the file system is then in
@@ -698,6 +729,7 @@ impl Fs {
             orphans_freed: (Mutex::new(0), Condvar::new()),
             running_since: Mutex::new(Instant::now()),
             light_held_commits: AtomicU32::new(0),
+            held: Mutex::new(None),
             committed_tid: AtomicU32::new(tid.wrapping_sub(1)),
             errored: AtomicBool::new(false),
             first_error: Mutex::new(None),
@@ -2340,7 +2372,10 @@ impl Inner {
                 break;
             }
         }
-        let _gate = self.gate.enter(|| false);
+        let gate = self.gate.enter(|| false);
+        if let Some(gate) = &gate {
+            self.finish_held(gate)?;
+        }
         self.io.journal.close()?;
         let mut m = self.meta.lock();
         m.sb.set_incompat(incompat::RECOVER, false);
@@ -2653,24 +2688,78 @@ impl Inner {
     /// Returns once transaction `target` is durable, committing it if nobody else has. Every
     /// caller learns the result of the commit that covered `target`: after a failed commit,
     /// nothing from that transaction on can become durable, and all of them get EIO.
+    ///
+    /// A commit whose ordered data went home may return from the journal with its commit
+    /// block held (docs/DESIGN.md §4.2): its committer then lets the gate go and comes back.
+    /// Whoever takes the gate next with a target the held transaction covers either commits
+    /// the running transaction, whose first batch and flush carry the held commit block, when
+    /// other fsyncs are under way (they have changes in it, or are about to), or writes the
+    /// held block alone.
     fn commit_up_to(&self, target: u32) -> Result<()> {
         let durable = || tid_geq(self.committed_tid.load(Ordering::SeqCst), target);
         let settled = || durable() || self.errored.load(Ordering::SeqCst);
-        let gate = self.gate.enter(settled);
-        if durable() {
+        loop {
+            let gate = self.gate.enter(settled);
+            if durable() {
+                return Ok(());
+            }
+            if self.errored.load(Ordering::SeqCst) {
+                return Err(self.error_result());
+            }
+            let Some(gate) = gate else {
+                unreachable!("the gate is refused only once the target is settled");
+            };
+            let held = self.held.lock().as_ref().map(|h| h.tid);
+            if held.is_some_and(|h| tid_geq(h, target))
+                && self.counters.fsync_active.load(Ordering::SeqCst) <= 1
+            {
+                return self.finish_held(&gate);
+            }
+            match self.close_and_commit(&gate)? {
+                Committed::Nothing => return self.finish_held(&gate),
+                Committed::Durable => return Ok(()),
+                // Back to the gate: someone may carry it, or we write it alone.
+                Committed::Held => {}
+            }
+        }
+    }
+
+    /// Makes the transaction whose commit block the journal holds (if any) durable with a
+    /// write of its own, then finishes its commit. The caller holds the gate.
+    fn finish_held(&self, _gate: &GateGuard<'_>) -> Result<()> {
+        let Some(held) = self.held.lock().take() else {
             return Ok(());
-        }
-        if self.errored.load(Ordering::SeqCst) {
-            return Err(self.error_result());
-        }
-        let Some(_gate) = gate else {
-            unreachable!("the gate is refused only once the target is settled");
         };
+        match self.io.journal.finish_held() {
+            Ok(tid) => {
+                debug_assert_eq!(tid, Some(held.tid), "the journal holds another commit");
+                self.commit_durable(held)
+            }
+            Err(e) => {
+                let e = self.fail(
+                    &mut self.meta.lock(),
+                    &format!("commit of transaction {}", held.tid),
+                    e,
+                );
+                Err(match e {
+                    FsError::ReadOnly => self.error_result(),
+                    e => e,
+                })
+            }
+        }
+    }
+
+    /// Closes the running transaction and commits it, carrying the commit block of a held
+    /// transaction: the caller holds the gate. The commit's own block may be held in turn.
+    fn close_and_commit(&self, gate: &GateGuard<'_>) -> Result<Committed> {
         // Group commit: when other threads are fsyncing too, let the running transaction grow
         // to about one commit's age before closing it, as jbd2 does for multiple sync writers:
         // a transaction that opened while the previous commit ran is old enough already, so
-        // back-to-back commits under load never sleep.
-        if self.counters.fsync_active.load(Ordering::SeqCst) > 1 {
+        // back-to-back commits under load never sleep. Not when this commit carries a held
+        // commit block: that transaction's fsyncs wait for this one's first flush, and the
+        // running transaction grew while its body went out (measured in docs/DESIGN.md §4.3).
+        let carrying = self.held.lock().is_some();
+        if !carrying && self.counters.fsync_active.load(Ordering::SeqCst) > 1 {
             let avg = Duration::from_nanos(self.counters.avg_commit_ns.load(Ordering::Relaxed));
             let age = self.running_since.lock().elapsed();
             if let Some(wait) = avg.min(MAX_BATCH_WAIT).checked_sub(age) {
@@ -2685,6 +2774,8 @@ impl Inner {
         // crash harness sees the in-place writes that follow.
         if self.light_held_commits.load(Ordering::Relaxed) >= 2 {
             self.light_held_commits.store(0, Ordering::Relaxed);
+            // A checkpoint writes home only what is durable.
+            self.finish_held(gate)?;
             if let Err(e) = self.io.journal.checkpoint() {
                 return Err(self.fail(&mut self.meta.lock(), "checkpoint", e));
             }
@@ -2695,11 +2786,12 @@ impl Inner {
             return Err(self.error_result());
         }
         let started = Instant::now();
-        let (mut req, freed, tid, in_place, late_frees, home, changed, held_by_log) = {
+        let (mut req, done, in_place) = {
             // Write-back: cached file data gets its blocks in this transaction (`None`:
             // nothing to commit, the timer fired on an idle file system; every closed
-            // transaction is already durable, or the error state would have stopped us).
-            // Until the running tid moves on, fsync planners wait (`fs/sync_view.rs`).
+            // transaction but a held one is already durable, or the error state would have
+            // stopped us). Until the running tid moves on, fsync planners wait
+            // (`fs/sync_view.rs`).
             let window = self.sync.writeback_window();
             let written = self.lock_meta_reading(|m| {
                 m.has_uncommitted_changes()
@@ -2709,11 +2801,8 @@ impl Inner {
                 Ok(locked) => locked,
                 Err(e) => return Err(self.fail(&mut self.meta.lock(), "write-back", e)),
             };
-            // We hold the gate, so nobody else committed since the checks above: the running
-            // transaction is `target` or, when `target` was already closed, the next one.
-            debug_assert!(tid_geq(m.tid, target), "commit target is in the future");
             let home = match home {
-                None => return Ok(()),
+                None => return Ok(Committed::Nothing),
                 Some(Ok(h)) => h,
                 Some(Err(e)) => return Err(self.fail(&mut m, "write-back", e)),
             };
@@ -2756,16 +2845,21 @@ impl Inner {
             ranges.extend(shared);
             let revoked: Vec<u64> = tx.revoked.into_iter().collect();
             let freed = std::mem::take(&mut m.alloc.freed_running);
-            m.committing = blocks
-                .iter()
-                .map(|(nr, b)| (*nr, b.clone()))
-                .chain(ranges.iter().map(|r| (r.home, r.data.clone())))
-                .chain(in_place.iter().map(|(nr, b)| (*nr, b.clone())))
-                .collect();
             let late_frees = std::mem::take(&mut m.alloc.late_frees);
             let tid = m.close_running_tid();
+            // Served from here until the journal has them as pending (a held transaction's
+            // copies stay beside the next one's, which replace them where both have a block).
+            let copies = blocks
+                .iter()
+                .map(|(nr, b)| (*nr, b))
+                .chain(ranges.iter().map(|r| (r.home, &r.data)))
+                .chain(in_place.iter().map(|(nr, b)| (*nr, b)));
+            for (nr, b) in copies {
+                m.committing.insert(nr, (tid, Arc::clone(b)));
+            }
             drop(window);
             *self.running_since.lock() = Instant::now();
+            let nblocks = (blocks.len() + ranges.len()) as u64;
             (
                 CommitRequest {
                     blocks,
@@ -2775,70 +2869,70 @@ impl Inner {
                     home_data: Vec::new(),
                     home_data_unordered: true,
                 },
-                freed,
-                tid,
+                CommitDone {
+                    tid,
+                    freed,
+                    late_frees,
+                    home,
+                    changed,
+                    nblocks,
+                    held_by_log,
+                },
                 in_place,
-                late_frees,
-                home,
-                changed,
-                held_by_log,
             )
         };
         // File data goes home with the log body, durable before the commit record that maps
         // it (ordered mode's promise); listed once the metadata lock is let go (16 384 pages
         // for a 64 MiB commit).
-        req.home_data = home.iter().map(|w| (w.at, Arc::clone(&w.bytes))).collect();
-        req.home_data_unordered = home.iter().all(|w| !w.ordered);
-        let nblocks = (req.blocks.len() + req.ranges.len()) as u64;
-        let mut r = self.io.journal.commit(req).map(|t| {
-            debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
-        });
-        if r.is_ok() && !in_place.is_empty() {
+        req.home_data = done
+            .home
+            .iter()
+            .map(|w| (w.at, Arc::clone(&w.bytes)))
+            .collect();
+        req.home_data_unordered = done.home.iter().all(|w| !w.ordered);
+        // Lightweight commits write blocks in place after theirs is durable, and apply frees
+        // in the next transaction: they finish at once.
+        let may_hold = in_place.is_empty() && done.late_frees.is_empty();
+        let tid = done.tid;
+        let mut r = self
+            .io
+            .journal
+            .commit_holding(req, may_hold)
+            .map(|(t, held)| {
+                debug_assert_eq!(t, tid, "journal and fs disagree on the tid");
+                held
+            });
+        if r.is_ok() {
+            // The commit carried the held transaction's commit block: it is durable.
+            if let Some(carried) = self.held.lock().take() {
+                self.commit_durable(carried)?;
+            }
+        }
+        if matches!(r, Ok(false)) && !in_place.is_empty() {
             // Lightweight: the allocations these blocks point at are durable in the journal
             // now, so a crash from here on can only leak; write them home and make them durable
             // before the transaction counts as committed.
-            r = self.write_in_place(&in_place);
+            r = self.write_in_place(&in_place).map(|()| false);
         }
-        if r.is_ok() {
-            // Pages clean before the tid counts as durable: an fsync that waited for it finds
-            // its pages clean (`SyncWork::CommitThenOverwrites`).
-            writeback::finish_home_writes(&self.pages, &home);
-        }
-        let mut m = self.meta.lock();
-        m.committing.clear();
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let old = self.counters.avg_commit_ns.load(Ordering::Relaxed);
+        self.counters
+            .avg_commit_ns
+            .store((old * 7 + ns) / 8, Ordering::Relaxed);
         match r {
-            Ok(()) => {
-                self.committed_tid.store(tid, Ordering::SeqCst);
-                m.forget_durable_tids(tid);
-                for (first, len) in freed {
-                    m.alloc.quarantine.remove(first, u64::from(len));
-                }
-                if let Err(e) = m.apply_late_frees(&self.io, late_frees) {
-                    return Err(self.fail(&mut m, "applying lightweight frees", e));
-                }
-                self.counters.commits.fetch_add(1, Ordering::Relaxed);
-                let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                let old = self.counters.avg_commit_ns.load(Ordering::Relaxed);
-                self.counters
-                    .avg_commit_ns
-                    .store((old * 7 + ns) / 8, Ordering::Relaxed);
-                self.counters
-                    .committed_blocks
-                    .fetch_add(nblocks, Ordering::Relaxed);
-                self.counters
-                    .changed_metadata_bytes
-                    .fetch_add(changed, Ordering::Relaxed);
-                let blocks_changed = std::mem::take(&mut m.blocks_changed);
-                drop(m);
-                self.tell_blocks_changed(&blocks_changed);
-                if held_by_log {
-                    self.light_held_commits.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    self.light_held_commits.store(0, Ordering::Relaxed);
-                }
-                Ok(())
+            Ok(true) => {
+                writeback::sent_home_writes(&self.pages, &done.home);
+                *self.held.lock() = Some(done);
+                Ok(Committed::Held)
+            }
+            Ok(false) => {
+                self.commit_durable(done)?;
+                Ok(Committed::Durable)
             }
             Err(e) => {
+                self.held.lock().take();
+                let mut m = self.meta.lock();
+                m.committing.clear();
                 let e = self.fail(&mut m, &format!("commit of transaction {tid}"), e);
                 // The journal refuses a commit once the error state is latched (an operation
                 // failed after its change meanwhile): its waiters learn the error, not EROFS.
@@ -2848,6 +2942,50 @@ impl Inner {
                 })
             }
         }
+    }
+
+    /// What is left of a commit once its transaction is durable: its pages are clean, its
+    /// tid counts as committed, the blocks it freed become allocatable, lightweight frees
+    /// reach the bitmaps, and it is counted.
+    fn commit_durable(&self, done: CommitDone) -> Result<()> {
+        let CommitDone {
+            tid,
+            freed,
+            late_frees,
+            home,
+            changed,
+            nblocks,
+            held_by_log,
+        } = done;
+        // Pages clean before the tid counts as durable: an fsync that waited for it finds
+        // its pages clean (`SyncWork::CommitThenOverwrites`).
+        writeback::finish_home_writes(&self.pages, &home);
+        let mut m = self.meta.lock();
+        m.committing.retain(|_, (t, _)| !tid_geq(tid, *t));
+        self.committed_tid.store(tid, Ordering::SeqCst);
+        m.forget_durable_tids(tid);
+        for (first, len) in freed {
+            m.alloc.quarantine.remove(first, u64::from(len));
+        }
+        if let Err(e) = m.apply_late_frees(&self.io, late_frees) {
+            return Err(self.fail(&mut m, "applying lightweight frees", e));
+        }
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .committed_blocks
+            .fetch_add(nblocks, Ordering::Relaxed);
+        self.counters
+            .changed_metadata_bytes
+            .fetch_add(changed, Ordering::Relaxed);
+        let blocks_changed = std::mem::take(&mut m.blocks_changed);
+        drop(m);
+        self.tell_blocks_changed(&blocks_changed);
+        if held_by_log {
+            self.light_held_commits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.light_held_commits.store(0, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Allocates the blocks of the running transaction's pages over holes in pieces of
@@ -3068,6 +3206,92 @@ mod tests {
         Some(Arc::new(
             Fs::open_devices(mem, None, &MountOptions::default()).unwrap(),
         ))
+    }
+
+    /// Goal: a transaction whose commit block the journal holds is served from memory while
+    /// the next one closes (its inode-table block is neither in the cache nor pending in the
+    /// journal then), the next commit's first flush makes it durable without a write of its
+    /// own, its pages are not sent home again, and after a crash both transactions are there.
+    /// Method: commits run by hand under the gate, the clean cache dropped in between, then a
+    /// crash and a mount of the same image.
+    #[test]
+    fn a_held_transaction_is_served_and_carried_by_the_next_commit() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+        let (a, b) = (new_file(&fs, b"a"), new_file(&fs, b"b"));
+        // Committed and written home: the journal holds no copy of any block.
+        fs.drop_caches().unwrap();
+        fs.write(a, 0, b"first").unwrap();
+        let inner = &fs.inner;
+        let io = &inner.io;
+        let durable_writes = || io.journal.stats().durable_writes;
+        let gate = inner.gate.enter(|| false).unwrap();
+        assert!(matches!(
+            inner.close_and_commit(&gate).unwrap(),
+            Committed::Held
+        ));
+        let held = inner.held.lock().as_ref().map(|h| h.tid).unwrap();
+        assert!(!tid_geq(inner.committed_tid.load(Ordering::SeqCst), held));
+        let (itable, _) = inner.meta.lock().inode_location(a as u32).unwrap();
+        assert!(io.journal.pending(itable).is_none(), "held: not pending");
+        assert!(
+            !io.journal.is_logged(itable),
+            "held: not live in the journal"
+        );
+        assert!(
+            inner.meta.lock().log_may_hold(io, itable),
+            "a write in place must still revoke it, or lightweight journal it"
+        );
+        inner.meta.lock().cache.drop_clean();
+        let size = |ino: u64| inner.meta.lock().read_inode(io, ino as u32).unwrap().size();
+        assert_eq!(size(a), 5, "the held copy, not the one at home");
+        // A change to another file, committed by hand: it carries the held commit block.
+        fs.write(b, 0, b"second!").unwrap();
+        let before = durable_writes();
+        let sent = inner.pages.lock().dirty_pages(a as u32);
+        assert!(
+            sent.iter().all(|p| p.sent),
+            "a's page went home with the held commit"
+        );
+        assert!(matches!(
+            inner.close_and_commit(&gate).unwrap(),
+            Committed::Held
+        ));
+        assert!(tid_geq(inner.committed_tid.load(Ordering::SeqCst), held));
+        assert_eq!(
+            durable_writes(),
+            before,
+            "carried: no durable write of its own"
+        );
+        let resent = inner
+            .held
+            .lock()
+            .as_ref()
+            .unwrap()
+            .home
+            .iter()
+            .any(|w| w.ino == a as u32);
+        assert!(
+            !resent,
+            "a page the held commit sent home is not sent again"
+        );
+        assert!(
+            inner.pages.lock().dirty_pages(a as u32).is_empty(),
+            "clean once durable"
+        );
+        assert!(io.journal.pending(itable).is_some(), "durable: pending");
+        assert_eq!(size(a), 5);
+        assert_eq!(size(b), 7);
+        inner.finish_held(&gate).unwrap();
+        assert_eq!(durable_writes(), before + 1);
+        drop(gate);
+        fs.crash();
+        drop(fs);
+        let again = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        assert_eq!(again.read(a, 0, 100).unwrap(), b"first");
+        assert_eq!(again.read(b, 0, 100).unwrap(), b"second!");
     }
 
     /// Goal: a block read ahead joins the cache only if nothing happened to it since its

@@ -62,7 +62,7 @@ impl Meta {
         let mut shared = Vec::new();
         let mut held_by_log = false;
         for d in dirty {
-            let replayable = io.journal.is_logged(d.nr) || io.journal.pending(d.nr).is_some();
+            let replayable = self.log_may_hold(io, d.nr);
             let allocation = self.is_allocation_block(d.nr);
             if replayable || allocation {
                 held_by_log |= replayable && !allocation && !strict_blocks.contains(&d.nr);

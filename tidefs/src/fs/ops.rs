@@ -651,8 +651,23 @@ impl Meta {
         let data: u64 = if i.is_dir() || i.is_symlink() {
             runs.iter().map(|&(_, len)| len).sum()
         } else {
+            // A transaction closed and not yet durable is not in `held_in` yet.
+            let committing = &self.committing;
             runs.iter()
-                .map(|&(start, len)| io.journal.held_in(start, len).len() as u64)
+                .map(|&(start, len)| {
+                    let closed = crate::cache::blocks_held_in(
+                        start,
+                        len,
+                        committing.len(),
+                        committing.keys().copied(),
+                        |b| committing.contains_key(&b),
+                    );
+                    let mut all = io.journal.held_in(start, len);
+                    all.extend(closed);
+                    all.sort_unstable();
+                    all.dedup();
+                    all.len() as u64
+                })
                 .sum()
         };
         let tree = if i.flags() & flags::EXTENTS != 0 {

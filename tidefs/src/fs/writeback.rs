@@ -224,10 +224,13 @@ impl Meta {
             // The size and times stored below are those of exactly these pages (a write
             // without the lock may come in between the two otherwise). Allocation ahead
             // stores none: they wait for the close.
-            let (pages, pending) = match chosen.remove(&ino) {
+            let (mut pages, pending) = match chosen.remove(&ino) {
                 Some(over_holes) => (over_holes, None),
                 None => self.data.lock().dirty_pages_and_pending(ino),
             };
+            // Bytes a commit whose block the journal holds sent home are durable there
+            // already (its first flush), and the transaction that maps them commits first.
+            pages.retain(|p| !p.sent);
             let pending = pending.filter(|_| scope == Scope::All);
             if pages.is_empty() && pending.is_none() {
                 continue;
@@ -308,7 +311,9 @@ impl Meta {
                 let mode = page.mode;
                 let journaled = mode.journals_data(page.first_write)
                     || (logged_before
-                        && (self.cache.is_dirty(pblk) || io.journal.pending(pblk).is_some()));
+                        && (self.cache.is_dirty(pblk)
+                            || self.committing.contains_key(&pblk)
+                            || io.journal.pending(pblk).is_some()));
                 if journaled && overwrites {
                     continue;
                 }
@@ -334,7 +339,7 @@ impl Meta {
                         // An older journaled sequence of this block may still be in the log
                         // (this mode's, or the file's mode before a switch): revoke it, or
                         // replay would write it over this data.
-                        if io.journal.is_logged(pblk) {
+                        if self.log_may_hold(io, pblk) {
                             self.revoke(pblk);
                         }
                         self.cache.forget(pblk);
@@ -363,6 +368,15 @@ impl Meta {
         }
         out.sort_unstable_by_key(|w| w.at);
         Ok(out)
+    }
+}
+
+/// Notes that the pages of `writes` went home with a transaction that is not yet durable (its
+/// commit block held): the next write-back leaves them alone unless they change.
+pub(crate) fn sent_home_writes(pages: &parking_lot::Mutex<DataCache>, writes: &[HomeWrite]) {
+    let mut pages = pages.lock();
+    for w in writes {
+        pages.sent_home(w.ino, w.lblk, w.gen);
     }
 }
 
