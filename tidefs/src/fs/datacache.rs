@@ -409,17 +409,6 @@ impl DataCache {
         self.files.get(&ino).map_or(0, |f| f.dirty.len())
     }
 
-    /// Dirty pages of `ino` not already sent home by a commit whose transaction is not yet
-    /// durable ([`Page::sent`]).
-    pub fn unsent_dirty_count_of(&self, ino: u32) -> usize {
-        self.files.get(&ino).map_or(0, |f| {
-            f.dirty
-                .iter()
-                .filter(|l| f.pages.get(l).is_some_and(|p| p.sent != Some(p.gen)))
-                .count()
-        })
-    }
-
     /// Whether a dirty page waits for a write-back: one not already sent home by a commit
     /// whose transaction is not yet durable (with nothing else changed since). Stops at the
     /// first such page; only while a commit block is held does it look at that commit's
