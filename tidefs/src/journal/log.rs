@@ -1419,10 +1419,21 @@ impl JournalCore {
     }
 
     /// Debug check of the caller's contract for a range update: when the previous committed
-    /// version is still pending, `data` differs from it only inside `ranges`.
+    /// version is still known (the held transaction's, else the pending one), `data` differs
+    /// from it only inside `ranges`.
     #[cfg(debug_assertions)]
     fn check_range_update(&self, r: &RangeUpdate) {
-        let Some(prev) = self.pending(r.home) else {
+        let held = self.log.lock().held.as_ref().and_then(|h| {
+            h.done.records.iter().find_map(|rec| match rec {
+                Record::FullBlock { home, data } | Record::Range { home, data, .. }
+                    if *home == r.home =>
+                {
+                    Some(Arc::clone(data))
+                }
+                _ => None,
+            })
+        });
+        let Some(prev) = held.or_else(|| self.pending(r.home)) else {
             return;
         };
         let mut at = 0usize;
