@@ -645,14 +645,7 @@ impl Meta {
     fn forget_run_logged(&mut self, first: u64, len: u32) -> Vec<u64> {
         let len = u64::from(len);
         let mut logged = self.cache.forget_run(first, len);
-        let committing = &self.committing;
-        logged.extend(crate::cache::blocks_held_in(
-            first,
-            len,
-            committing.len(),
-            committing.keys().copied(),
-            |b| committing.contains_key(&b),
-        ));
+        logged.extend(self.committing_in(first, len));
         logged.sort_unstable();
         logged.dedup();
         logged

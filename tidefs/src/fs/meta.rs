@@ -356,6 +356,19 @@ impl Meta {
         self.prefetch(io, blocks[from..end].iter().copied())
     }
 
+    /// The blocks of `first..first + len` that a closed transaction not yet durable holds
+    /// (`committing`), sorted.
+    pub(crate) fn committing_in(&self, first: u64, len: u64) -> Vec<u64> {
+        let committing = &self.committing;
+        crate::cache::blocks_held_in(
+            first,
+            len,
+            committing.len(),
+            committing.keys().copied(),
+            |b| committing.contains_key(&b),
+        )
+    }
+
     /// Whether a copy of block `nr` may come back from the log over its home location: a live
     /// transaction logged it (`is_logged`, or its copy is still pending), or a transaction
     /// closed and not yet durable did (`committing`: one whose commit block the journal holds

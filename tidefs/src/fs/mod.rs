@@ -2695,9 +2695,8 @@ impl Inner {
     /// A commit whose ordered data went home may return from the journal with its commit
     /// block held (docs/DESIGN.md §4.2): its committer then lets the gate go and comes back.
     /// Whoever takes the gate next with a target the held transaction covers either commits
-    /// the running transaction, whose first batch and flush carry the held commit block, when
-    /// other fsyncs are under way (they have changes in it, or are about to), or writes the
-    /// held block alone.
+    /// the running transaction, whose first batch and flush carry the held commit block (when
+    /// [`Inner::should_carry`] says so), or writes the held block alone.
     fn commit_up_to(&self, target: u32) -> Result<()> {
         let durable = || tid_geq(self.committed_tid.load(Ordering::SeqCst), target);
         let settled = || durable() || self.errored.load(Ordering::SeqCst);

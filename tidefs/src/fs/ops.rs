@@ -652,18 +652,10 @@ impl Meta {
             runs.iter().map(|&(_, len)| len).sum()
         } else {
             // A transaction closed and not yet durable is not in `held_in` yet.
-            let committing = &self.committing;
             runs.iter()
                 .map(|&(start, len)| {
-                    let closed = crate::cache::blocks_held_in(
-                        start,
-                        len,
-                        committing.len(),
-                        committing.keys().copied(),
-                        |b| committing.contains_key(&b),
-                    );
                     let mut all = io.journal.held_in(start, len);
-                    all.extend(closed);
+                    all.extend(self.committing_in(start, len));
                     all.sort_unstable();
                     all.dedup();
                     all.len() as u64

@@ -437,8 +437,6 @@ struct TxnWrite<'a> {
     /// The held commit block of the transaction before (device offset, bytes), written first
     /// in the batch.
     carried: Option<(u64, &'a [u8])>,
-    /// Keep the commit block of a fenced transaction instead of writing it.
-    hold: bool,
 }
 
 /// A committed transaction whose blocks may not yet be home.
@@ -1084,7 +1082,7 @@ impl JournalCore {
         } else if log_empty {
             self.write_sb(&mut state)?;
         }
-        let (written, end, held) = match &compact {
+        let (written, end, unwritten) = match &compact {
             Some(rec) => {
                 self.write_home_data(&home_data)
                     .map_err(|e| io_abort(&mut state, e))?;
@@ -1113,14 +1111,13 @@ impl JournalCore {
                     commit_time: now,
                     unfenced,
                     carried: carried.as_ref().map(|h| (h.at, &h.block[..])),
-                    hold: may_hold,
                 };
-                let (n, held) = self.write_block_layout(&mut state, &txn)?;
+                let (n, unwritten) = self.write_block_layout(&mut state, &txn)?;
                 if let Some(h) = carried {
                     // Its commit block went out in the batch just flushed.
                     self.made_durable(&mut state, h.done);
                 }
-                (n, (self.advance(start, needed), 0), held)
+                (n, (self.advance(start, needed), 0), unwritten)
             }
         };
         // The log's space and the head are this transaction's from now on, durable or held.
@@ -1140,13 +1137,20 @@ impl JournalCore {
             revoked,
             written,
             compact: compact.is_some(),
-            durable_write: !unfenced && held.is_none(),
+            // A compact record is one durable write; a fenced commit block gets one below if
+            // it is not held (`finish_held_locked`); an unfenced one rode on the flush.
+            durable_write: compact.is_some(),
         };
-        let is_held = held.is_some();
-        match held {
-            Some((at, block)) => state.held = Some(HeldCommit { at, block, done }),
+        match unwritten {
+            Some((at, block)) => {
+                state.held = Some(HeldCommit { at, block, done });
+                if !may_hold {
+                    self.finish_held_locked(&mut state)?;
+                }
+            }
             None => self.made_durable(&mut state, done),
         }
+        let is_held = state.held.is_some();
         #[cfg(debug_assertions)]
         self.check_invariants(&state);
         drop(state);
@@ -1253,9 +1257,11 @@ impl JournalCore {
 
     /// Writes a transaction in the block layout at `txn.start`: the body and the home data
     /// (together: one batch when the journal is internal, side by side when it has its own
-    /// device), a flush of both devices, then the commit block as a durable write. An unfenced
-    /// transaction puts its commit block into the first batch and ends with the flush instead.
-    /// Returns the bytes the journal device received.
+    /// device; after `txn.carried`, the commit block of the transaction before), and a flush of
+    /// both devices. Returns the bytes the journal device received, and the commit block with
+    /// its device offset, not yet written (the caller holds it or writes it durably with
+    /// `finish_held_locked`); an unfenced transaction puts its commit block into the batch
+    /// and ends with the flush instead, and returns none.
     fn write_block_layout(
         &self,
         state: &mut LogState,
@@ -1269,7 +1275,6 @@ impl JournalCore {
             commit_time,
             unfenced,
             carried,
-            hold,
         } = *txn;
         let txn = state.layout.serialize(tid, records, commit_time, unfenced);
         let mut positioned: Vec<(u64, &[u8])> = Vec::with_capacity(txn.body.len() + 2);
@@ -1315,16 +1320,7 @@ impl JournalCore {
         if unfenced {
             return Ok((body_bytes, None));
         }
-        if hold {
-            return Ok((body_bytes, Some((commit_off, txn.commit))));
-        }
-        if let Err(e) = self.geom.dev.write_durable(commit_off, &txn.commit) {
-            return Err(io_abort(state, e));
-        }
-        Ok((
-            body_bytes + self.geom.received(&[(commit_off, &txn.commit[..])]),
-            None,
-        ))
+        Ok((body_bytes, Some((commit_off, txn.commit))))
     }
 
     /// The records of a request (see [`JournalCore::commit`]) and its revokes, sorted, without

@@ -1052,17 +1052,8 @@ fn a_revoked_block_is_never_overwritten_by_its_checkpointed_copy() {
 /// devices' flushes over ten commits with background checkpoints held.
 #[test]
 fn one_flush_and_one_durable_write_per_commit_with_an_internal_journal() {
-    use crate::dev::CountingDevice;
     use std::sync::atomic::Ordering::Relaxed;
-    let rig = Rig::new(96, 0, 0);
-    let counted = Arc::new(CountingDevice::new(rig.dev.clone()));
-    let j = rig.open_on(counted.clone(), V3_64_FENCED).unwrap();
-    // The first commit turns the journal features on (a superblock write and a flush).
-    j.commit(req(&[(80, block(1, 0))], &[])).unwrap();
-    let (f0, d0) = (
-        counted.counters.flushes.load(Relaxed),
-        counted.counters.durable_writes.load(Relaxed),
-    );
+    let (rig, counted, j, (f0, d0)) = counted_fenced_journal();
     let before = j.stats();
     for t in 0..10 {
         j.commit(req(&[(81 + t, block(2, t))], &[])).unwrap();
@@ -1076,7 +1067,7 @@ fn one_flush_and_one_durable_write_per_commit_with_an_internal_journal() {
     drop(j);
 
     // External journal: the home device is another device.
-    let home = Arc::new(CountingDevice::new(Arc::new(MemDev::new(
+    let home = Arc::new(crate::dev::CountingDevice::new(Arc::new(MemDev::new(
         (FS_BLOCKS * u64::from(BS)) as usize,
     ))));
     let jdev: Arc<dyn BlockDevice> = counted.clone();
@@ -1097,6 +1088,22 @@ fn one_flush_and_one_durable_write_per_commit_with_an_internal_journal() {
     assert_eq!(after.journal_flushes - before.journal_flushes, 10);
     assert_eq!(after.durable_writes - before.durable_writes, 10);
     assert_eq!(home.counters.flushes.load(Relaxed), after.home_flushes);
+}
+
+/// A fenced journal of 96 blocks on a counting device, after a first commit of block 80 (which
+/// turns the journal features on: a superblock write and a flush), and the device's flushes
+/// and durable writes so far.
+fn counted_fenced_journal() -> (Rig, Arc<crate::dev::CountingDevice>, Journal, (u64, u64)) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rig = Rig::new(96, 0, 0);
+    let counted = Arc::new(crate::dev::CountingDevice::new(rig.dev.clone()));
+    let j = rig.open_on(counted.clone(), V3_64_FENCED).unwrap();
+    j.commit(req(&[(80, block(1, 0))], &[])).unwrap();
+    let so_far = (
+        counted.counters.flushes.load(Relaxed),
+        counted.counters.durable_writes.load(Relaxed),
+    );
+    (rig, counted, j, so_far)
 }
 
 /// Goal: the journal reclaims space in the background once the log is half full, without any
@@ -1361,16 +1368,8 @@ fn damage_in_an_unfenced_transaction_before_another_is_not_a_tear() {
 /// up in between.
 #[test]
 fn a_held_commit_block_rides_with_the_next_commit() {
-    use crate::dev::CountingDevice;
     use std::sync::atomic::Ordering::Relaxed;
-    let rig = Rig::new(96, 0, 0);
-    let counted = Arc::new(CountingDevice::new(rig.dev.clone()));
-    let j = rig.open_on(counted.clone(), V3_64_FENCED).unwrap();
-    j.commit(req(&[(80, block(1, 0))], &[])).unwrap();
-    let (f0, d0) = (
-        counted.counters.flushes.load(Relaxed),
-        counted.counters.durable_writes.load(Relaxed),
-    );
+    let (rig, counted, j, (f0, d0)) = counted_fenced_journal();
     for t in 0..10u64 {
         let (tid, held) = j
             .commit_holding(req(&[(81 + t, block(2, t))], &[]), true)
