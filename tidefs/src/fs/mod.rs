@@ -23,6 +23,7 @@ mod alloc_state;
 mod api;
 mod audit;
 mod cached_writes;
+mod commit_gate;
 mod datacache;
 mod deferred_reads;
 mod derived;
@@ -49,6 +50,8 @@ mod sync_view;
 mod timed_lock;
 mod tx_changes;
 mod writeback;
+
+use commit_gate::{CommitGate, GateGuard};
 
 pub use api::*;
 pub use audit::AllocationAudit;
@@ -184,18 +187,6 @@ impl Counters {
     }
 }
 
-/// Admits one committer at a time; everybody else waits on `done` and re-checks whether the
-/// transaction they need has become durable, so finished waiters never queue on a lock.
-#[derive(Default)]
-struct CommitGate {
-    /// A commit (or journal close) is in progress.
-    busy: Mutex<bool>,
-    done: Condvar,
-}
-
-/// Exclusive use of the commit path; released on drop.
-struct GateGuard<'a>(&'a CommitGate);
-
 /// How [`Inner::close_and_commit`] ended.
 enum Committed {
     /// The running transaction held nothing to commit.
@@ -224,28 +215,10 @@ struct CommitDone {
     held_by_log: bool,
 }
 
-impl Drop for GateGuard<'_> {
-    fn drop(&mut self) {
-        *self.0.busy.lock() = false;
-        self.0.done.notify_all();
-    }
-}
-
-impl CommitGate {
-    /// Waits until no commit is in progress, then takes the gate unless `give_up()` says the
-    /// work is already done (then returns `None`).
-    fn enter(&self, give_up: impl Fn() -> bool) -> Option<GateGuard<'_>> {
-        let mut busy = self.busy.lock();
-        loop {
-            if give_up() {
-                return None;
-            }
-            if !*busy {
-                *busy = true;
-                return Some(GateGuard(self));
-            }
-            self.done.wait(&mut busy);
-        }
+/// What the commit gate's waiters wait for.
+impl commit_gate::Settles for Inner {
+    fn settled(&self, t: u32) -> bool {
+        tid_geq(self.committed_tid.load(Ordering::SeqCst), t) || self.errored.load(Ordering::SeqCst)
     }
 }
 
@@ -2372,8 +2345,7 @@ impl Inner {
                 break;
             }
         }
-        let gate = self.gate.enter(|| false);
-        if let Some(gate) = &gate {
+        if let Some(gate) = &self.gate.enter(None, self) {
             self.finish_held(gate)?;
         }
         self.io.journal.close()?;
@@ -2548,7 +2520,7 @@ impl Inner {
     /// them, without a commit (they change no metadata). If the file also has dirty pages that
     /// need metadata (allocation, unwritten extents, journal mode), commits instead.
     fn write_back_overwrites(&self, ino: u32) -> Result<()> {
-        let gate = self.gate.enter(|| false);
+        let gate = self.gate.enter(None, self);
         if self.errored.load(Ordering::SeqCst) {
             return Err(self.error_result());
         }
@@ -2699,9 +2671,8 @@ impl Inner {
     /// [`Inner::should_carry`] says so), or writes the held block alone.
     fn commit_up_to(&self, target: u32) -> Result<()> {
         let durable = || tid_geq(self.committed_tid.load(Ordering::SeqCst), target);
-        let settled = || durable() || self.errored.load(Ordering::SeqCst);
         loop {
-            let gate = self.gate.enter(settled);
+            let gate = self.gate.enter(Some(target), self);
             if durable() {
                 return Ok(());
             }
@@ -3246,7 +3217,7 @@ mod tests {
         let inner = &fs.inner;
         let io = &inner.io;
         let durable_writes = || io.journal.stats().durable_writes;
-        let gate = inner.gate.enter(|| false).unwrap();
+        let gate = inner.gate.enter(None, &**inner).unwrap();
         assert!(matches!(
             inner.close_and_commit(&gate).unwrap(),
             Committed::Held
@@ -3345,7 +3316,7 @@ mod tests {
         fs.write(f, 4096, &[b'b'; 4096]).unwrap();
         let inner = &fs.inner;
         let held = {
-            let gate = inner.gate.enter(|| false).unwrap();
+            let gate = inner.gate.enter(None, &**inner).unwrap();
             assert!(matches!(
                 inner.close_and_commit(&gate).unwrap(),
                 Committed::Held
