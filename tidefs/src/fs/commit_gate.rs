@@ -162,142 +162,188 @@ mod tests {
 
     /// Waits until `n` threads wait in line.
     fn wait_for_line(gate: &CommitGate, n: usize) {
+        let start = std::time::Instant::now();
         while gate.line.lock().waiters.len() < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{n} never waited"
+            );
             thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Runs a test's body, failing it if it has not finished within a minute: a lost
+    /// wake-up leaves a thread parked for ever, which must fail the test, not hang it.
+    fn within_a_minute(body: impl FnOnce() + Send + 'static) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let runner = thread::spawn(move || {
+            body();
+            let _ = tx.send(());
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("a waiter never woke"),
+            // Finished, or panicked (the sender went with it): join says which.
+            _ => {
+                if let Err(p) = runner.join() {
+                    std::panic::resume_unwind(p);
+                }
+            }
         }
     }
 
     #[test]
     fn a_release_wakes_the_settled_waiters_and_hands_the_gate_to_one_other() {
-        let gate = CommitGate::default();
-        let d = Durability::default();
-        let settled = &d;
-        let first = gate.enter(Some(1), settled).expect("a free gate is taken");
-        let holding = AtomicBool::new(false);
-        thread::scope(|s| {
-            let waiters: Vec<_> = [1, 1, 2, 2, 2]
-                .into_iter()
-                .map(|target| {
-                    let (gate, holding) = (&gate, &holding);
-                    s.spawn(move || {
-                        let g = gate.enter(Some(target), settled);
-                        let took = g.is_some();
-                        if took {
-                            holding.store(true, Ordering::SeqCst);
-                        }
-                        // The holder's commit: done when the test says so.
-                        while took && !settled.settled(target) {
-                            thread::sleep(Duration::from_millis(1));
-                        }
-                        (target, took)
+        within_a_minute(|| {
+            let gate = CommitGate::default();
+            let d = Durability::default();
+            let settled = &d;
+            let first = gate.enter(Some(1), settled).expect("a free gate is taken");
+            let holding = AtomicBool::new(false);
+            thread::scope(|s| {
+                let waiters: Vec<_> = [1, 1, 2, 2, 2]
+                    .into_iter()
+                    .map(|target| {
+                        let (gate, holding) = (&gate, &holding);
+                        s.spawn(move || {
+                            let g = gate.enter(Some(target), settled);
+                            let took = g.is_some();
+                            if took {
+                                holding.store(true, Ordering::SeqCst);
+                            }
+                            // The holder's commit: done when the test says so.
+                            while took && !settled.settled(target) {
+                                thread::sleep(Duration::from_millis(1));
+                            }
+                            (target, took)
+                        })
                     })
-                })
-                .collect();
-            wait_for_line(&gate, 5);
-            d.tid.store(1, Ordering::SeqCst);
-            drop(first);
-            // The two waiters of transaction 1 leave, one waiter of 2 holds the gate, the
-            // other two stay asleep in line (checked once all have finished, so that a
-            // failure cannot leave the holder waiting).
-            let woken_at_release = gate.wakeups();
-            let left_in_line = gate.line.lock().waiters.len();
-            while !holding.load(Ordering::SeqCst) {
-                thread::sleep(Duration::from_millis(1));
-            }
-            d.tid.store(2, Ordering::SeqCst);
-            let results: Vec<_> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
-            let took: Vec<_> = results.iter().filter(|(_, took)| *took).collect();
-            assert_eq!(took, [&(2, true)], "{results:?}");
-            assert_eq!(
-                (woken_at_release, left_in_line),
-                (3, 2),
-                "only the settled waiters and one successor wake"
-            );
+                    .collect();
+                wait_for_line(&gate, 5);
+                d.tid.store(1, Ordering::SeqCst);
+                drop(first);
+                // The two waiters of transaction 1 leave, one waiter of 2 holds the gate, the
+                // other two stay asleep in line (checked once all have finished, so that a
+                // failure cannot leave the holder waiting).
+                let woken_at_release = gate.wakeups();
+                let left_in_line = gate.line.lock().waiters.len();
+                while !holding.load(Ordering::SeqCst) {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                d.tid.store(2, Ordering::SeqCst);
+                let results: Vec<_> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
+                let took: Vec<_> = results.iter().filter(|(_, took)| *took).collect();
+                assert_eq!(took, [&(2, true)], "{results:?}");
+                assert_eq!(
+                    (woken_at_release, left_in_line),
+                    (3, 2),
+                    "only the settled waiters and one successor wake"
+                );
+            });
+            assert_eq!(gate.wakeups(), 5, "each waiter woke once");
+            assert!(!gate.line.lock().busy, "the last release frees the gate");
         });
-        assert_eq!(gate.wakeups(), 5, "each waiter woke once");
-        assert!(!gate.line.lock().busy, "the last release frees the gate");
     }
 
     #[test]
     fn waiters_for_the_gate_itself_are_handed_it_in_turn_and_the_error_state_settles_the_rest() {
-        let gate = CommitGate::default();
-        let d = Durability::default();
-        let settled = &d;
-        let first = gate.enter(None, settled).unwrap();
-        thread::scope(|s| {
-            let (g, st) = (&gate, settled);
-            let closer = s.spawn(move || g.enter(None, st).is_some());
-            wait_for_line(&gate, 1);
-            let fsyncs: Vec<_> = (0..3)
-                .map(|_| s.spawn(move || g.enter(Some(7), st).is_some()))
-                .collect();
-            wait_for_line(&gate, 4);
-            // A failure elsewhere: every waiter of a transaction learns it at the release,
-            // the one that needs the gate itself still gets it.
-            d.errored.store(true, Ordering::SeqCst);
-            drop(first);
-            assert!(closer.join().unwrap());
-            for f in fsyncs {
-                assert!(!f.join().unwrap());
-            }
+        within_a_minute(|| {
+            let gate = CommitGate::default();
+            let d = Durability::default();
+            let turns = AtomicU32::new(0);
+            let first = gate.enter(None, &d).unwrap();
+            thread::scope(|s| {
+                let (g, d, turns) = (&gate, &d, &turns);
+                // Two threads that need the gate itself (an unmount, an fdatasync of
+                // overwrites), then three that need transaction 7.
+                let closers: Vec<_> = (0..2)
+                    .map(|i| {
+                        let c = s.spawn(move || {
+                            let guard = g.enter(None, d);
+                            // Which turn it got; it lets the gate go at once.
+                            guard.map(|_| turns.fetch_add(1, Ordering::SeqCst))
+                        });
+                        wait_for_line(g, i + 1);
+                        c
+                    })
+                    .collect();
+                let fsyncs: Vec<_> = (0..3)
+                    .map(|_| s.spawn(move || g.enter(Some(7), d).is_some()))
+                    .collect();
+                wait_for_line(g, 5);
+                // A failure elsewhere: every waiter of a transaction learns it at the
+                // release; the ones that need the gate itself still get it, in turn.
+                d.errored.store(true, Ordering::SeqCst);
+                drop(first);
+                let turns: Vec<_> = closers.into_iter().map(|c| c.join().unwrap()).collect();
+                assert_eq!(turns, [Some(0), Some(1)]);
+                for f in fsyncs {
+                    assert!(!f.join().unwrap());
+                }
+            });
+            // Three settled and one handed at the first release, one handed at the second.
+            assert_eq!(gate.wakeups(), 5);
+            assert!(!gate.line.lock().busy);
         });
-        assert!(!gate.line.lock().busy);
     }
 
     #[test]
     fn a_handed_gate_whose_transaction_became_settled_is_passed_on() {
-        let gate = CommitGate::default();
-        let d = Durability::default();
-        let settled = &d;
-        // The holder judges no waiter settled, so `a` is handed the gate whatever happens;
-        // it then finds its transaction settled (as when the error state comes between a
-        // release and the wake-up) and hands the gate to `b` instead of committing.
-        struct Never;
-        impl Settles for Never {
-            fn settled(&self, _: u32) -> bool {
-                false
+        within_a_minute(|| {
+            let gate = CommitGate::default();
+            let d = Durability::default();
+            let settled = &d;
+            // The holder judges no waiter settled, so `a` is handed the gate whatever happens;
+            // it then finds its transaction settled (as when the error state comes between a
+            // release and the wake-up) and hands the gate to `b` instead of committing.
+            struct Never;
+            impl Settles for Never {
+                fn settled(&self, _: u32) -> bool {
+                    false
+                }
             }
-        }
-        let first = gate.enter(None, &Never).unwrap();
-        thread::scope(|s| {
-            let (g, st) = (&gate, settled);
-            let a = s.spawn(move || g.enter(Some(3), st).is_some());
-            wait_for_line(&gate, 1);
-            let b = s.spawn(move || g.enter(None, st).is_some());
-            wait_for_line(&gate, 2);
-            d.tid.store(3, Ordering::SeqCst);
-            drop(first);
-            assert!(!a.join().unwrap());
-            assert!(b.join().unwrap());
+            let first = gate.enter(None, &Never).unwrap();
+            thread::scope(|s| {
+                let (g, st) = (&gate, settled);
+                let a = s.spawn(move || g.enter(Some(3), st).is_some());
+                wait_for_line(&gate, 1);
+                let b = s.spawn(move || g.enter(None, st).is_some());
+                wait_for_line(&gate, 2);
+                d.tid.store(3, Ordering::SeqCst);
+                drop(first);
+                assert!(!a.join().unwrap());
+                assert!(b.join().unwrap());
+            });
+            assert_eq!(gate.wakeups(), 2);
+            assert!(!gate.line.lock().busy);
         });
-        assert_eq!(gate.wakeups(), 2);
-        assert!(!gate.line.lock().busy);
     }
 
     #[test]
     fn many_threads_with_random_targets_all_finish() {
-        let gate = CommitGate::default();
-        let d = Durability::default();
-        let settled = &d;
-        let commits = AtomicU32::new(0);
-        thread::scope(|s| {
-            for i in 0..16u32 {
-                let (gate, settled, d, commits) = (&gate, settled, &d, &commits);
-                s.spawn(move || {
-                    for round in 0..200u32 {
-                        // Each thread needs the running transaction, which is the durable
-                        // one plus one: the holder "commits" it.
-                        let target = d.tid.load(Ordering::SeqCst) + 1 + (i + round) % 2;
-                        if let Some(_g) = gate.enter(Some(target), settled) {
-                            commits.fetch_add(1, Ordering::SeqCst);
-                            d.tid.fetch_max(target, Ordering::SeqCst);
+        within_a_minute(|| {
+            let gate = CommitGate::default();
+            let d = Durability::default();
+            let settled = &d;
+            let commits = AtomicU32::new(0);
+            thread::scope(|s| {
+                for i in 0..16u32 {
+                    let (gate, settled, d, commits) = (&gate, settled, &d, &commits);
+                    s.spawn(move || {
+                        for round in 0..200u32 {
+                            // Each thread needs the running transaction, which is the durable
+                            // one plus one: the holder "commits" it.
+                            let target = d.tid.load(Ordering::SeqCst) + 1 + (i + round) % 2;
+                            if let Some(_g) = gate.enter(Some(target), settled) {
+                                commits.fetch_add(1, Ordering::SeqCst);
+                                d.tid.fetch_max(target, Ordering::SeqCst);
+                            }
+                            assert!(d.settled(target));
                         }
-                        assert!(d.settled(target));
-                    }
-                });
-            }
+                    });
+                }
+            });
+            assert!(commits.load(Ordering::SeqCst) > 0);
+            assert!(!gate.line.lock().busy);
         });
-        assert!(commits.load(Ordering::SeqCst) > 0);
-        assert!(!gate.line.lock().busy);
     }
 }
