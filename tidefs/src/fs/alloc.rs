@@ -697,7 +697,7 @@ impl Meta {
             self.revoke(b);
         }
         let added = self.alloc.quarantine.insert(first, u64::from(len));
-        if let Some(u) = &mut self.op_undo {
+        if let Some(u) = &mut self.op.undo {
             u.quarantined.extend(added);
         }
         self.alloc.freed_running.push((first, len));

@@ -20,7 +20,7 @@ const MAX_MAPS: usize = 200_000;
 /// Directory name indexes kept before all are dropped.
 const MAX_DIRS: usize = 20_000;
 
-/// A derived entry an operation built or changed (`OpUndo::derived` in `fs/meta.rs`): a
+/// A derived entry an operation built or changed (`OpUndo::derived` in `fs/op_state.rs`): a
 /// rollback forgets it, since it may reflect blocks the rollback restores.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Derived {

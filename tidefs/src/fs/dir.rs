@@ -234,13 +234,13 @@ impl Meta {
         // Every block is parsed: those no memory holds are fetched at once.
         let numbers = self.dir_block_numbers(io, dir, &inode, 0..nblocks)?;
         self.prefetch(io, numbers.iter().map(|b| b.1))?;
-        let built = self.reads.take_built(dir);
+        let built = self.op.reads.take_built(dir);
         // A large directory (but not past what read-ahead takes) whose operation may still
         // stop (it has changed nothing) has its index built without the lock, once.
         let unlocked = built.is_none()
             && numbers.len() >= BUILD_UNLOCKED_MIN
             && numbers.len() <= self.cache.capacity() / 4
-            && self.reads.may_build(dir)
+            && self.op.reads.may_build(dir)
             && self.may_stop();
         let idx = if built.is_some() || unlocked {
             // The version of each block, shared: what a build without the lock reads, and
@@ -256,7 +256,7 @@ impl Meta {
                 // Built without the lock from these very versions of the blocks: its index,
                 // or the damage it found.
                 Some(built) if built.built_from(&shape, nblocks, &blocks) => {
-                    self.reads.count_built_taken();
+                    self.op.reads.count_built_taken();
                     built.result?
                 }
                 Some(_) => {
@@ -264,7 +264,7 @@ impl Meta {
                     shape.build(nblocks, versions)?
                 }
                 None => {
-                    return Err(self.reads.want_build(DirBuild {
+                    return Err(self.op.reads.want_build(DirBuild {
                         shape,
                         nblocks,
                         blocks,

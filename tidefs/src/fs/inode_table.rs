@@ -152,7 +152,8 @@ impl Meta {
         // The first read of the inode in the operation decides which record its stores may
         // remove: one it saw (an operation may store the copy it read first, after a write
         // without the lock left a record a later read folded in). 0: none seen, none removed.
-        self.pending_seen
+        self.op
+            .pending_seen
             .entry(ino)
             .or_insert(pending.map_or(0, |p| p.seq));
         if let Some(p) = pending {
@@ -210,7 +211,7 @@ impl Meta {
     /// it writes, to cache them again when the operation ends well.
     pub(super) fn forget_attr_in_op(&mut self, ino: u32) {
         if self.names.forget_attr(ino) {
-            if let Some(u) = self.op_undo.as_mut() {
+            if let Some(u) = self.op.undo.as_mut() {
                 u.forgot.entry(ino).or_default();
             }
         }
@@ -227,7 +228,7 @@ impl Meta {
         // have changed. Cached again as the operation leaves the inode when it ends well
         // (every write of it noted once they were found cached: the last one wins).
         self.forget_attr_in_op(ino);
-        if let Some(last) = self.op_undo.as_mut().and_then(|u| u.forgot.get_mut(&ino)) {
+        if let Some(last) = self.op.undo.as_mut().and_then(|u| u.forgot.get_mut(&ino)) {
             *last = Some(inode.clone());
         }
         if self.block(io, nr)?[off..off + isz] == *inode.as_bytes() {
@@ -252,7 +253,7 @@ impl Meta {
     /// What writes without the lock left for inode `ino`, as the running operation first read
     /// it, is in the inode now: that record goes (`fs/cached_writes.rs`).
     fn stored_pending(&mut self, ino: u32) {
-        if let Some(&seq) = self.pending_seen.get(&ino) {
+        if let Some(&seq) = self.op.pending_seen.get(&ino) {
             self.data.lock().writes_mut().stored(ino, seq);
         }
     }

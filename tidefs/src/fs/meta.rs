@@ -1,10 +1,10 @@
 //! The metadata state guarded by the file-system lock (`Meta`) and its buffer access: the
 //! superblock, the allocator's state (`alloc_state.rs`), the buffer cache and page cache, the
 //! block maps, name indexes and mode records derived per inode (`derived.rs`), the running
-//! transaction's revokes and logging decisions (`tx_changes.rs`), and the operation
-//! undo record (the operation's handle: pre-images of everything it changes, so a failure
-//! takes it back whole). The allocator's logic lives in `alloc.rs` and the inode table in
-//! `inode_table.rs`; both work on this state.
+//! transaction's revokes and logging decisions (`tx_changes.rs`), and the running
+//! operation's handle (`op_state.rs`: its undo record, deferred reads and the rest), which
+//! `begin_op`, `end_op` and `rollback_op` here open and close. The allocator's logic lives in
+//! `alloc.rs` and the inode table in `inode_table.rs`; both work on this state.
 //!
 //! Invariant: every modified metadata block is marked dirty in the cache in the same critical
 //! section that modified it, with its checksum already updated.
@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::cache::BlockCache;
 use crate::dev::BlockDevice;
-use crate::format::ext4::inode::Inode;
+
 use crate::format::ext4::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE};
 use crate::journal::CommitLog;
 
@@ -24,6 +24,7 @@ use super::api::DataMode;
 use super::derived::{Derived, DerivedCaches};
 use super::layout::Layout;
 use super::log_credits::{Reserve, BASE_CREDITS};
+use super::op_state::OpUndo;
 use super::tx_changes::TxChanges;
 
 pub(crate) use super::geometry::{Geometry, MAX_DIR_BYTES};
@@ -38,46 +39,6 @@ pub(crate) struct Io {
     pub counted: Arc<crate::dev::CountingDevice>,
     /// Whether the journal lives on the fs device (its writes are then counted there too).
     pub internal_journal: bool,
-}
-
-/// What one operation changed outside the buffer cache, kept while it runs so that a failure
-/// half-way (no space, an I/O error, corruption found) takes the whole operation back: a commit
-/// never sees half an operation. The cache keeps the pre-images of the blocks themselves.
-pub(crate) struct OpUndo {
-    sb: Superblock,
-    sb_dirty: bool,
-    block_cursor: u64,
-    next_generation: u32,
-    /// Group summaries before their first change.
-    groups: Vec<(u32, GroupInfo)>,
-    /// Changes to the revoke set, oldest first: (block, whether it was revoked before).
-    pub(super) revoked: Vec<(u64, bool)>,
-    /// Runs of blocks (first, length) this operation put in quarantine.
-    pub(super) quarantined: Vec<(u64, u64)>,
-    freed_running_len: usize,
-    late_frees_len: usize,
-    /// Directories whose name index this operation built or changed, inodes whose block map
-    /// it loaded, lent or put back, and inodes whose mode record it loaded or stored: what a
-    /// rollback of metadata must forget (the others were derived from blocks the operation
-    /// did not change).
-    derived: Vec<Derived>,
-    /// Inodes whose cached attributes this operation forgot (`Meta::forget_attr_in_op`), with
-    /// the inode as it last wrote it, if it did: cached again if it ends well (`Meta::end_op`),
-    /// so that a `getattr` or a read after a write need not take the lock; a rollback leaves
-    /// them forgotten.
-    pub(super) forgot: HashMap<u32, Option<Inode>>,
-    /// Inodes this operation opened a handle on (an `O_TMPFILE`): a rollback drops the
-    /// handles again, so an operation taken back holds none.
-    pub(super) opened: Vec<u32>,
-    /// Inodes whose times this operation changed, with whether they had changed unseen
-    /// before (`NameCache::changed_unseen`): a rollback puts back those that had been seen,
-    /// so a later change is stamped by the rule the taken-back one found.
-    pub(super) times: Vec<(u32, bool)>,
-    /// A file this operation wrote, truncated or created, with its mode, found or left without
-    /// capabilities: it may take writes without the lock once the operation ends well
-    /// (`Meta::allow_cached_writes`, `fs/cached_writes.rs`), and the spare blocks those
-    /// writes use are topped up then.
-    pub(super) publish_write: Option<(u32, super::api::DataMode)>,
 }
 
 /// The superblock's totals and free counts, readable without the metadata lock
@@ -160,15 +121,8 @@ pub(crate) struct Meta {
     pub committing: HashMap<u64, (u32, Arc<[u8]>)>,
     /// The mode of directories without their own and of the files in them (`-o data=`).
     pub default_mode: DataMode,
-    /// While an operation runs: whether every inode it acts for is `lightweight` (`None`:
-    /// it named none yet). See [`Meta::op_is_lightweight`].
-    pub op_light: Option<bool>,
-    /// While an operation runs: what it changed outside the buffer cache (see [`OpUndo`]).
-    pub op_undo: Option<OpUndo>,
-    /// Inodes the running operation left on the orphan list to be freed in steps, each its
-    /// own transaction, after it (their blocks lie in more groups than one transaction can
-    /// carry the bitmaps of; `Meta::free_step`). Emptied when an operation begins.
-    pub free_in_steps: Vec<u32>,
+    /// The running operation's handle: what it carries while it runs (`fs/op_state.rs`).
+    pub op: super::op_state::OpState,
     /// The blocks file data may use; set from the group descriptors by `load_groups`.
     pub layout: Arc<Layout>,
     /// The page cache of file data (delayed allocation). Shared with `Fs::read`, which serves
@@ -190,23 +144,6 @@ pub(crate) struct Meta {
     /// attribute block. Taken by each commit and by each attribute change, and passed to the
     /// listener of [`super::Fs::on_blocks_changed`] (a server whose clients cache attributes).
     pub blocks_changed: Vec<u32>,
-    /// Device reads of the running operation, deferred out of the lock inside
-    /// `Inner::lock_meta_reading` (`fs/deferred_reads.rs`).
-    pub reads: super::deferred_reads::DeferredReads,
-    /// For each inode the running operation read, the sequence number of the record of writes
-    /// without the lock (`fs/cached_writes.rs`) its first read folded in, 0 if none: when the
-    /// operation stores the inode, that record (or an older one) has reached it, whatever
-    /// copy it stores (every copy was read at or after that first read).
-    pub pending_seen: HashMap<u32, u64>,
-    /// What made the last operation of `Inner::lock_meta_reading` fail after it had changed
-    /// metadata: a device error or damage found half-way (or a check that came after a
-    /// change, which would be a bug: every other failure is found before the first change,
-    /// docs/DESIGN.md §4.1). `Inner::lock_meta_reading` takes it and puts the file system in
-    /// its error state, so nothing of the running transaction reaches the journal.
-    pub failed_after_change: Option<String>,
-    /// The dirty pages when the last operation began (`Meta::begin_op`): one that ends with
-    /// more added pages, and pays for the commit they start (`Fs::with_meta`).
-    pub dirty_at_op_start: usize,
     /// The journal space the running operation reserved (`fs/log_credits.rs`), and the
     /// counts of operations that waited for room or overran their reservation.
     pub credits: super::log_credits::LogCredits,
@@ -302,7 +239,7 @@ impl Meta {
     pub fn read_home(&mut self, io: &Io, nr: u64) -> Result<Box<[u8]>> {
         let stamp = self.cache.removal_stamp(nr);
         let changed = self.changed_in_op();
-        if let Some(r) = self.reads.home_copy(nr, stamp, changed) {
+        if let Some(r) = self.op.reads.home_copy(nr, stamp, changed) {
             return r;
         }
         read_block(io, nr, self.geo.bs())
@@ -317,7 +254,7 @@ impl Meta {
     /// `blocks` are more than a quarter of the cache's capacity (they could not all stay in
     /// it), does nothing: they are read as they are used.
     pub fn prefetch(&mut self, io: &Io, blocks: impl IntoIterator<Item = u64>) -> Result<()> {
-        if !self.reads.deferring() || self.changed_in_op() {
+        if !self.op.reads.deferring() || self.changed_in_op() {
             return Ok(());
         }
         let blocks: Vec<u64> = blocks.into_iter().collect();
@@ -336,11 +273,11 @@ impl Meta {
             .filter(|&nr| nr < count && !self.in_memory(io, nr))
             .map(|nr| (nr, self.cache.removal_stamp(nr)))
             .collect();
-        let missing = self.reads.missing(candidates, room);
+        let missing = self.op.reads.missing(candidates, room);
         if missing.len() < 2 {
             return Ok(());
         }
-        Err(self.reads.want_all(missing))
+        Err(self.op.reads.want_all(missing))
     }
 
     /// Read-ahead for a walk through `blocks` from the first on: when one of the first
@@ -459,16 +396,16 @@ impl Meta {
     /// Starts an operation: from here until [`Meta::end_op`] or [`Meta::rollback_op`], every
     /// change it makes can be taken back.
     fn begin_op(&mut self) {
-        debug_assert!(self.op_undo.is_none(), "operations do not nest");
-        self.op_light = None;
-        self.free_in_steps.clear();
+        debug_assert!(self.op.undo.is_none(), "operations do not nest");
+        self.op.light = None;
+        self.op.free_in_steps.clear();
         self.cache.begin_undo();
         {
             let mut pages = self.data.lock();
             pages.begin_undo();
-            self.dirty_at_op_start = pages.dirty_count();
+            self.op.dirty_at_op_start = pages.dirty_count();
         }
-        self.op_undo = Some(OpUndo {
+        self.op.undo = Some(OpUndo {
             sb: self.sb.clone(),
             sb_dirty: self.sb_dirty,
             block_cursor: self.alloc.block_cursor,
@@ -484,7 +421,7 @@ impl Meta {
             times: Vec::new(),
             publish_write: None,
         });
-        self.pending_seen.clear();
+        self.op.pending_seen.clear();
     }
 
     /// Runs `f` as one operation: kept whole if it succeeds, taken back whole if it fails.
@@ -508,7 +445,7 @@ impl Meta {
     /// wrong) and kept: a change once made is never taken back for room (the bound is three
     /// quarters of the log, and a commit fails only past all of it). An operation that fails
     /// after its first change is taken back in memory, and `Inner::lock_meta_reading` puts
-    /// the file system in its error state ([`Meta::failed_after_change`]). The undo record
+    /// the file system in its error state ([`OpState::failed_after_change`](super::op_state::OpState::failed_after_change)). The undo record
     /// covers what an operation changes (blocks, pages, allocator and revoke state, derived
     /// caches, the handles it opened, the "changed unseen" marks of times), so an operation
     /// that stopped before its first change and runs again finds the state it first found,
@@ -535,7 +472,7 @@ impl Meta {
         // An operation that stopped for a deferred read (before its first change) is taken
         // back even if it went on (someone swallowed the error): it runs again once the block
         // is read.
-        if r.is_ok() && !self.reads.stopped() {
+        if r.is_ok() && !self.op.reads.stopped() {
             if let Some(over) = self.credits.end(self.log_used(per)) {
                 // Kept, even past the bound: a change is never taken back once made. A commit
                 // fails only past the whole log, a quarter beyond the bound.
@@ -558,7 +495,7 @@ impl Meta {
     pub fn reserve_log(&mut self, credits: usize) -> Result<()> {
         // Outside an operation (orphans freed at mount and unmount, which commit as they
         // go), nothing is reserved.
-        let Some(u) = &self.op_undo else {
+        let Some(u) = &self.op.undo else {
             return Ok(());
         };
         let changed = self.changed_since(u);
@@ -581,7 +518,7 @@ impl Meta {
     /// to a block, as the log packs them): what it reserves for, counted as jbd2 counts a
     /// handle's credits, whatever the transaction held before.
     pub fn log_used(&self, revokes_per_block: usize) -> usize {
-        let revokes = self.op_undo.as_ref().map_or(0, |u| u.revoked.len());
+        let revokes = self.op.undo.as_ref().map_or(0, |u| u.revoked.len());
         self.cache.undo_dirtied() + revokes.div_ceil(revokes_per_block.max(1))
     }
 
@@ -602,10 +539,10 @@ impl Meta {
     /// Ends an operation that succeeded: its changes stay in the running transaction, and the
     /// attributes it forgot of inodes still in use are cached again as it left them.
     fn end_op(&mut self) {
-        self.op_light = None;
+        self.op.light = None;
         self.cache.end_undo();
         self.data.lock().end_undo();
-        let Some(u) = self.op_undo.take() else {
+        let Some(u) = self.op.undo.take() else {
             return;
         };
         for (ino, i) in u.forgot {
@@ -621,13 +558,13 @@ impl Meta {
 
     /// Whether an operation runs and has changed metadata ([`Meta::changed_since`]).
     fn changed_in_op(&self) -> bool {
-        self.op_undo.as_ref().is_some_and(|u| self.changed_since(u))
+        self.op.undo.as_ref().is_some_and(|u| self.changed_since(u))
     }
 
     /// Whether the running operation may still stop to have work done without the lock:
     /// its reads are deferred and it has changed nothing.
     pub fn may_stop(&self) -> bool {
-        self.reads.deferring() && !self.changed_in_op()
+        self.op.reads.deferring() && !self.changed_in_op()
     }
 
     /// Whether the running operation, begun with undo record `u`, changed metadata: cached
@@ -646,7 +583,7 @@ impl Meta {
     /// Ends an operation that failed (`failure`) or stopped before its first change: takes
     /// back every change it made, so the running transaction holds exactly what it held
     /// before the operation began. An operation of `Inner::lock_meta_reading` that failed
-    /// after a change is noted in [`Meta::failed_after_change`]: the file system goes into
+    /// after a change is noted in [`OpState::failed_after_change`](super::op_state::OpState::failed_after_change): the file system goes into
     /// its error state, and the rollback only keeps what reads are served consistent. Block maps,
     /// directory indexes and mode records are derived from blocks, so those the operation
     /// built, loaded, lent or changed are dropped and rebuilt on next use (the others were
@@ -654,8 +591,8 @@ impl Meta {
     /// inode-table block must not cost the rebuild of its large directory's index, nor the
     /// reload of every mode record). A rollback of pages only keeps them all.
     fn rollback_op(&mut self, failure: Option<&FsError>) {
-        self.op_light = None;
-        let Some(u) = self.op_undo.take() else {
+        self.op.light = None;
+        let Some(u) = self.op.undo.take() else {
             return;
         };
         for &ino in &u.opened {
@@ -667,9 +604,9 @@ impl Meta {
             }
         }
         let metadata_changed = self.changed_since(&u);
-        if let Some(e) = failure.filter(|_| metadata_changed && !self.reads.stopped()) {
-            if self.reads.running() {
-                self.failed_after_change = Some(e.to_string());
+        if let Some(e) = failure.filter(|_| metadata_changed && !self.op.reads.stopped()) {
+            if self.op.reads.running() {
+                self.op.failed_after_change = Some(e.to_string());
             }
         }
         if !metadata_changed {
@@ -723,7 +660,7 @@ impl Meta {
     /// The running operation built or changed a derived cache entry: a rollback of its
     /// metadata forgets it.
     pub(crate) fn note_derived(&mut self, d: Derived) {
-        if let Some(u) = &mut self.op_undo {
+        if let Some(u) = &mut self.op.undo {
             u.derived.push(d);
         }
     }
@@ -747,7 +684,7 @@ impl Meta {
 
     /// Group `g`'s summary for modification (its old value is saved for a rollback).
     pub(super) fn group_mut(&mut self, g: u32) -> &mut GroupInfo {
-        if let Some(u) = &mut self.op_undo {
+        if let Some(u) = &mut self.op.undo {
             if !u.groups.iter().any(|(h, _)| *h == g) {
                 u.groups.push((g, self.alloc.groups[g as usize]));
             }
@@ -759,7 +696,7 @@ impl Meta {
     /// holds of it from earlier transactions.
     pub fn revoke(&mut self, nr: u64) {
         if self.tx.revoked.insert(nr) {
-            if let Some(u) = &mut self.op_undo {
+            if let Some(u) = &mut self.op.undo {
                 u.revoked.push((nr, false));
             }
         }
@@ -768,7 +705,7 @@ impl Meta {
     /// Block `nr` is metadata of the running transaction again: no revoke record for it.
     fn unrevoke(&mut self, nr: u64) {
         if self.tx.revoked.remove(&nr) {
-            if let Some(u) = &mut self.op_undo {
+            if let Some(u) = &mut self.op.undo {
                 u.revoked.push((nr, true));
             }
         }

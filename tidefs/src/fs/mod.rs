@@ -43,6 +43,7 @@ mod meta;
 mod mode_record;
 mod modes;
 mod namecache;
+mod op_state;
 mod open_files;
 mod ops;
 mod read_plan;
@@ -118,7 +119,7 @@ struct Counters {
     /// `DirBuild`).
     dir_indexes_built_unlocked: AtomicU64,
     /// Operations that failed after their first change, putting the file system in its
-    /// error state (`Meta::failed_after_change`).
+    /// error state (`OpState::failed_after_change`, `fs/op_state.rs`).
     failed_after_change: AtomicU64,
     /// Operations and commit closes that took the metadata lock (`Inner::lock_meta_reading`).
     metadata_locked: AtomicU64,
@@ -663,20 +664,14 @@ impl Fs {
             next_generation: ops::now().nsec,
             committing: HashMap::new(),
             default_mode: opts.data_mode,
+            op: Default::default(),
             derived: derived::DerivedCaches::new(mode_record::ModeTable::new(opts.data_mode)),
-            op_light: None,
-            op_undo: None,
-            free_in_steps: Vec::new(),
             layout: Arc::default(),
             data: Arc::new(Mutex::new(datacache::DataCache::new(cache_blocks))),
             sync: Arc::new(sync_view::SyncView::new(tid)),
             names: Arc::default(),
             free,
             blocks_changed: Vec::new(),
-            reads: deferred_reads::DeferredReads::default(),
-            pending_seen: HashMap::new(),
-            failed_after_change: None,
-            dirty_at_op_start: 0,
             credits: log_credits::LogCredits::default(),
             itable_miss: Default::default(),
         };
@@ -891,7 +886,7 @@ impl Fs {
                 if write && matches!(r, Err(FsError::ReadOnly)) {
                     return r;
                 }
-                let steps = std::mem::take(&mut m.free_in_steps);
+                let steps = std::mem::take(&mut m.op.free_in_steps);
                 m.derived.trim();
                 // Journal-mode pages join the transaction at write-back.
                 let (dirty_pages, dirty_limit) = {
@@ -900,7 +895,7 @@ impl Fs {
                 };
                 let big =
                     m.transaction_size(per_revoke_block) >= limit / 2 || dirty_pages >= dirty_limit;
-                let dirtied = dirty_pages > m.dirty_at_op_start;
+                let dirtied = dirty_pages > m.op.dirty_at_op_start;
                 (r, big, dirtied, m.frees_pending(), steps)
             };
             if r.is_err() && inner.errored.load(Ordering::SeqCst) {
@@ -2181,10 +2176,10 @@ impl Inner {
         loop {
             let mut m = self.meta.lock();
             m.keep_read_ahead(&self.io, std::mem::take(&mut ahead));
-            m.reads
+            m.op.reads
                 .begin(fetched, rounds < deferred_reads::MAX_DEFERRED_ROUNDS);
             let r = f(&mut m);
-            if let Some(why) = m.failed_after_change.take() {
+            if let Some(why) = m.op.failed_after_change.take() {
                 // Half an operation can be neither committed nor safely taken back while
                 // others run: as ext4 does with `errors=remount-ro`, nothing more reaches the
                 // journal, and the next mount finds the last committed state (docs/DESIGN.md
@@ -2197,15 +2192,18 @@ impl Inner {
             }
             self.take_credit_counts(&mut m.credits);
             let wanted;
-            (wanted, fetched) = m.reads.end();
+            (wanted, fetched) = m.op.reads.end();
             for (n, counter) in [
-                (m.reads.take_under_lock(), &self.counters.reads_under_lock),
                 (
-                    m.reads.take_after_change(),
+                    m.op.reads.take_under_lock(),
+                    &self.counters.reads_under_lock,
+                ),
+                (
+                    m.op.reads.take_after_change(),
                     &self.counters.reads_after_change,
                 ),
                 (
-                    m.reads.take_built_taken(),
+                    m.op.reads.take_built_taken(),
                     &self.counters.dir_indexes_built_unlocked,
                 ),
             ] {
@@ -3439,24 +3437,24 @@ mod tests {
         let blocks = m.read_inode(io, n).unwrap().size() / 4096;
         assert!(blocks >= 16, "{blocks} blocks");
         let build = |m: &mut Meta| {
-            m.reads
+            m.op.reads
                 .begin(deferred_reads::FetchedBlocks::default(), true);
             assert!(
                 m.dir_lookup(io, n, b"added").is_err(),
                 "the lookup should stop"
             );
-            let (wanted, _) = m.reads.end();
+            let (wanted, _) = m.op.reads.end();
             wanted.build.expect("the lookup asked for a build")
         };
         let built = build(&mut m).run();
         let mut fetched = deferred_reads::FetchedBlocks::default();
         fetched.built(built);
-        m.reads.begin(fetched, true);
+        m.op.reads.begin(fetched, true);
         let found = m.dir_lookup(io, n, b"entry-000007");
-        m.reads.end();
+        m.op.reads.end();
         assert!(matches!(found, Ok(Some(_))), "{found:?}");
         assert_eq!(
-            m.reads.take_built_taken(),
+            m.op.reads.take_built_taken(),
             1,
             "a current build was not taken"
         );
@@ -3469,14 +3467,14 @@ mod tests {
         m.forget_dir_index(n);
         let mut fetched = deferred_reads::FetchedBlocks::default();
         fetched.built(built);
-        m.reads.begin(fetched, true);
+        m.op.reads.begin(fetched, true);
         let found = m.dir_lookup(io, n, b"added");
-        m.reads.end();
+        m.op.reads.end();
         assert!(
             matches!(found, Ok(Some(_))),
             "a stale index was taken: {found:?}"
         );
-        assert_eq!(m.reads.take_built_taken(), 0);
+        assert_eq!(m.op.reads.take_built_taken(), 0);
     }
 
     /// Marks the last `n` blocks of group 0's inode table (no inode in use in the small test
@@ -4335,7 +4333,7 @@ mod tests {
         );
         assert_eq!(m.read_inode(io, n).unwrap().mode(), 0o100600);
         assert_eq!((m.credits.room_waits, m.credits.late), (0, 1));
-        assert!(m.failed_after_change.is_none(), "counted as a failure");
+        assert!(m.op.failed_after_change.is_none(), "counted as a failure");
         let size = m.transaction_size(per);
         let r = m.run_op_within(Some((size + BASE_CREDITS + 5, per)), op(5, 0o100640));
         assert!(matches!(r, Some(Ok(()))));

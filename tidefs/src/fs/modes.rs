@@ -194,7 +194,7 @@ impl Meta {
     /// As [`Meta::acts_for`], for a mode already known.
     pub(crate) fn act_in_mode(&mut self, mode: DataMode) {
         let light = mode == DataMode::Lightweight;
-        self.op_light = Some(self.op_light.unwrap_or(true) && light);
+        self.op.light = Some(self.op.light.unwrap_or(true) && light);
         if mode.logs_byte_ranges() {
             self.tx.ranges = true;
         }
@@ -203,7 +203,7 @@ impl Meta {
     /// The rest of the operation is not lightweight: what it changes from here on is journaled
     /// (a change of several blocks that must reach the disk together, `ExtentMap::store`).
     pub(crate) fn act_strictly(&mut self) {
-        self.op_light = Some(false);
+        self.op.light = Some(false);
     }
 
     /// The operation changes names: a directory entry together with the link count of the
@@ -220,7 +220,7 @@ impl Meta {
     /// for its in-place writes, and the blocks it changes may go home in place. An operation
     /// that named no inode counts as strict.
     pub(crate) fn op_is_lightweight(&self) -> bool {
-        self.op_light == Some(true)
+        self.op.light == Some(true)
     }
 
     /// A new inode `ino` in directory `parent` takes its mode from it: a directory copies the

@@ -353,7 +353,7 @@ impl Meta {
         self.sb_dirty = true;
         self.write_inode(io, ino, &mut i)?;
         self.open.add(ino);
-        if let Some(u) = &mut self.op_undo {
+        if let Some(u) = &mut self.op.undo {
             u.opened.push(ino);
         }
         Ok(self.attr(ino, &i))
@@ -547,7 +547,7 @@ impl Meta {
                 self.sb.set_last_orphan(ino);
                 self.sb_dirty = true;
                 self.write_inode(io, ino, &mut i)?;
-                self.free_in_steps.push(ino);
+                self.op.free_in_steps.push(ino);
             } else {
                 self.write_inode(io, ino, &mut i)?;
                 self.free_inode_fully(io, ino)?;
@@ -1290,7 +1290,7 @@ impl Meta {
         let mode = self.data_mode(io, ino)?;
         self.extent_map(io, ino, i)?;
         self.publish_extent_map(ino);
-        match self.op_undo.as_mut() {
+        match self.op.undo.as_mut() {
             // The spare is topped up when the operation ends well (`Meta::end_op`): one
             // taken back would put back the reservations it dropped, and a spare counted
             // from the room they had left would promise blocks that are not there.
@@ -1431,7 +1431,7 @@ impl Meta {
         let unseen = self.names.changed_unseen(ino);
         let t = change_time_after(unseen, i.ctime());
         self.names.times_changed(ino);
-        if let Some(u) = &mut self.op_undo {
+        if let Some(u) = &mut self.op.undo {
             u.times.push((ino, unseen));
         }
         t

@@ -91,7 +91,7 @@ impl Meta {
     ) -> Result<(usize, (u32, u32))> {
         let got = self.writeback(io, Scope::Allocate { pages, from })?;
         let mut next = from;
-        if !self.reads.stopped() {
+        if !self.op.reads.stopped() {
             let bs = u64::from(self.geo.block_size);
             // `got` is sorted by block: noted run by run.
             let mut run: Option<(u64, u64)> = None;
@@ -150,7 +150,7 @@ impl Meta {
             let ahead = *before;
             *before += need;
             match self.fetch_for_allocation(io, goal, ahead + need) {
-                Err(e) if !self.reads.stopped() => {
+                Err(e) if !self.op.reads.stopped() => {
                     log::debug!("write-back of inode {ino}: bitmaps not fetched ahead: {e}");
                 }
                 r => r?,
@@ -236,7 +236,7 @@ impl Meta {
                 continue;
             }
             // The blocks changed for this file follow its mode (and that of its pages).
-            self.op_light = None;
+            self.op.light = None;
             self.act_in_mode(mode);
             for p in &pages {
                 self.act_in_mode(p.mode);
