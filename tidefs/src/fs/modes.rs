@@ -68,7 +68,7 @@ impl Meta {
                 held_by_log |= replayable && !allocation && !strict_blocks.contains(&d.nr);
                 journaled.push(d);
             } else if !strict_blocks.contains(&d.nr) {
-                if super::logs_as_ranges(&d, ranges_ok) {
+                if super::tx_changes::logs_as_ranges(&d, ranges_ok) {
                     journaled.push(d);
                 } else {
                     in_place.push((d.nr, d.data));

@@ -1,9 +1,14 @@
 //! What the running transaction holds besides its dirty blocks, one named part of `Meta`:
 //! the blocks it freed that need revoke records, and what the journaling modes of its
 //! operations decide about how it is logged (docs/DESIGN.md §3.1, §3.2). A commit takes it
-//! whole and the next transaction starts empty.
+//! whole and the next transaction starts empty. Also how a closing transaction's dirty blocks
+//! become journal records: whole, or as the byte ranges that changed.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+
+use crate::cache::DirtyBlock;
+use crate::journal::RangeUpdate;
 
 /// See the module comment.
 #[derive(Default)]
@@ -22,4 +27,38 @@ pub(crate) struct TxChanges {
     /// An operation of the running transaction acted for an inode whose mode logs byte ranges:
     /// its changed metadata blocks may be logged as ranges.
     pub ranges: bool,
+}
+
+/// A block logged whole: its home number and content.
+pub(crate) type WholeBlock = (u64, Arc<[u8]>);
+
+/// Whether a dirty block goes to the journal as the byte ranges that changed (when the
+/// transaction may use range records at all): not when it is fresh (nothing of it is at home
+/// to patch) or changed whole.
+pub(crate) fn logs_as_ranges(d: &DirtyBlock, ranges_ok: bool) -> bool {
+    ranges_ok && !d.fresh && d.changed.bytes() < d.data.len() as u64
+}
+
+/// Splits the blocks of a closing transaction into those logged whole and those that may be
+/// logged as their changed byte ranges (`ranges_ok`: the mode allows byte-range records).
+/// A fresh block (allocated by this transaction) is always whole: its home location holds
+/// none of it. A block whose bytes all equal its committed version is left out.
+pub(crate) fn split_by_record(
+    dirty: Vec<DirtyBlock>,
+    ranges_ok: bool,
+) -> (Vec<WholeBlock>, Vec<RangeUpdate>) {
+    let mut whole = Vec::new();
+    let mut ranged = Vec::new();
+    for d in dirty {
+        if !logs_as_ranges(&d, ranges_ok) {
+            whole.push((d.nr, d.data));
+        } else if !d.changed.is_empty() {
+            ranged.push(RangeUpdate {
+                home: d.nr,
+                data: d.data,
+                ranges: d.changed.offset_lengths(),
+            });
+        }
+    }
+    (whole, ranged)
 }
