@@ -91,14 +91,17 @@ impl Inner {
         if self.counters.fsync_active.load(Ordering::SeqCst) <= 1 {
             return false;
         }
-        let (held_pages, held_size) = match self.held.lock().as_ref() {
-            Some(h) => (h.home.len(), h.home.len() as u64 + h.nblocks),
+        let held_size = match self.held.lock().as_ref() {
+            Some(h) => h.home.len() as u64 + h.nblocks,
             None => return false,
         };
         let m = self.meta.lock();
-        // The held transaction's pages are dirty until it is durable.
-        let pages = m.data.lock().dirty_count().saturating_sub(held_pages);
-        (pages + m.cache.dirty_count()) as u64 >= held_size
+        // The held transaction's pages stay dirty until it is durable: count those a write
+        // changed since it sent them, and the others.
+        let blocks = m.cache.dirty_count() as u64;
+        let pages = usize::try_from(held_size.saturating_sub(blocks)).unwrap_or(usize::MAX);
+        let enough = m.data.lock().unsent_dirty_at_least(pages);
+        enough
     }
 
     /// Makes the transaction whose commit block the journal holds (if any) durable with a

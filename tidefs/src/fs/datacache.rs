@@ -410,16 +410,27 @@ impl DataCache {
     }
 
     /// Whether a dirty page waits for a write-back: one not already sent home by a commit
-    /// whose transaction is not yet durable (with nothing else changed since). Stops at the
-    /// first such page; only while a commit block is held does it look at that commit's
-    /// pages.
+    /// whose transaction is not yet durable (with nothing else changed since).
     pub fn has_unsent_dirty(&self) -> bool {
-        self.dirty > 0
-            && self.files.values().any(|f| {
-                f.dirty
-                    .iter()
-                    .any(|l| f.pages.get(l).is_some_and(|p| p.sent != Some(p.gen)))
-            })
+        self.unsent_dirty_at_least(1)
+    }
+
+    /// Whether at least `n` dirty pages wait for a write-back (see
+    /// [`DataCache::has_unsent_dirty`]): a page the held commit sent and a write changed
+    /// since counts, as the running transaction's. Stops once it has found `n`.
+    pub fn unsent_dirty_at_least(&self, n: usize) -> bool {
+        if n == 0 {
+            return true;
+        }
+        if self.dirty < n {
+            return false;
+        }
+        let mut unsent = self.files.values().flat_map(|f| {
+            f.dirty
+                .iter()
+                .filter(|l| f.pages.get(l).is_some_and(|p| p.sent != Some(p.gen)))
+        });
+        unsent.nth(n - 1).is_some()
     }
 
     /// Files with dirty pages, in inode order.
@@ -1053,6 +1064,33 @@ mod tests {
         assert_eq!(c.dirty_files(), vec![5]);
         c.drop_file(5);
         assert_eq!((c.dirty_count(), c.reserved(), c.pages), (0, 0, 0));
+    }
+
+    #[test]
+    fn pages_a_held_commit_sent_count_again_once_rewritten() {
+        let mut c = DataCache::new(64);
+        for lblk in 0..3 {
+            c.insert(7, lblk, vec![0u8; 16].into(), false);
+            assert!(c.write(7, lblk, 0, b"a", 1, DataMode::Ordered));
+        }
+        // A commit whose block is held sent all three home.
+        for p in c.dirty_pages(7) {
+            c.sent_home(7, p.lblk, p.gen);
+        }
+        assert_eq!(c.dirty_count(), 3, "dirty until the held commit is durable");
+        assert!(!c.has_unsent_dirty());
+        assert!(c.unsent_dirty_at_least(0));
+        // An append rewrites one of them: the running transaction has that page.
+        assert!(c.write(7, 2, 1, b"b", 1, DataMode::Ordered));
+        assert!(c.has_unsent_dirty());
+        assert!(c.unsent_dirty_at_least(1));
+        assert!(!c.unsent_dirty_at_least(2));
+        // And a page of its own.
+        c.insert(8, 0, vec![0u8; 16].into(), false);
+        assert!(c.write(8, 0, 0, b"c", 1, DataMode::Ordered));
+        assert!(c.unsent_dirty_at_least(2));
+        assert!(!c.unsent_dirty_at_least(3));
+        assert_eq!(c.dirty_count(), 4);
     }
 
     #[test]
