@@ -24,18 +24,18 @@ pub(super) enum Committed {
 pub(super) struct CommitDone {
     pub(super) tid: u32,
     /// Blocks the transaction freed, allocatable once it is durable.
-    pub(super) freed: Vec<(u64, u32)>,
+    freed: Vec<(u64, u32)>,
     /// Lightweight frees to apply in the next transaction.
-    pub(super) late_frees: Vec<alloc_state::LateFree>,
+    late_frees: Vec<alloc_state::LateFree>,
     /// File data that went home with it: clean once it is durable.
     pub(super) home: Vec<writeback::HomeWrite>,
     /// Bytes of its metadata blocks that changed.
-    pub(super) changed: u64,
+    changed: u64,
     /// Blocks (whole and by ranges) it logged.
     pub(super) nblocks: u64,
     /// Lightweight: it journaled blocks that would have gone in place but for older copies
     /// in the log.
-    pub(super) held_by_log: bool,
+    held_by_log: bool,
 }
 
 impl Inner {
@@ -86,7 +86,10 @@ impl Inner {
     /// blocks), so that closing it now loses nothing of the batching a commit written alone
     /// would give it time for. 16 threads of appends + fdatasync on this project's VM: a
     /// commit serves about 13 of them and 3 are left for the next one, which then grows
-    /// while the held block goes out alone; 64 threads leave the next one as large.
+    /// while the held block goes out alone; 64 threads leave the next one as large. Asked
+    /// once per entry at the gate while a commit block is held; it walks the dirty pages
+    /// until it has found enough (all of them when the answer is no) under `meta` and the
+    /// page cache's mutex.
     pub(super) fn should_carry(&self) -> bool {
         if self.counters.fsync_active.load(Ordering::SeqCst) <= 1 {
             return false;
@@ -100,6 +103,7 @@ impl Inner {
         // changed since it sent them, and the others.
         let blocks = m.cache.dirty_count() as u64;
         let pages = usize::try_from(held_size.saturating_sub(blocks)).unwrap_or(usize::MAX);
+        // Bound to a name so that the page cache's guard goes before `m` (edition 2021).
         let enough = m.data.lock().unsent_dirty_at_least(pages);
         enough
     }
@@ -315,7 +319,7 @@ impl Inner {
     /// returns what its waiters get. The journal refuses a commit once the error state is
     /// latched (an operation failed after its change meanwhile): its waiters learn the
     /// error, not EROFS.
-    pub(super) fn commit_failed(&self, m: &mut Meta, tid: u32, e: FsError) -> FsError {
+    fn commit_failed(&self, m: &mut Meta, tid: u32, e: FsError) -> FsError {
         match self.fail(m, &format!("commit of transaction {tid}"), e) {
             FsError::ReadOnly => self.error_result(),
             e => e,
@@ -325,7 +329,7 @@ impl Inner {
     /// What is left of a commit once its transaction is durable: its pages are clean, its
     /// tid counts as committed, the blocks it freed become allocatable, lightweight frees
     /// reach the bitmaps, and it is counted.
-    pub(super) fn commit_durable(&self, done: CommitDone) -> Result<()> {
+    fn commit_durable(&self, done: CommitDone) -> Result<()> {
         let CommitDone {
             tid,
             freed,
@@ -376,7 +380,7 @@ impl Inner {
     /// failure before a piece's first change is left to the close, which meets it again and
     /// fails the commit as before; one after it puts the file system in its error state
     /// (`Inner::lock_meta_reading`), which the commit then returns.
-    pub(super) fn allocate_ahead(&self) {
+    fn allocate_ahead(&self) {
         let piece = self.allocate_piece;
         let holes = self.pages.lock().reserved();
         if holes <= piece as u64 {
@@ -412,7 +416,7 @@ impl Inner {
     }
 
     /// Writes lightweight mode's in-place metadata blocks home (one batch) and flushes.
-    pub(super) fn write_in_place(&self, blocks: &[(u64, Arc<[u8]>)]) -> Result<()> {
+    fn write_in_place(&self, blocks: &[(u64, Arc<[u8]>)]) -> Result<()> {
         let bs = u64::from(self.geo.block_size);
         let mut pieces: Vec<(u64, &[u8])> =
             blocks.iter().map(|(nr, b)| (nr * bs, &b[..])).collect();

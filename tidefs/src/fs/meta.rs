@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use crate::cache::BlockCache;
 use crate::dev::BlockDevice;
-
 use crate::format::ext4::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE};
 use crate::journal::CommitLog;
 

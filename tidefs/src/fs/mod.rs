@@ -2816,6 +2816,53 @@ mod tests {
         assert_eq!(again.read(b, 0, 7).unwrap(), b"second!");
     }
 
+    /// Goal: a page the held commit sent home and a write changed since counts for the
+    /// running transaction when an fsync decides whether the next commit carries the held
+    /// block (`Inner::should_carry`); it used to count for neither. Method: the running
+    /// transaction is made one page short of the held one, then the held page is rewritten
+    /// in place (no metadata change).
+    #[test]
+    fn a_rewritten_held_page_counts_for_the_running_transaction() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+        let (a, b) = (new_file(&fs, b"a"), new_file(&fs, b"b"));
+        fs.drop_caches().unwrap();
+        fs.write(a, 0, b"first").unwrap();
+        let inner = &fs.inner;
+        let gate = inner.gate.enter(None, &**inner).unwrap();
+        assert!(matches!(
+            inner.close_and_commit(&gate).unwrap(),
+            Committed::Held
+        ));
+        let held_size = {
+            let h = inner.held.lock();
+            let h = h.as_ref().unwrap();
+            assert_eq!(h.home.len(), 1, "a's page");
+            h.home.len() as u64 + h.nblocks
+        };
+        inner.counters.fsync_active.fetch_add(2, Ordering::SeqCst);
+        let blocks = || inner.meta.lock().cache.dirty_count() as u64;
+        // b's pages, and the metadata its first write changes.
+        let mut short = 0;
+        while blocks() + short < held_size - 1 {
+            fs.write(b, short * 4096, &[7u8; 4096]).unwrap();
+            short += 1;
+        }
+        assert_eq!(blocks() + short, held_size - 1);
+        assert!(!inner.should_carry(), "one page short of the held one");
+        fs.write(a, 0, b"FIRST").unwrap();
+        assert_eq!(blocks() + short, held_size - 1, "no metadata changed");
+        assert_eq!(inner.pages.lock().dirty_count() as u64, 1 + short);
+        assert!(
+            inner.should_carry(),
+            "a's page is the running transaction's too"
+        );
+        inner.counters.fsync_active.fetch_sub(2, Ordering::SeqCst);
+        inner.finish_held(&gate).unwrap();
+    }
+
     /// Goal: an fdatasync of a file whose only dirty page went home with a commit whose block
     /// is still held waits for that commit: it may be what maps the page (here a hole inside
     /// the size, filled by a write the fdatasync's plan sees as an overwrite). Method: the

@@ -1,10 +1,12 @@
 //! What one operation carries while it runs under the metadata lock, its handle: whether it
 //! acts for lightweight inodes only, its undo record, the device reads it deferred out of
 //! the lock, the records of writes without the lock its reads folded in, the orphans it left
-//! to be freed in steps, and why it failed after its first change. `Meta::begin_op` resets
-//! it and `Meta::end_op` / `Meta::rollback_op` close it (docs/DESIGN.md §4.1). Operations
-//! still run one at a time, so `Meta` holds one; it is the state each would carry for
-//! itself once they run side by side (docs/DESIGN.md §8).
+//! to be freed in steps, the dirty pages when it began, and why it failed after its first
+//! change. `Meta::begin_op` starts the undo record and resets the rest but the reads, which
+//! `Inner::lock_meta_reading` starts and ends around each pass (taking the failure too);
+//! `Meta::end_op` / `Meta::rollback_op` close the undo record (docs/DESIGN.md §4.1).
+//! Operations still run one at a time, so `Meta` holds one; it is the state each would carry
+//! for itself once they run side by side (docs/DESIGN.md §8).
 
 use std::collections::HashMap;
 

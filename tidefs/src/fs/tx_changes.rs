@@ -30,12 +30,12 @@ pub(crate) struct TxChanges {
 }
 
 /// A block logged whole: its home number and content.
-pub(crate) type WholeBlock = (u64, Arc<[u8]>);
+type WholeBlock = (u64, Arc<[u8]>);
 
 /// Whether a dirty block goes to the journal as the byte ranges that changed (when the
 /// transaction may use range records at all): not when it is fresh (nothing of it is at home
 /// to patch) or changed whole.
-pub(crate) fn logs_as_ranges(d: &DirtyBlock, ranges_ok: bool) -> bool {
+pub(super) fn logs_as_ranges(d: &DirtyBlock, ranges_ok: bool) -> bool {
     ranges_ok && !d.fresh && d.changed.bytes() < d.data.len() as u64
 }
 
@@ -43,7 +43,7 @@ pub(crate) fn logs_as_ranges(d: &DirtyBlock, ranges_ok: bool) -> bool {
 /// logged as their changed byte ranges (`ranges_ok`: the mode allows byte-range records).
 /// A fresh block (allocated by this transaction) is always whole: its home location holds
 /// none of it. A block whose bytes all equal its committed version is left out.
-pub(crate) fn split_by_record(
+pub(super) fn split_by_record(
     dirty: Vec<DirtyBlock>,
     ranges_ok: bool,
 ) -> (Vec<WholeBlock>, Vec<RangeUpdate>) {
