@@ -25,6 +25,12 @@ pub(super) trait Settles {
     fn settled(&self, t: u32) -> bool;
 }
 
+/// Whether a waiter for `target` may leave without the gate: never when it needs the gate
+/// itself (`None`).
+fn waits_no_more(target: Option<u32>, settled: &dyn Settles) -> bool {
+    target.is_some_and(|t| settled.settled(t))
+}
+
 /// See the module documentation.
 #[derive(Default)]
 pub(super) struct CommitGate {
@@ -69,7 +75,7 @@ impl CommitGate {
         target: Option<u32>,
         settled: &'a dyn Settles,
     ) -> Option<GateGuard<'a>> {
-        let is_settled = || target.is_some_and(|t| settled.settled(t));
+        let is_settled = || waits_no_more(target, settled);
         let me = {
             let mut line = self.line.lock();
             if is_settled() {
@@ -120,7 +126,7 @@ impl Drop for GateGuard<'_> {
         let mut woken = 0;
         let settled = self.settled;
         line.waiters.retain(|w| {
-            let done = w.target.is_some_and(|t| settled.settled(t));
+            let done = waits_no_more(w.target, settled);
             if done {
                 w.state.store(SETTLED, Ordering::Release);
                 w.thread.unpark();
