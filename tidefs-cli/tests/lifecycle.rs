@@ -43,6 +43,31 @@ fn assert_clean(m: &Mount) {
     assert_eq!(code, 0, "e2fsck -fn after a clean close:\n{text}");
 }
 
+/// Goal: the mount daemon runs with transparent huge pages off (`without_huge_pages` in
+/// main.rs: with them, commits on many threads spent their time clearing fresh 2 MiB pages).
+/// Method: the kernel's own report of the flag in `/proc/PID/status` (`THP_enabled`, Linux
+/// 5.0 and later) while the daemon serves a mount.
+#[test]
+fn the_daemon_runs_without_transparent_huge_pages() {
+    let Some(mut m) = Mount::new(
+        "the_daemon_runs_without_transparent_huge_pages",
+        "64M",
+        &[],
+        &[],
+    ) else {
+        return;
+    };
+    let pid = m.daemon_pid();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("OK to unwrap: the daemon's status");
+    let flag = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(str::trim);
+    m.umount_ok();
+    assert_eq!(flag, Some("0"), "THP_enabled of the daemon:\n{status}");
+}
+
 /// Goal: `tidefs umount` closes cleanly: the daemon exits, e2fsck and fsck are clean, and the tree
 /// is there after a remount. Method: write a tree, unmount, check, remount, read.
 #[test]
