@@ -1,10 +1,11 @@
 //! Goal: per-directory journaling modes (docs/DESIGN.md §3.2) work through the library: a
 //! directory's mode is set and read through the API and through the `user.tidefs.journal`
-//! attribute; new directories inherit it, new files obey it, an explicit file mode wins, a
-//! rename or a hard link moves a file under the mode of the directory that linked it last, a
-//! symlink has none; modes survive a remount and a crash; `journal` sets ext4's per-inode
-//! data-journaling flag (read back with the real `debugfs`, and with `getfattr`/`lsattr` on the
-//! kernel's own ext4 mount); the image stays clean by the real `e2fsck`; and each directory's data goes where its own mode sends it, also across a switch.
+//! attribute; new directories inherit it, new files obey it, an explicit file mode wins, a rename
+//! or a hard link moves a file under the mode of the directory that linked it last, a symlink has
+//! none; modes survive a remount and a crash; `journal` sets ext4's per-inode data-journaling flag
+//! (read back with the real `debugfs`, and with `getfattr`/`lsattr` on the kernel's own ext4
+//! mount); the image stays clean by the real `e2fsck`; and each directory's data goes where its own
+//! mode sends it, also across a switch.
 
 mod common;
 

@@ -5,23 +5,22 @@
 //! the file system in its error state: `Stats::failed_after_change` stays 0. Only a device
 //! error or corruption found half-way may fail an operation after a change.
 //!
-//! Method: a small image made by the real `mkfs.ext4` (few blocks, few inodes), mounted in
-//! memory, and a few thousand random operations from a fixed seed until blocks and inodes
-//! run out again and again: creates, mkdirs, symlinks (long targets need a block), links,
-//! renames (plain, no-replace, exchange; over files and directories, across directories,
-//! into their own subtree), unlinks, rmdirs, writes, truncates, fallocates, punches,
-//! zero-ranges, unnamed files given a name, extended attributes small and large, mode
-//! changes and fsyncs, with commits now and then and an unmount checked by `e2fsck -fn` and
-//! a mount again every 1 500 steps; each seed mounts in another data mode. Every error is
-//! counted by kind; the test checks that the kinds it aims at were met, that the counter
-//! stayed 0 after every operation, and that the image is clean at the end. It checks the
-//! journal reservations too (`fs/log_credits.rs`): no operation changed more journal blocks
-//! than it reserved, or reserved after its first change. And it empties the caches every
-//! seven steps, so operations and commits meet cold blocks: none may need a device read
-//! after its first change (`Stats::reads_after_change`; such a read is made under the lock). Before 2026-11-27 a `mkdir` or a
-//! slow `symlink` whose block came from another group than its inode's did, 1 to 5 in every
-//! hundred stops, and so did, once in about 18 000 operations, a commit's write-back of pages
-//! over unwritten blocks whose extents split into a new tree block.
+//! Method: a small image made by the real `mkfs.ext4` (few blocks, few inodes), mounted in memory,
+//! and a few thousand random operations from a fixed seed until blocks and inodes run out again and
+//! again: creates, mkdirs, symlinks (long targets need a block), links, renames (plain, no-replace,
+//! exchange; over files and directories, across directories, into their own subtree), unlinks,
+//! rmdirs, writes, truncates, fallocates, punches, zero-ranges, unnamed files given a name,
+//! extended attributes small and large, mode changes and fsyncs, with commits now and then and an
+//! unmount checked by `e2fsck -fn` and a mount again every 1 500 steps; each seed mounts in another
+//! data mode. Every error is counted by kind; the test checks that the kinds it aims at were met,
+//! that the counter stayed 0 after every operation, and that the image is clean at the end. It
+//! checks the journal reservations too (`fs/log_credits.rs`): no operation changed more journal
+//! blocks than it reserved, or reserved after its first change. And it empties the caches every
+//! seven steps, so operations and commits meet cold blocks: none may need a device read after its
+//! first change (`Stats::reads_after_change`; such a read is made under the lock). Before
+//! 2026-11-27 a `mkdir` or a slow `symlink` whose block came from another group than its inode's
+//! did, 1 to 5 in every hundred stops, and so did, once in about 18 000 operations, a commit's
+//! write-back of pages over unwritten blocks whose extents split into a new tree block.
 
 mod common;
 

@@ -1,14 +1,13 @@
-//! Goal: operations fetch the blocks they will change before their first change
-//! (docs/DESIGN.md §4.1), so that one that must read a block from the device stops for it
-//! with nothing to take back (one that has changed something reads under the metadata lock
-//! instead, counted in `Stats::reads_after_change`): a create's new inode-table block, a new directory's block
-//! bitmap, the bitmaps and group descriptors an unlink, rmdir, rename-over, truncate or
-//! punch-hole frees into or an allocation takes from, the partial edge blocks a truncate,
-//! punch-hole or zero-range keeps, the index of a directory moved to another parent (its
-//! `..` entry changes), the inodes, maps and bitmaps a commit's write-back needs (past the
-//! blocks waiting in quarantine and those the files before it take), the new extent-tree
-//! block of a punch that splits an extent, the truncate of a file with capabilities, and the
-//! orphan list walked to an inode that leaves it.
+//! Goal: operations fetch the blocks they will change before their first change (docs/DESIGN.md
+//! §4.1), so that one that must read a block from the device stops for it with nothing to take back
+//! (one that has changed something reads under the metadata lock instead, counted in
+//! `Stats::reads_after_change`): a create's new inode-table block, a new directory's block bitmap,
+//! the bitmaps and group descriptors an unlink, rmdir, rename-over, truncate or punch-hole frees
+//! into or an allocation takes from, the partial edge blocks a truncate, punch-hole or zero-range
+//! keeps, the index of a directory moved to another parent (its `..` entry changes), the inodes,
+//! maps and bitmaps a commit's write-back needs (past the blocks waiting in quarantine and those
+//! the files before it take), the new extent-tree block of a punch that splits an extent, the
+//! truncate of a file with capabilities, and the orphan list walked to an inode that leaves it.
 //!
 //! Method: an image made by the real `mkfs.ext4` with several block groups and inode-table
 //! blocks that were never read, mounted in memory; each phase starts with every cache

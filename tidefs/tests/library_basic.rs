@@ -259,14 +259,14 @@ fn timestamps_are_multigrain() {
     common::assert_fsck_clean(&img);
 }
 
-/// Goal: open handles keep an unlinked file until the last release, also when opens and
-/// releases of linked files take the path that skips the metadata lock (their counts live in
-/// a table of their own, `fs/open_files.rs`). Method: a file opened twice is unlinked; it stays
-/// readable, can be opened once more while open, is freed at the last release only (free
-/// counts back to where they were), and cannot be opened after that. Then threads open, read and
-/// release files while another thread unlinks and re-creates them: every open either fails
-/// with NotFound or reads one file's whole content (or nothing, before its write), and after all handles are gone the image
-/// is clean by e2fsck (no inode freed under an open handle, none leaked).
+/// Goal: open handles keep an unlinked file until the last release, also when opens and releases of
+/// linked files take the path that skips the metadata lock (their counts live in a table of their
+/// own, `fs/open_files.rs`). Method: a file opened twice is unlinked; it stays readable, can be
+/// opened once more while open, is freed at the last release only (free counts back to where they
+/// were), and cannot be opened after that. Then threads open, read and release files while another
+/// thread unlinks and re-creates them: every open either fails with NotFound or reads one file's
+/// whole content (or nothing, before its write), and after all handles are gone the image is clean
+/// by e2fsck (no inode freed under an open handle, none leaked).
 #[test]
 fn open_handles_keep_unlinked_files_until_the_last_release() {
     use std::sync::atomic::{AtomicBool, Ordering};

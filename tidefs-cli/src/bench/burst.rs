@@ -9,8 +9,9 @@
 //!
 //! `--probe` adds the read-latency probe: while `--probe-threads` writers run the same storm on
 //! other files, one thread repeatedly stats and reads a small cached file and stats a name in a
-//! directory of `--probe-entries` names (`stat(2)`, see `sys::stat_size`); the table compares its p50/p99 with ext4 `data=ordered`
-//! under the same storm. Only systems reached through a path are probed.
+//! directory of `--probe-entries` names (`stat(2)`, see `sys::stat_size`); the table compares its
+//! p50/p99 with ext4 `data=ordered` under the same storm. Only systems reached through a path are
+//! probed.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;

@@ -1,12 +1,12 @@
-//! `tidefs bench postmark`: Debian's `postmark` (the NetApp mail-server benchmark: create a pool
-//! of small files, then transactions that each create or delete a file and read or append one,
-//! then delete the pool; no fsync) with one configuration and seed for every system, each on a
-//! fresh file system whose journal is on its own loop device (fuse2fs has no external journal:
-//! all its bytes count as home bytes). Reported: transactions per second, total time, what the
-//! devices received (bytes written to the journal and to the file system, flushes; up to the
-//! end of the unmount, so that what a system only writes at unmount counts too), FUSE requests
-//! per transaction for tidefs (the daemon's count), and the ratio to ext4 `data=ordered`. By default every tidefs data mode and every ext4 mode run side by
-//! side.
+//! `tidefs bench postmark`: Debian's `postmark` (the NetApp mail-server benchmark: create a pool of
+//! small files, then transactions that each create or delete a file and read or append one, then
+//! delete the pool; no fsync) with one configuration and seed for every system, each on a fresh
+//! file system whose journal is on its own loop device (fuse2fs has no external journal: all its
+//! bytes count as home bytes). Reported: transactions per second, total time, what the devices
+//! received (bytes written to the journal and to the file system, flushes; up to the end of the
+//! unmount, so that what a system only writes at unmount counts too), FUSE requests per transaction
+//! for tidefs (the daemon's count), and the ratio to ext4 `data=ordered`. By default every tidefs
+//! data mode and every ext4 mode run side by side.
 //!
 //! postmark's own timer counts whole seconds, so the rate here is the configured transactions
 //! divided by the wall time of the whole postmark run (pool creation, transactions, deletion),

@@ -204,11 +204,11 @@ pub fn system_names(what: &str, text: Option<&str>, default: &str) -> Vec<String
     names(text)
 }
 
-/// Sets the journaling mode of the directory `dir` on a tidefs mount to `mode`
-/// (the extended attribute `user.tidefs.journal`) and checks that it took: the directory and a file created in it
-/// afterwards must both read back `mode`. A tidefs without per-directory modes either refuses
-/// the attribute or keeps it as a plain one, which the new file does not inherit; either way
-/// the error says so.
+/// Sets the journaling mode of the directory `dir` on a tidefs mount to `mode` (the extended
+/// attribute `user.tidefs.journal`) and checks that it took: the directory and a file created in it
+/// afterwards must both read back `mode`. A tidefs without per-directory modes either refuses the
+/// attribute or keeps it as a plain one, which the new file does not inherit; either way the error
+/// says so.
 pub fn set_directory_mode(dir: &Path, mode: &str) -> Result<(), CliError> {
     use std::os::unix::ffi::OsStrExt;
     let attr = std::ffi::OsStr::from_bytes(tidefs::fs::JOURNAL_MODE_XATTR);

@@ -1,26 +1,26 @@
 //! Writes served without the metadata lock: which files may take them, and the inode changes
 //! they leave behind for the metadata side (docs/DESIGN.md §2.5, "Writes without the lock").
 //!
-//! A `write()` whose every block already has a page in the cache needs no allocation, no
-//! device read and no reservation; what it changes in metadata is the file's size and its
-//! times. A block that is a hole of the file's published block map (an append past the last
-//! block, typically) needs no device read either, only a reservation: the metadata side sets
-//! a few free blocks aside ([`SPARE_BLOCKS`], `DataCache::spare`) that such writes turn into
-//! page reservations, and takes them back when space runs short (`Meta::allocatable_blocks_for`). Such a write copies its bytes into the pages and records the inode's new size and
-//! times here, as a [`PendingInode`], without the metadata lock; the metadata side folds the
-//! record into the inode later: every read of the inode under that lock sees it
-//! (`Meta::read_inode`), and the commit's write-back stores it into the inode-table block in
-//! the same transaction as the pages it describes (`fs/writeback.rs`).
+//! A `write()` whose every block already has a page in the cache needs no allocation, no device
+//! read and no reservation; what it changes in metadata is the file's size and its times. A block
+//! that is a hole of the file's published block map (an append past the last block, typically)
+//! needs no device read either, only a reservation: the metadata side sets a few free blocks aside
+//! ([`SPARE_BLOCKS`], `DataCache::spare`) that such writes turn into page reservations, and takes
+//! them back when space runs short (`Meta::allocatable_blocks_for`). Such a write copies its bytes
+//! into the pages and records the inode's new size and times here, as a [`PendingInode`], without
+//! the metadata lock; the metadata side folds the record into the inode later: every read of the
+//! inode under that lock sees it (`Meta::read_inode`), and the commit's write-back stores it into
+//! the inode-table block in the same transaction as the pages it describes (`fs/writeback.rs`).
 //!
 //! This table lives behind the page cache's mutex (it is part of `DataCache`), so a write's
 //! pages and its record change together, and write-back takes both in one snapshot.
 //!
 //! Invariants:
 //! - a file takes writes without the lock only while its journaling mode is published here
-//!   ([`CachedWrites::publish_mode`], at the end of a write, truncate or create under the
-//!   lock, which found or left the file without capabilities); every change of the file's extended attributes
-//!   (where its mode record and capabilities live) withdraws it first, as does freeing or
-//!   making the inode;
+//!   ([`CachedWrites::publish_mode`], at the end of a write, truncate or create under the lock,
+//!   which found or left the file without capabilities); every change of the file's extended
+//!   attributes (where its mode record and capabilities live) withdraws it first, as does freeing
+//!   or making the inode;
 //! - a record holds the newest size and times of its inode; it is removed only when the
 //!   inode is stored with it (`Meta::write_inode` removes the record the operation's first
 //!   read of the inode saw, if no newer one came since: whatever copy it stores was read at or

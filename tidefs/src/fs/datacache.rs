@@ -21,23 +21,23 @@
 //! - while an operation runs (`begin_undo`), the first change to each page saves its old state,
 //!   so a failed operation takes its data changes back with its metadata changes.
 //!
-//! The cache sits behind its own mutex, shared by `Meta`, `Fs::read` and `Fs::write`:
-//! operations change it under the metadata lock, a write whose every block has a page (or is
-//! a hole it can reserve a spare block for) changes those pages without that lock ([`DataCache::write_cached`], `fs/cached_writes.rs`), and a
-//! read serves whole cached pages without that lock
+//! The cache sits behind its own mutex, shared by `Meta`, `Fs::read` and `Fs::write`: operations
+//! change it under the metadata lock, a write whose every block has a page (or is a hole it can
+//! reserve a spare block for) changes those pages without that lock ([`DataCache::write_cached`],
+//! `fs/cached_writes.rs`), and a read serves whole cached pages without that lock
 //! ([`DataCache::copy_out`]) and keeps the blocks it read from the device as clean pages
-//! ([`DataCache::insert_read`]). The reader holds the file's data lock, which every change to
-//! the file's bytes or size takes too; what can still change a file's pages under a reader is
-//! counted by [`DataCache::drops`], so a block read from the device is kept, or returned, only
-//! if it is still the file's content (docs/DESIGN.md §2.5, "Reads without the lock").
+//! ([`DataCache::insert_read`]). The reader holds the file's data lock, which every change to the
+//! file's bytes or size takes too; what can still change a file's pages under a reader is counted
+//! by [`DataCache::drops`], so a block read from the device is kept, or returned, only if it is
+//! still the file's content (docs/DESIGN.md §2.5, "Reads without the lock").
 //!
-//! Behind the same mutex sit the block maps published for such reads
-//! ([`DataCache::publish_map`]): a read planned under the metadata lock, a write, truncate or
-//! create under it and the commit's write-back of a file leave its map here, and later reads of blocks no page
-//! holds find them on the device through it without that lock, and writes without it find
-//! the holes they may fill with pages (reserving blocks set aside, [`DataCache::spare`]). Every change to a file's map withdraws it first (`Meta::take_extent_map`), and
-//! so does every drop of the file's pages ([`DataCache::drop_range`]), so a published map is
-//! always the file's current one.
+//! Behind the same mutex sit the block maps published for such reads ([`DataCache::publish_map`]):
+//! a read planned under the metadata lock, a write, truncate or create under it and the commit's
+//! write-back of a file leave its map here, and later reads of blocks no page holds find them on
+//! the device through it without that lock, and writes without it find the holes they may fill with
+//! pages (reserving blocks set aside, [`DataCache::spare`]). Every change to a file's map withdraws
+//! it first (`Meta::take_extent_map`), and so does every drop of the file's pages
+//! ([`DataCache::drop_range`]), so a published map is always the file's current one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

@@ -12,10 +12,9 @@
 //!   by [`walk_tree`] when the map is loaded; blocks added later come from the allocator,
 //!   which hands out only such blocks), so `store` and `write_node` never see a structure
 //!   that trips their assertions and no data write lands on metadata;
-//! - a cached map equals what the cached blocks say once its operation has stored it: an
-//!   operation takes the map out of `DerivedCaches::maps`, edits and stores it, and puts it back; one
-//!   that fails in between drops it, and its rollback restores the blocks the map is
-//!   reloaded from;
+//! - a cached map equals what the cached blocks say once its operation has stored it: an operation
+//!   takes the map out of `DerivedCaches::maps`, edits and stores it, and puts it back; one that
+//!   fails in between drops it, and its rollback restores the blocks the map is reloaded from;
 //! - the tree blocks a map's nodes name are counted in the inode's `i_blocks`.
 
 use crate::format::ext4::extent::{

@@ -1,13 +1,13 @@
 //! fsyncs answered by callback ([`super::Fs::fsync_then`], [`super::Fs::sync_then`]).
 //!
-//! A FUSE daemon must not block the thread that read an fsync request until the commit is
-//! durable, or one slow commit holds every other request. Instead of handing the request to a
-//! waiting thread (a wake-up and a context switch per fsync, and another when the commit ends),
-//! the caller decides here what the fsync needs (`Inner::fsync_plan`, on its own thread, most
-//! often without the metadata lock) and, when it needs the device, queues the work with a callback. One
-//! thread serves the queue: it takes every queued job at once, runs the whole batch's commit
-//! (one commit covers every transaction up to the newest target: group commit), and calls each
-//! callback with its own result, on that thread, as soon as the commit is durable.
+//! A FUSE daemon must not block the thread that read an fsync request until the commit is durable,
+//! or one slow commit holds every other request. Instead of handing the request to a waiting thread
+//! (a wake-up and a context switch per fsync, and another when the commit ends), the caller decides
+//! here what the fsync needs (`Inner::fsync_plan`, on its own thread, most often without the
+//! metadata lock) and, when it needs the device, queues the work with a callback. One thread serves
+//! the queue: it takes every queued job at once, runs the whole batch's commit (one commit covers
+//! every transaction up to the newest target: group commit), and calls each callback with its own
+//! result, on that thread, as soon as the commit is durable.
 //!
 //! This module owns the queue and the serving loop; what a job does is `Inner::run_sync_work`.
 

@@ -431,24 +431,24 @@ impl Meta {
         )))
     }
 
-    /// [`Meta::run_op`] within a bound on what the running transaction may need of the log:
-    /// `bound` is (that many journal blocks, revoke records per journal block). Every
-    /// operation reserves the journal blocks it may change before its first change
-    /// ([`BASE_CREDITS`], and more through [`Meta::reserve_log`] while it plans;
-    /// `fs/log_credits.rs`): one for which the transaction has no room left does not start,
-    /// or stops where it reserves, and None tells the caller to commit what came before and
-    /// run it again. An operation that needs more than an empty transaction carries fails
-    /// (EINVAL) before its first change; operations that can be large go in parts
-    /// (fallocate, frees, journaled writes, mode changes of large directories). One that
-    /// ends having changed more than it reserved is counted as an overrun (an estimate is
-    /// wrong) and kept: a change once made is never taken back for room (the bound is three
-    /// quarters of the log, and a commit fails only past all of it). An operation that fails
-    /// after its first change is taken back in memory, and `Inner::lock_meta_reading` puts
-    /// the file system in its error state ([`OpState::failed_after_change`](super::op_state::OpState::failed_after_change)). The undo record
-    /// covers what an operation changes (blocks, pages, allocator and revoke state, derived
-    /// caches, the handles it opened, the "changed unseen" marks of times), so an operation
-    /// that stopped before its first change and runs again finds the state it first found,
-    /// and a file system in its error state serves reads of whole operations only.
+    /// [`Meta::run_op`] within a bound on what the running transaction may need of the log: `bound`
+    /// is (that many journal blocks, revoke records per journal block). Every operation reserves
+    /// the journal blocks it may change before its first change ([`BASE_CREDITS`], and more through
+    /// [`Meta::reserve_log`] while it plans; `fs/log_credits.rs`): one for which the transaction
+    /// has no room left does not start, or stops where it reserves, and None tells the caller to
+    /// commit what came before and run it again. An operation that needs more than an empty
+    /// transaction carries fails (EINVAL) before its first change; operations that can be large go
+    /// in parts (fallocate, frees, journaled writes, mode changes of large directories). One that
+    /// ends having changed more than it reserved is counted as an overrun (an estimate is wrong)
+    /// and kept: a change once made is never taken back for room (the bound is three quarters of
+    /// the log, and a commit fails only past all of it). An operation that fails after its first
+    /// change is taken back in memory, and `Inner::lock_meta_reading` puts the file system in its
+    /// error state
+    /// ([`OpState::failed_after_change`](super::op_state::OpState::failed_after_change)). The undo
+    /// record covers what an operation changes (blocks, pages, allocator and revoke state, derived
+    /// caches, the handles it opened, the "changed unseen" marks of times), so an operation that
+    /// stopped before its first change and runs again finds the state it first found, and a file
+    /// system in its error state serves reads of whole operations only.
     pub fn run_op_within<T>(
         &mut self,
         bound: Option<(usize, usize)>,
@@ -579,16 +579,16 @@ impl Meta {
             || self.alloc.late_frees.len() != u.late_frees_len
     }
 
-    /// Ends an operation that failed (`failure`) or stopped before its first change: takes
-    /// back every change it made, so the running transaction holds exactly what it held
-    /// before the operation began. An operation of `Inner::lock_meta_reading` that failed
-    /// after a change is noted in [`OpState::failed_after_change`](super::op_state::OpState::failed_after_change): the file system goes into
-    /// its error state, and the rollback only keeps what reads are served consistent. Block maps,
-    /// directory indexes and mode records are derived from blocks, so those the operation
-    /// built, loaded, lent or changed are dropped and rebuilt on next use (the others were
-    /// derived from blocks it did not change, and stay: a create that stops for a cold
-    /// inode-table block must not cost the rebuild of its large directory's index, nor the
-    /// reload of every mode record). A rollback of pages only keeps them all.
+    /// Ends an operation that failed (`failure`) or stopped before its first change: takes back
+    /// every change it made, so the running transaction holds exactly what it held before the
+    /// operation began. An operation of `Inner::lock_meta_reading` that failed after a change is
+    /// noted in [`OpState::failed_after_change`](super::op_state::OpState::failed_after_change):
+    /// the file system goes into its error state, and the rollback only keeps what reads are served
+    /// consistent. Block maps, directory indexes and mode records are derived from blocks, so those
+    /// the operation built, loaded, lent or changed are dropped and rebuilt on next use (the others
+    /// were derived from blocks it did not change, and stay: a create that stops for a cold
+    /// inode-table block must not cost the rebuild of its large directory's index, nor the reload
+    /// of every mode record). A rollback of pages only keeps them all.
     fn rollback_op(&mut self, failure: Option<&FsError>) {
         self.op.light = None;
         let Some(u) = self.op.undo.take() else {

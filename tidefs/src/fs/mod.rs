@@ -2035,11 +2035,11 @@ impl Inner {
         Some((plan, pages.drops(n)))
     }
 
-    /// A batch of [`Fs::readdir`] from the directory's published name index, without the
-    /// metadata lock (docs/DESIGN.md §2.5): `None` when no index is published, it has more
-    /// names than listings take from an index (`NameCache::listing`), or an entry has no file type (ext4 without `filetype`: its kind
-    /// needs the inode). A cookie is the position of the entry plus one, which continues after
-    /// it as a cookie of the locked path (the end of the record) does.
+    /// A batch of [`Fs::readdir`] from the directory's published name index, without the metadata
+    /// lock (docs/DESIGN.md §2.5): `None` when no index is published, it has more names than
+    /// listings take from an index (`NameCache::listing`), or an entry has no file type (ext4
+    /// without `filetype`: its kind needs the inode). A cookie is the position of the entry plus
+    /// one, which continues after it as a cookie of the locked path (the end of the record) does.
     fn list_unlocked(&self, dir: u32, offset: u64) -> Option<Vec<DirEntry>> {
         if self.life.is_closed() {
             return None;
@@ -2863,12 +2863,12 @@ mod tests {
         inner.finish_held(&gate).unwrap();
     }
 
-    /// Goal: an fdatasync of a file whose only dirty page went home with a commit whose block
-    /// is still held waits for that commit: it may be what maps the page (here a hole inside
-    /// the size, filled by a write the fdatasync's plan sees as an overwrite). Method: the
-    /// commit made by hand under the gate between the fdatasync's plan and its work, then a
-    /// power cut and a mount of the image. (Found by review: an fdatasync that counted only pages not sent returned
-    /// with the block's allocation still held.)
+    /// Goal: an fdatasync of a file whose only dirty page went home with a commit whose block is
+    /// still held waits for that commit: it may be what maps the page (here a hole inside the size,
+    /// filled by a write the fdatasync's plan sees as an overwrite). Method: the commit made by
+    /// hand under the gate between the fdatasync's plan and its work, then a power cut and a mount
+    /// of the image. (Found by review: an fdatasync that counted only pages not sent returned with
+    /// the block's allocation still held.)
     #[test]
     fn an_fdatasync_waits_for_the_held_commit_that_sent_its_page() {
         let Some(mem) = image() else {
@@ -4397,11 +4397,11 @@ mod tests {
         fs.unmount().unwrap();
     }
 
-    /// Goal: an fsync that finds nothing to wait for decides so without the metadata lock;
-    /// while a commit's write-back runs (whose transaction it cannot place) it waits for that
-    /// write-back to end, then decides without the lock, or takes the lock if it does not end
-    /// for a long while; it takes the lock when the file's attributes are not cached. Method: the lock held by the test while fdatasyncs run on
-    /// another thread; a write-back window opened and closed by hand.
+    /// Goal: an fsync that finds nothing to wait for decides so without the metadata lock; while a
+    /// commit's write-back runs (whose transaction it cannot place) it waits for that write-back to
+    /// end, then decides without the lock, or takes the lock if it does not end for a long while;
+    /// it takes the lock when the file's attributes are not cached. Method: the lock held by the
+    /// test while fdatasyncs run on another thread; a write-back window opened and closed by hand.
     #[test]
     fn an_fsync_with_nothing_to_wait_for_does_not_take_the_metadata_lock() {
         let Some(fs) = mounted() else {

@@ -22,14 +22,15 @@
 //! Only positive names are cached. The caches are bounded and simply emptied when full.
 //!
 //! Beside them sit the name indexes of directories published for lookups
-//! ([`NameCache::publish_dir`]): a lookup under the metadata lock leaves its directory's index
-//! here (shared with `DerivedCaches::dirs`), and later lookups in that directory answer from it, names
+//! ([`NameCache::publish_dir`]): a lookup under the metadata lock leaves its directory's index here
+//! (shared with `DerivedCaches::dirs`), and later lookups in that directory answer from it, names
 //! that do not exist included, and readdir lists it ([`NameCache::listing`]). Every change to a
-//! directory's entries withdraws its index first (`Meta::dir_index_mut`, the only way to it),
-//! as does every removal of the index from `DerivedCaches::dirs` that could leave it stale (a rollback,
-//! a directory freed or made; a trim of `DerivedCaches::dirs` past its bound leaves it, still current),
-//! so a published index is always the directory's current one; lookups only read it under this
-//! table's read lock, so a withdrawn index is never shared and the change edits it in place.
+//! directory's entries withdraws its index first (`Meta::dir_index_mut`, the only way to it), as
+//! does every removal of the index from `DerivedCaches::dirs` that could leave it stale (a
+//! rollback, a directory freed or made; a trim of `DerivedCaches::dirs` past its bound leaves it,
+//! still current), so a published index is always the directory's current one; lookups only read it
+//! under this table's read lock, so a withdrawn index is never shared and the change edits it in
+//! place.
 //!
 //! And the extended attributes of inodes published for `getxattr` and `listxattr`
 //! ([`NameCache::publish_xattrs`]): a read of an inode's attributes under the metadata lock

@@ -1,13 +1,13 @@
 //! The journal log: geometry, open, commit, checkpoint, close, and the background
 //! checkpointer.
 //!
-//! The log is the circular area `[s_first, s_maxlen)` of journal blocks. Live transactions (committed,
-//! not yet checkpointed) occupy the run from the tail (`s_start` on disk, the first block of the
-//! oldest live transaction) to the head (where the next transaction goes), wrapping at
+//! The log is the circular area `[s_first, s_maxlen)` of journal blocks. Live transactions
+//! (committed, not yet checkpointed) occupy the run from the tail (`s_start` on disk, the first
+//! block of the oldest live transaction) to the head (where the next transaction goes), wrapping at
 //! `s_maxlen` back to `s_first`. The head is a block and a byte offset in it: compact commits
 //! (docs/DESIGN.md §4.5a) share a block at successive sector offsets, while a block-layout
-//! transaction always starts at a block boundary. Space is counted in blocks: a block is used
-//! while any transaction in it is live.
+//! transaction always starts at a block boundary. Space is counted in blocks: a block is used while
+//! any transaction in it is live.
 //!
 //! ```text
 //!   no wrap:  first [ free | tail ==live== head | free ] maxlen
@@ -919,11 +919,11 @@ impl JournalCore {
 
     /// Writes one transaction and returns its tid once durable.
     ///
-    /// The records: every block of `req.blocks` whole; each [`RangeUpdate`] as a byte-range
-    /// record when that is small (its entry, header and range list included, below half a
-    /// block), else whole; a home block named twice, or also revoked, is logged whole; revokes
-    /// of blocks not logged. A transaction of range records and revokes that fits in one journal block is
-    /// written as a compact commit; any other in the block layout.
+    /// The records: every block of `req.blocks` whole; each [`RangeUpdate`] as a byte-range record
+    /// when that is small (its entry, header and range list included, below half a block), else
+    /// whole; a home block named twice, or also revoked, is logged whole; revokes of blocks not
+    /// logged. A transaction of range records and revokes that fits in one journal block is written
+    /// as a compact commit; any other in the block layout.
     ///
     /// Block layout order: (if the log was empty, the journal superblock with
     /// `s_start`/`s_sequence`), descriptor block(s) with tags and escaped copies, the block

@@ -11,7 +11,8 @@
 //!   committed copy of a block not yet written home, so the cache above can reload it.
 //! - [`Journal::checkpoint`] writes the newest committed copy of each block home, flushes the home
 //!   device, then advances the log tail in the journal superblock.
-//! - Recovery ([`Journal::recover`]) scans, collects revokes, replays, and leaves the journal empty.
+//! - Recovery ([`Journal::recover`]) scans, collects revokes, replays, and leaves the journal
+//!   empty.
 //! - [`CommitLog`] is the same contract as a trait, which `Journal` implements, so that other
 //!   commit logs (NVM in-place commit, discreet mode) can stand in for it.
 //!
