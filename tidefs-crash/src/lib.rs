@@ -273,9 +273,13 @@ pub struct Report {
     pub workloads: u64,
     /// Workloads whose journal wrapped after their operations began.
     pub journal_wraps: u64,
+    /// Distinct images whose journal holds records only tidefs reads (extension records,
+    /// unfenced commits: the journal's tidefs incompat bit), which e2fsprogs refuses by
+    /// design, so its replay was not compared with tidefs's.
+    pub uncompared_tidefs_journal: u64,
     /// Distinct images e2fsprogs could not open (a torn primary superblock on an image
     /// without a backup), so its replay was not compared with tidefs's.
-    pub compare_skipped: u64,
+    pub uncompared_torn: u64,
     /// Operations that failed while recording (a model or fs problem, not a crash problem).
     pub op_failures: Vec<String>,
     /// Violations found.
@@ -300,12 +304,21 @@ impl std::fmt::Display for Report {
             self.elapsed.as_secs_f64(),
             self.violations.len()
         )?;
-        if self.compare_skipped > 0 {
+        if self.uncompared_tidefs_journal > 0 {
+            writeln!(
+                f,
+                "  {} image(s) whose journal holds records only tidefs reads (e2fsck refuses \
+                 them by design): recovery checked by e2fsck -fn, not compared with e2fsck's \
+                 replay",
+                self.uncompared_tidefs_journal
+            )?;
+        }
+        if self.uncompared_torn > 0 {
             writeln!(
                 f,
                 "  {} image(s) with a torn primary superblock and no backup: e2fsck cannot open \
                  them, not compared",
-                self.compare_skipped
+                self.uncompared_torn
             )?;
         }
         for fail in &self.op_failures {
@@ -535,14 +548,23 @@ struct Built {
     problem: Option<String>,
 }
 
+/// Why e2fsprogs' replay of a crash image could not be compared with tidefs's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Uncompared {
+    /// The journal holds records only tidefs reads (its incompat bit): refused by design.
+    TidefsJournal,
+    /// A torn primary superblock on an image without a backup: e2fsprogs cannot open it.
+    Torn,
+}
+
 /// What recovery of one image gave, shared by every state with the same image.
 #[derive(Clone)]
 struct ImageVerdict {
     tree: Option<RTree>,
     problems: Vec<String>,
-    /// e2fsprogs could not open the crash image (a torn primary superblock and no backup), so
-    /// its replay was not compared.
-    compare_skipped: bool,
+    /// Why e2fsprogs' replay of the crash image was not compared with tidefs's, if it was
+    /// not.
+    uncompared: Option<Uncompared>,
 }
 
 impl Harness {
@@ -640,7 +662,8 @@ impl Harness {
             images_checked: 0,
             workloads: 0,
             journal_wraps: 0,
-            compare_skipped: 0,
+            uncompared_tidefs_journal: 0,
+            uncompared_torn: 0,
             op_failures: Vec::new(),
             violations: Vec::new(),
             elapsed: Duration::ZERO,
@@ -702,7 +725,13 @@ impl Harness {
                 }
             }
             report.images_checked += cache.len() as u64;
-            report.compare_skipped += cache.values().filter(|v| v.compare_skipped).count() as u64;
+            for v in cache.values() {
+                match v.uncompared {
+                    Some(Uncompared::TidefsJournal) => report.uncompared_tidefs_journal += 1,
+                    Some(Uncompared::Torn) => report.uncompared_torn += 1,
+                    None => {}
+                }
+            }
             offset += count;
         }
         report.elapsed = started.elapsed();
@@ -820,7 +849,7 @@ impl Harness {
                 return ImageVerdict {
                     tree: None,
                     problems: vec![format!("recovery / mount failed: {e}")],
-                    compare_skipped: false,
+                    uncompared: None,
                 }
             }
         };
@@ -890,11 +919,11 @@ impl Harness {
         if let Err(e) = fsck {
             problems.push(e);
         }
-        let mut compare_skipped = false;
+        let mut uncompared = None;
         if self.cfg.kernel_compare && !lightweight {
             if let Some(ours) = &tree {
                 match self.compare_with_e2fsck(image, ours) {
-                    Ok(compared) => compare_skipped = !compared,
+                    Ok(why) => uncompared = why,
                     Err(e) => problems.push(e),
                 }
             }
@@ -902,18 +931,22 @@ impl Harness {
         ImageVerdict {
             tree,
             problems,
-            compare_skipped,
+            uncompared,
         }
     }
 
     /// e2fsprogs replays a copy of the crash image (`e2fsck -fy`); the tree it leaves must equal
-    /// the one tidefs's recovery gave. `Ok(false)`: e2fsprogs cannot open the image, so there
-    /// is nothing to compare.
-    fn compare_with_e2fsck(&self, image: &[u8], ours: &RTree) -> std::result::Result<bool, String> {
+    /// the one tidefs's recovery gave. `Ok(None)`: compared, equal; `Ok(Some(why))`: there is
+    /// nothing to compare.
+    fn compare_with_e2fsck(
+        &self,
+        image: &[u8],
+        ours: &RTree,
+    ) -> std::result::Result<Option<Uncompared>, String> {
         if journal_needs_tidefs(image) {
             // e2fsprogs refuses such a journal, by design (the incompat bit): nothing to
             // compare. tidefs's recovery was checked against e2fsck -fn already.
-            return Ok(false);
+            return Ok(Some(Uncompared::TidefsJournal));
         }
         let img = ScratchImage::new(image).map_err(|e| format!("scratch image: {e}"))?;
         let (mut code, mut out) = oracle::e2fsck(&img, &["-fy"])?;
@@ -923,7 +956,7 @@ impl Harness {
             // first backup, as an administrator would; an image without one cannot be
             // compared.
             let Some(backup) = self.cfg.image.backup_superblock() else {
-                return Ok(false);
+                return Ok(Some(Uncompared::Torn));
             };
             let backup = backup.to_string();
             let block = BLOCK_BYTES.to_string();
@@ -933,7 +966,7 @@ impl Harness {
             // The extension bit, seen by e2fsck through a backup superblock when the primary
             // was torn (`journal_needs_tidefs` reads only the primary): refused by
             // design, nothing to compare.
-            return Ok(false);
+            return Ok(Some(Uncompared::TidefsJournal));
         }
         if code >= 4 {
             return Err(format!(
@@ -952,7 +985,7 @@ impl Harness {
         drop(fs);
         let diffs = oracle::compare_trees(ours, &theirs);
         if diffs.is_empty() {
-            Ok(true)
+            Ok(None)
         } else {
             Err(format!(
                 "tidefs recovery and e2fsck -fy differ (e2fsck exit {code}): {}",
