@@ -276,9 +276,12 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// thread that runs it, which with many syncing threads is a different one each time, so
 /// freed memory goes back to the kernel and comes again as fresh 2 MiB pages the kernel
 /// must clear. 64 threads of write + fdatasync (`tidefs bench burst`, in process) spent
-/// more than half of the processor time clearing pages, and a commit stopped 10 ms at a
-/// time; with 4 KiB pages the same run did 1.7 times the operations at a fifth of the p99
-/// (README, `bench burst`). Kernels before 3.15 refuse the switch: nothing changes there.
+/// more than half of the processor time clearing pages, and a fifth of the commits stopped
+/// 8-26 ms to build their buffers; with 4 KiB pages, three alternating runs gave 0.86-1.03
+/// times ext4's operations against 0.59-0.83, and a p99 of 7-17 ms against 21-44 (README,
+/// `bench burst`). The setting belongs to the process and is inherited by the programs it
+/// starts (the benchmarks' `fuse2fs` and `postmark`, e2fsprogs). Kernels before 3.15 refuse
+/// it: nothing changes there.
 fn without_huge_pages() {
     if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
         log::debug!("transparent huge pages stay on: {e}");
@@ -286,13 +289,13 @@ fn without_huge_pages() {
 }
 
 fn main() -> ExitCode {
-    without_huge_pages();
     // The library reports what it finds (errors that put the file system read-only, a replayed
     // journal error, a repaired superblock) through `log`; they go to stderr, which is the
     // daemon's log file. `RUST_LOG` overrides the level.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_target(false)
         .init();
+    without_huge_pages();
     if helper::started_as_helper() {
         return match helper::run(std::env::args_os().skip(1)) {
             Ok(()) => ExitCode::SUCCESS,

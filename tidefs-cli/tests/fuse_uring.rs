@@ -1,13 +1,13 @@
 //! Goal: `-o fuse_uring` (FUSE over io_uring, one queue per CPU) serves a mount as /dev/fuse does:
-//! every kind of request the posix tests use, writes and reads as large as the kernel sends (1
-//! MiB), fsync and fdatasync answered from the committing thread while other threads keep writing,
-//! promises kept across a daemon kill, a clean image after unmount; and a kernel with the transport
-//! switched off gets a clear refusal instead of a mount. Method: the kernel's switch
-//! (`/sys/module/fuse/parameters/enable_uring`, root only) is set for each test and put back after
-//! it; the tests take one lock so that they never see each other's setting. The switch is global:
-//! another process mounting with `fuse_uring` at the same time (a second test run) may see it off.
-//! The daemon's `status` reports the transport and how many requests came through the rings, which
-//! must be nearly all of them.
+//! every kind of request the posix tests use, writes and reads as large as the kernel sends
+//! (1 MiB), fsync and fdatasync answered from the committing thread while other threads keep
+//! writing, promises kept across a daemon kill, a clean image after unmount; and a kernel with the
+//! transport switched off gets a clear refusal instead of a mount.
+//! Method: the kernel's switch (`/sys/module/fuse/parameters/enable_uring`, root only) is set
+//! for each test and put back after it; the tests take one lock so that they never see each
+//! other's setting. The switch is global: another process mounting with `fuse_uring` at the
+//! same time (a second test run) may see it off. The daemon's `status` reports the transport
+//! and how many requests came through the rings, which must be nearly all of them.
 
 mod common;
 

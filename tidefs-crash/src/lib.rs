@@ -273,9 +273,9 @@ pub struct Report {
     pub workloads: u64,
     /// Workloads whose journal wrapped after their operations began.
     pub journal_wraps: u64,
-    /// Distinct images whose journal holds records only tidefs reads (extension records,
-    /// unfenced commits: the journal's tidefs incompat bit), which e2fsprogs refuses by
-    /// design, so its replay was not compared with tidefs's.
+    /// Distinct images whose journal carries one of tidefs's incompat bits (it may hold
+    /// extension records or unfenced commits, which only tidefs reads), which e2fsprogs
+    /// refuses by design, so its replay was not compared with tidefs's.
     pub uncompared_tidefs_journal: u64,
     /// Distinct images e2fsprogs could not open (a torn primary superblock on an image
     /// without a backup), so its replay was not compared with tidefs's.
@@ -307,7 +307,7 @@ impl std::fmt::Display for Report {
         if self.uncompared_tidefs_journal > 0 {
             writeln!(
                 f,
-                "  {} image(s) whose journal holds records only tidefs reads (e2fsck refuses \
+                "  {} image(s) whose journal carries a tidefs incompat bit (e2fsck refuses \
                  them by design): recovery checked by e2fsck -fn, not compared with e2fsck's \
                  replay",
                 self.uncompared_tidefs_journal
@@ -551,7 +551,7 @@ struct Built {
 /// Why e2fsprogs' replay of a crash image could not be compared with tidefs's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Uncompared {
-    /// The journal holds records only tidefs reads (its incompat bit): refused by design.
+    /// The journal carries one of tidefs's incompat bits: refused by design.
     TidefsJournal,
     /// A torn primary superblock on an image without a backup: e2fsprogs cannot open it.
     Torn,
@@ -963,7 +963,8 @@ impl Harness {
             (code, out) = oracle::e2fsck(&img, &["-fy", "-b", &backup, "-B", &block])?;
         }
         if code >= 4 && out.contains(UNKNOWN_JOURNAL_FEATURE) {
-            // The extension bit, seen by e2fsck through a backup superblock when the primary
+            // One of tidefs's incompat bits (extension records, unfenced commits) in the
+            // journal superblock, seen by e2fsck through a backup superblock when the primary
             // was torn (`journal_needs_tidefs` reads only the primary): refused by
             // design, nothing to compare.
             return Ok(Some(Uncompared::TidefsJournal));

@@ -104,9 +104,6 @@ fn assert_mode_clean_with_threads(mode: DataMode) {
     });
     assert_clean(&report, THREAD_STATES_PER_MODE);
     assert!(report.workloads >= 1, "{report}");
-    // The multi-group image has backup superblocks: e2fsck reads a torn primary's backup, so
-    // a torn superblock never leaves a state uncompared there.
-    assert_eq!(report.uncompared_torn, 0, "{report}");
     if mode.logs_byte_ranges() {
         // Compact commits take a sector each, and group commit merges the threads' fsyncs
         // into a number of commits that varies from run to run: the prelude leaves the head
@@ -158,6 +155,13 @@ fn fenced_commits_keep_the_promise() {
             ..Config::new(mode)
         });
         assert_clean(&report, FENCED_STATES);
+        // Fenced, these modes leave the journal readable by e2fsprogs (no tidefs incompat
+        // bit) in nearly every state, so its replay is compared with tidefs's there; unfenced,
+        // most states carry the bit.
+        assert!(
+            report.uncompared_tidefs_journal * 10 <= report.images_checked,
+            "fenced commits left most images to tidefs alone: {report}"
+        );
     }
 }
 
