@@ -1187,3 +1187,44 @@ fn walks_of_two_groups_inode_tables_are_both_read_ahead() {
     );
     fs.unmount().unwrap();
 }
+
+/// Goal: a write whose first and last blocks are both partial, written on disk and cached in
+/// no page reads the old bytes of the two in one stop, not one stop each, and lands exactly
+/// its bytes. Method: an image from the real `mkfs.ext4`; a file of four written blocks made
+/// durable, the caches dropped, its inode and block map loaded again by a write that covers
+/// its last block whole; then a write from the middle of block 0 to the middle of block 2,
+/// its stops counted (`Stats::deferred_reads`), and the file read back against a model, also
+/// after a remount.
+#[test]
+fn a_write_with_two_cold_partial_edges_reads_them_in_one_stop() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mem = image_in_memory(dir.path(), "edges.img", 32, &["-b", "4096"]);
+    let fs = Fs::open_devices(mem.clone(), None, &MountOptions::default()).unwrap();
+    let f = fs
+        .create(ROOT_INO, b"edges", 0o100644, 0, Creds::ROOT)
+        .unwrap()
+        .ino;
+    let mut model: Vec<u8> = (0..4 * 4096u32).map(|i| (i % 251) as u8).collect();
+    fs.write(f, 0, &model).unwrap();
+    fs.fsync(f, false).unwrap();
+    fs.drop_caches().unwrap();
+    let whole = vec![7u8; 4096];
+    fs.write(f, 3 * 4096, &whole).unwrap();
+    model[3 * 4096..].copy_from_slice(&whole);
+    let before = fs.stats().deferred_reads;
+    let (at, len) = (1000usize, 2 * 4096 + 1000);
+    let new: Vec<u8> = (0..len).map(|i| (i % 13) as u8 + 100).collect();
+    assert_eq!(fs.write(f, at as u64, &new).unwrap() as usize, len);
+    model[at..at + len].copy_from_slice(&new);
+    let stops = fs.stats().deferred_reads - before;
+    assert_eq!(stops, 1, "stops for a write with two cold partial edges");
+    let read = |fs: &Fs| fs.read(f, 0, model.len() as u32).unwrap();
+    assert!(read(&fs) == model, "the file after the write");
+    fs.unmount().unwrap();
+    let fs = Fs::open_devices(mem, None, &MountOptions::default()).unwrap();
+    assert!(read(&fs) == model, "the file after a remount");
+    fs.unmount().unwrap();
+}

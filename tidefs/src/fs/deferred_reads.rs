@@ -245,22 +245,52 @@ impl DeferredReads {
     /// something: it never stops then, and the read is counted), else the fetched bytes if
     /// still current, or an error after asking for the block.
     pub fn home_copy(&mut self, nr: u64, stamp: u64, changed: bool) -> Option<Result<Box<[u8]>>> {
-        let fetched = self.fetched.blocks.get(&nr).filter(|f| f.stamp == stamp);
-        if let Some(f) = fetched.filter(|_| self.active) {
-            return Some(Ok(f.bytes.clone()));
+        self.home_copies(&[(nr, stamp)], changed)
+            .map(|r| r.map(|mut v| v.swap_remove(0)))
+    }
+
+    /// [`DeferredReads::home_copy`] of several blocks, each with its removal stamp, in the
+    /// order given: one stop asks for every one not fetched, so an operation that needs two
+    /// (a write's two partial edge blocks) reads them in one round, not one round each.
+    pub fn home_copies(
+        &mut self,
+        blocks: &[(u64, u64)],
+        changed: bool,
+    ) -> Option<Result<Vec<Box<[u8]>>>> {
+        let current = |nr: u64, stamp: u64| {
+            self.fetched
+                .blocks
+                .get(&nr)
+                .filter(|f| f.stamp == stamp)
+                .map(|f| f.bytes.clone())
+        };
+        if self.active {
+            let got: Option<Vec<Box<[u8]>>> = blocks.iter().map(|&(n, s)| current(n, s)).collect();
+            if let Some(got) = got {
+                return Some(Ok(got));
+            }
         }
         if !self.active || changed {
-            // Counted as what it is on both counts: past the rounds without the lock, and
-            // after the operation's first change.
+            // The caller reads them all from the device. Counted as what they are on both
+            // counts (past the rounds without the lock, after the operation's first change),
+            // but for those already fetched.
+            let n = blocks
+                .iter()
+                .filter(|&&(nr, stamp)| !self.active || current(nr, stamp).is_none())
+                .count() as u64;
             if self.running && !self.active {
-                self.under_lock += 1;
+                self.under_lock += n;
             }
             if self.running && changed {
-                self.after_change += 1;
+                self.after_change += n;
             }
             return None;
         }
-        self.wanted = vec![nr];
+        self.wanted = blocks
+            .iter()
+            .filter(|&&(n, s)| current(n, s).is_none())
+            .map(|&(n, _)| n)
+            .collect();
         self.ahead = false;
         Some(Err(deferred()))
     }
@@ -308,6 +338,33 @@ mod tests {
     /// Goal: a batch asks only for the blocks not fetched or no longer current, and the
     /// reads made under the lock (past the rounds without it) are counted, those of mount
     /// and unmount (no operation running) not.
+    /// Goal: several home copies asked for together stop once, asking only for those not
+    /// fetched and current, and are then served in the order asked. Method: one of two
+    /// blocks fetched, the other missing; then both fetched.
+    #[test]
+    fn home_copies_ask_once_for_every_missing_block() {
+        let mut fetched = FetchedBlocks::default();
+        fetched.insert(9, 1, vec![9u8; 8].into_boxed_slice());
+        let mut r = DeferredReads::default();
+        r.begin(fetched, true);
+        assert!(matches!(
+            r.home_copies(&[(4, 0), (9, 1)], false),
+            Some(Err(_))
+        ));
+        let (wanted, mut fetched) = r.end();
+        assert_eq!(wanted.blocks, [4], "only the block not fetched");
+        assert!(!wanted.ahead);
+        fetched.insert(4, 0, vec![4u8; 8].into_boxed_slice());
+        r.begin(fetched, true);
+        let got = r.home_copies(&[(9, 1), (4, 0)], false).unwrap().unwrap();
+        assert_eq!((got[0][0], got[1][0]), (9, 4), "in the order asked");
+        assert!(!r.stopped());
+        assert!(
+            r.home_copies(&[(9, 1), (4, 0)], true).unwrap().is_ok(),
+            "fetched copies serve after a change too"
+        );
+    }
+
     #[test]
     fn batches_skip_current_blocks_and_reads_under_the_lock_are_counted() {
         let mut fetched = FetchedBlocks::default();

@@ -244,6 +244,21 @@ impl Meta {
         read_block(io, nr, self.geo.bs())
     }
 
+    /// [`Meta::read_home`] of several blocks, in the order given, with one stop for all
+    /// those not fetched yet.
+    pub fn read_homes(&mut self, io: &Io, nrs: &[u64]) -> Result<Vec<Box<[u8]>>> {
+        let stamped: Vec<(u64, u64)> = nrs
+            .iter()
+            .map(|&nr| (nr, self.cache.removal_stamp(nr)))
+            .collect();
+        let changed = self.changed_in_op();
+        if let Some(r) = self.op.reads.home_copies(&stamped, changed) {
+            return r;
+        }
+        let bs = self.geo.bs();
+        nrs.iter().map(|&nr| read_block(io, nr, bs)).collect()
+    }
+
     /// Inside an operation whose device reads are deferred and which has changed nothing yet,
     /// asks for every block of `blocks` held in no memory copy (cache, commit in flight,
     /// journal) at once, up to `deferred_reads::MAX_BATCH` (they join the cache before the

@@ -1191,6 +1191,24 @@ impl Meta {
         self.read_home(io, home)
     }
 
+    /// [`Meta::read_data_block`] of several blocks, in the order given: those in no memory
+    /// copy are read in one stop.
+    fn read_data_blocks(&mut self, io: &Io, homes: &[u64]) -> Result<Vec<Arc<[u8]>>> {
+        let copies: Vec<Option<Arc<[u8]>>> =
+            homes.iter().map(|&h| self.unsettled_copy(io, h)).collect();
+        let missing: Vec<u64> = homes
+            .iter()
+            .zip(&copies)
+            .filter(|(_, c)| c.is_none())
+            .map(|(&h, _)| h)
+            .collect();
+        let mut read = self.read_homes(io, &missing)?.into_iter();
+        Ok(copies
+            .into_iter()
+            .map(|c| c.unwrap_or_else(|| Arc::from(read.next().unwrap_or_default())))
+            .collect())
+    }
+
     /// Puts `bytes` at `offset` of file block `lblk` of `ino` through the page cache. A block
     /// written on disk is read into its page first unless the change covers it whole; a hole
     /// or an unwritten block starts as zeros (a hole's page holds a reserved block).
@@ -1353,29 +1371,35 @@ impl Meta {
         let mut room = self
             .allocatable_blocks_for(margin + u64::from(last - first) + 1)
             .saturating_sub(margin);
-        // The old bytes of a last block the write covers in part, written on disk and not
-        // cached, read before any page is filled: a stop for that read then takes back no
-        // page (docs/DESIGN.md §4.1; the first block is the first filled, so its read comes
-        // before any page too). Not when space runs out before the write gets there.
-        let mut last_old = match homes.last() {
-            Some(&Some((p, false))) if last > first && end % bs != 0 => {
-                let (cached, holes) = {
-                    let pages = self.data.lock();
-                    let holes = homes
-                        .iter()
-                        .zip(first..)
-                        .filter(|(h, l)| h.is_none() && pages.get(ino, *l).is_none())
-                        .count();
-                    (pages.get(ino, last).is_some(), holes as u64)
-                };
-                if cached || holes > room {
-                    None
-                } else {
-                    Some(Arc::<[u8]>::from(self.read_data_block(io, p)?))
-                }
-            }
-            _ => None,
+        // The old bytes of the edge blocks the write covers in part, written on disk and not
+        // cached, read before any page is filled and in one stop: a stop for them then takes
+        // back no page (docs/DESIGN.md §4.1), and a write whose two edges are cold waits for
+        // one round of reads, not one per edge. The last is not read when space runs out
+        // before the write gets there. (A write of one block reads it when it fills it, which
+        // is before any other page too.)
+        let (first_home, last_home) = {
+            let pages = self.data.lock();
+            let cold = |k: usize, lblk: u32| match homes[k] {
+                Some((p, false)) if pages.get(ino, lblk).is_none() => Some(p),
+                _ => None,
+            };
+            let first_home = (last > first && offset % bs != 0)
+                .then(|| cold(0, first))
+                .flatten();
+            let holes = homes
+                .iter()
+                .zip(first..)
+                .filter(|(h, l)| h.is_none() && pages.get(ino, *l).is_none())
+                .count() as u64;
+            let last_home = (last > first && end % bs != 0 && holes <= room)
+                .then(|| cold(homes.len() - 1, last))
+                .flatten();
+            (first_home, last_home)
         };
+        let wanted: Vec<u64> = [first_home, last_home].into_iter().flatten().collect();
+        let mut edges = self.read_data_blocks(io, &wanted)?.into_iter();
+        let mut first_old = first_home.and_then(|_| edges.next());
+        let mut last_old = last_home.and_then(|_| edges.next());
         let mut pos = offset;
         let mut written = 0usize;
         for (k, home) in homes.into_iter().enumerate() {
@@ -1394,7 +1418,13 @@ impl Meta {
                 offset: in_block,
                 bytes: &data[written..written + len],
                 request_len,
-                old: if lblk == last { last_old.take() } else { None },
+                old: if lblk == last {
+                    last_old.take()
+                } else if lblk == first {
+                    first_old.take()
+                } else {
+                    None
+                },
             };
             self.put_data(io, ino, piece)?;
             pos += len as u64;
