@@ -257,27 +257,16 @@ impl DeferredReads {
         blocks: &[(u64, u64)],
         changed: bool,
     ) -> Option<Result<Vec<Box<[u8]>>>> {
-        let current = |nr: u64, stamp: u64| {
-            self.fetched
-                .blocks
-                .get(&nr)
-                .filter(|f| f.stamp == stamp)
-                .map(|f| f.bytes.clone())
-        };
-        if self.active {
-            let got: Option<Vec<Box<[u8]>>> = blocks.iter().map(|&(n, s)| current(n, s)).collect();
-            if let Some(got) = got {
-                return Some(Ok(got));
-            }
+        if self.active && blocks.iter().all(|&(n, s)| self.fetched.current(n, s)) {
+            return Some(Ok(blocks
+                .iter()
+                .filter_map(|(n, _)| self.fetched.blocks.get(n).map(|f| f.bytes.clone()))
+                .collect()));
         }
         if !self.active || changed {
-            // The caller reads them all from the device. Counted as what they are on both
-            // counts (past the rounds without the lock, after the operation's first change),
-            // but for those already fetched.
-            let n = blocks
-                .iter()
-                .filter(|&&(nr, stamp)| !self.active || current(nr, stamp).is_none())
-                .count() as u64;
+            // The caller reads them all from the device: counted as what they are on both
+            // counts, past the rounds without the lock and after the operation's first change.
+            let n = blocks.len() as u64;
             if self.running && !self.active {
                 self.under_lock += n;
             }
@@ -288,7 +277,7 @@ impl DeferredReads {
         }
         self.wanted = blocks
             .iter()
-            .filter(|&&(n, s)| current(n, s).is_none())
+            .filter(|&&(n, s)| !self.fetched.current(n, s))
             .map(|&(n, _)| n)
             .collect();
         self.ahead = false;
@@ -335,9 +324,6 @@ mod tests {
         assert_eq!(r.end().0.blocks, [7]);
     }
 
-    /// Goal: a batch asks only for the blocks not fetched or no longer current, and the
-    /// reads made under the lock (past the rounds without it) are counted, those of mount
-    /// and unmount (no operation running) not.
     /// Goal: several home copies asked for together stop once, asking only for those not
     /// fetched and current, and are then served in the order asked. Method: one of two
     /// blocks fetched, the other missing; then both fetched.
@@ -365,6 +351,9 @@ mod tests {
         );
     }
 
+    /// Goal: a batch asks only for the blocks not fetched or no longer current, and the
+    /// reads made under the lock (past the rounds without it) are counted, those of mount
+    /// and unmount (no operation running) not.
     #[test]
     fn batches_skip_current_blocks_and_reads_under_the_lock_are_counted() {
         let mut fetched = FetchedBlocks::default();

@@ -1203,10 +1203,16 @@ impl Meta {
             .map(|(&h, _)| h)
             .collect();
         let mut read = self.read_homes(io, &missing)?.into_iter();
-        Ok(copies
+        copies
             .into_iter()
-            .map(|c| c.unwrap_or_else(|| Arc::from(read.next().unwrap_or_default())))
-            .collect())
+            .map(|c| match c {
+                Some(copy) => Ok(copy),
+                None => read
+                    .next()
+                    .map(Arc::from)
+                    .ok_or(FsError::Invalid("fewer blocks read than asked for")),
+            })
+            .collect()
     }
 
     /// Puts `bytes` at `offset` of file block `lblk` of `ino` through the page cache. A block
@@ -1386,14 +1392,17 @@ impl Meta {
             let first_home = (last > first && offset % bs != 0)
                 .then(|| cold(0, first))
                 .flatten();
-            let holes = homes
-                .iter()
-                .zip(first..)
-                .filter(|(h, l)| h.is_none() && pages.get(ino, *l).is_none())
-                .count() as u64;
-            let last_home = (last > first && end % bs != 0 && holes <= room)
+            let last_home = (last > first && end % bs != 0)
                 .then(|| cold(homes.len() - 1, last))
-                .flatten();
+                .flatten()
+                .filter(|_| {
+                    let holes = homes
+                        .iter()
+                        .zip(first..)
+                        .filter(|(h, l)| h.is_none() && pages.get(ino, *l).is_none())
+                        .count();
+                    holes as u64 <= room
+                });
             (first_home, last_home)
         };
         let wanted: Vec<u64> = [first_home, last_home].into_iter().flatten().collect();
