@@ -1188,21 +1188,16 @@ fn walks_of_two_groups_inode_tables_are_both_read_ahead() {
     fs.unmount().unwrap();
 }
 
-/// Goal: a write whose first and last blocks are both partial, written on disk and cached in
-/// no page reads the old bytes of the two in one stop, not one stop each, and lands exactly
-/// its bytes. Method: an image from the real `mkfs.ext4`; a file of four written blocks made
-/// durable, the caches dropped, its inode and block map loaded again by a write that covers
-/// its last block whole; then a write from the middle of block 0 to the middle of block 2,
-/// its stops counted (`Stats::deferred_reads`), and the file read back against a model, also
-/// after a remount.
-#[test]
-fn a_write_with_two_cold_partial_edges_reads_them_in_one_stop() {
-    if !common::have_e2fsprogs() {
-        return;
-    }
+/// Runs `change` (which also applies itself to the model) on bytes `[1000, 2 * 4096 + 2000)`
+/// of a file of four blocks written on disk, with its first and last blocks in no page, and
+/// returns the operation's stops; checks the file against the model, also after a remount.
+/// Method: an image from the real `mkfs.ext4`; the file made durable, the caches dropped, its
+/// inode and block map loaded again by a write that covers its last block whole; the stops
+/// counted with `Stats::deferred_reads`; no timed commit in the measured window (it could
+/// stop for a read of its own).
+fn stops_over_two_cold_partial_edges(change: impl Fn(&Fs, u64, (u64, u64), &mut Vec<u8>)) -> u64 {
     let dir = tempfile::tempdir().unwrap();
     let mem = image_in_memory(dir.path(), "edges.img", 32, &["-b", "4096"]);
-    // No timed commit in the measured window: it could stop for a read of its own.
     let opts = MountOptions {
         commit_interval: Duration::from_secs(3600),
         ..MountOptions::default()
@@ -1220,16 +1215,48 @@ fn a_write_with_two_cold_partial_edges_reads_them_in_one_stop() {
     fs.write(f, 3 * 4096, &whole).unwrap();
     model[3 * 4096..].copy_from_slice(&whole);
     let before = fs.stats().deferred_reads;
-    let (at, len) = (1000usize, 2 * 4096 + 1000);
-    let new: Vec<u8> = (0..len).map(|i| (i % 13) as u8 + 100).collect();
-    assert_eq!(fs.write(f, at as u64, &new).unwrap() as usize, len);
-    model[at..at + len].copy_from_slice(&new);
+    change(&fs, f, (1000, 2 * 4096 + 2000), &mut model);
     let stops = fs.stats().deferred_reads - before;
-    assert_eq!(stops, 1, "stops for a write with two cold partial edges");
     let read = |fs: &Fs| fs.read(f, 0, model.len() as u32).unwrap();
-    assert!(read(&fs) == model, "the file after the write");
+    assert!(read(&fs) == model, "the file after the change");
     fs.unmount().unwrap();
     let fs = Fs::open_devices(mem, None, &opts).unwrap();
     assert!(read(&fs) == model, "the file after a remount");
     fs.unmount().unwrap();
+    stops
+}
+
+/// Goal: a write whose first and last blocks are both partial, written on disk and cached in
+/// no page reads the old bytes of the two in one stop, not one stop each, and lands exactly
+/// its bytes. Method: [`stops_over_two_cold_partial_edges`].
+#[test]
+fn a_write_with_two_cold_partial_edges_reads_them_in_one_stop() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let stops = stops_over_two_cold_partial_edges(|fs, f, (at, end), model| {
+        let (at, end) = (at as usize, end as usize);
+        let new: Vec<u8> = (0..end - at).map(|i| (i % 13) as u8 + 100).collect();
+        assert_eq!(fs.write(f, at as u64, &new).unwrap() as usize, new.len());
+        model[at..end].copy_from_slice(&new);
+    });
+    assert_eq!(stops, 1, "stops for a write with two cold partial edges");
+}
+
+/// Goal: a zero range whose first and last blocks are both partial, written on disk and
+/// cached in no page fetches the two (whose other bytes it keeps) in one stop, as a write
+/// does. Method: [`stops_over_two_cold_partial_edges`].
+#[test]
+fn a_zero_range_with_two_cold_partial_edges_fetches_them_in_one_stop() {
+    if !common::have_e2fsprogs() {
+        return;
+    }
+    let stops = stops_over_two_cold_partial_edges(|fs, f, (at, end), model| {
+        fs.zero_range(f, at, end - at, true).unwrap();
+        model[at as usize..end as usize].fill(0);
+    });
+    assert_eq!(
+        stops, 1,
+        "stops for a zero range with two cold partial edges"
+    );
 }

@@ -3,7 +3,7 @@
 //! An operation runs under the metadata lock from start to end (`Inner::lock_meta_reading`
 //! runs every operation of the API, the commit's write-back and fsync planning). When it
 //! needs a block that is in no memory copy (buffer cache, commit in flight, journal), it does
-//! not read the device under the lock: it asks for the block ([`DeferredReads::home_copy`])
+//! not read the device under the lock: it asks for the block ([`DeferredReads::home_copies`])
 //! and fails; the operation, which has changed nothing yet, ends, the lock is released, the
 //! block is read, and the operation runs again with the block at hand ([`FetchedBlocks`]). So
 //! no operation waits behind another one's device read (docs/DESIGN.md §2.5). An operation
@@ -103,7 +103,15 @@ impl FetchedBlocks {
 
     /// Whether block `nr` was fetched and is still current at removal stamp `stamp`.
     fn current(&self, nr: u64, stamp: u64) -> bool {
-        self.blocks.get(&nr).is_some_and(|f| f.stamp == stamp)
+        self.current_bytes(nr, stamp).is_some()
+    }
+
+    /// The bytes of block `nr`, if fetched and still current at removal stamp `stamp`.
+    fn current_bytes(&self, nr: u64, stamp: u64) -> Option<&[u8]> {
+        self.blocks
+            .get(&nr)
+            .filter(|f| f.stamp == stamp)
+            .map(|f| &f.bytes[..])
     }
 }
 
@@ -239,29 +247,26 @@ impl DeferredReads {
         std::mem::take(&mut self.after_change)
     }
 
-    /// Block `nr` for an operation that needs its home copy, `stamp` being its removal stamp
-    /// now and `changed` whether the operation changed cached metadata so far: `None` when
-    /// the caller reads the device (reads are not deferred, or the operation changed
-    /// something: it never stops then, and the read is counted), else the fetched bytes if
-    /// still current, or an error after asking for the block.
-    pub fn home_copy(&mut self, nr: u64, stamp: u64, changed: bool) -> Option<Result<Box<[u8]>>> {
-        self.home_copies(&[(nr, stamp)], changed)
-            .map(|r| r.map(|mut v| v.swap_remove(0)))
-    }
-
-    /// [`DeferredReads::home_copy`] of several blocks, each with its removal stamp, in the
-    /// order given: one stop asks for every one not fetched, so an operation that needs two
-    /// (a write's two partial edge blocks) reads them in one round, not one round each.
+    /// `blocks` (each with its removal stamp now) for an operation that needs their home
+    /// copies, `changed` being whether the operation changed cached metadata so far: `None`
+    /// when the caller reads the device (reads are not deferred, or the operation changed
+    /// something: it never stops then, and the reads are counted), else the fetched bytes in
+    /// the order given if all are still current, or an error after asking for every one
+    /// that is not: one stop for all, so an operation that needs two (a write's two partial
+    /// edge blocks) reads them in one round, not one round each.
     pub fn home_copies(
         &mut self,
         blocks: &[(u64, u64)],
         changed: bool,
     ) -> Option<Result<Vec<Box<[u8]>>>> {
-        if self.active && blocks.iter().all(|&(n, s)| self.fetched.current(n, s)) {
-            return Some(Ok(blocks
+        if self.active {
+            let all: Option<Vec<Box<[u8]>>> = blocks
                 .iter()
-                .filter_map(|(n, _)| self.fetched.blocks.get(n).map(|f| f.bytes.clone()))
-                .collect()));
+                .map(|&(n, s)| self.fetched.current_bytes(n, s).map(Box::from))
+                .collect();
+            if let Some(all) = all {
+                return Some(Ok(all));
+            }
         }
         if !self.active || changed {
             // The caller reads them all from the device: counted as what they are on both
@@ -304,21 +309,24 @@ mod tests {
     fn fetched_blocks_serve_only_while_current() {
         let mut r = DeferredReads::default();
         assert!(
-            r.home_copy(7, 0, false).is_none(),
+            r.home_copies(&[(7, 0)], false).is_none(),
             "not deferring: the caller reads"
         );
         r.begin(FetchedBlocks::default(), true);
-        assert!(matches!(r.home_copy(7, 0, false), Some(Err(_))));
+        assert!(matches!(r.home_copies(&[(7, 0)], false), Some(Err(_))));
         assert!(r.stopped());
         let (wanted, mut fetched) = r.end();
         assert_eq!(wanted.blocks, [7]);
         assert!(!wanted.ahead);
         fetched.insert(7, 3, vec![1u8; 8].into_boxed_slice());
         r.begin(fetched, true);
-        assert_eq!(&r.home_copy(7, 3, false).unwrap().unwrap()[..], &[1u8; 8]);
+        assert_eq!(
+            &r.home_copies(&[(7, 3)], false).unwrap().unwrap()[0][..],
+            &[1u8; 8]
+        );
         assert!(!r.stopped());
         assert!(
-            matches!(r.home_copy(7, 4, false), Some(Err(_))),
+            matches!(r.home_copies(&[(7, 4)], false), Some(Err(_))),
             "stale: read again"
         );
         assert_eq!(r.end().0.blocks, [7]);
@@ -372,12 +380,12 @@ mod tests {
         assert_eq!(wanted.blocks, [2, 3]);
         assert!(wanted.ahead);
         assert!(
-            r.home_copy(9, 0, false).is_none(),
+            r.home_copies(&[(9, 0)], false).is_none(),
             "no operation: not counted"
         );
         r.begin(FetchedBlocks::default(), false);
-        assert!(r.home_copy(9, 0, false).is_none());
-        assert!(r.home_copy(10, 0, false).is_none());
+        assert!(r.home_copies(&[(9, 0)], false).is_none());
+        assert!(r.home_copies(&[(10, 0)], false).is_none());
         r.end();
         assert_eq!(r.take_under_lock(), 2);
         assert_eq!(r.take_under_lock(), 0);

@@ -236,12 +236,9 @@ impl Meta {
     /// the bytes come from an earlier read without the lock if still current, else the block
     /// is asked for and the operation stops (`fs/deferred_reads.rs`).
     pub fn read_home(&mut self, io: &Io, nr: u64) -> Result<Box<[u8]>> {
-        let stamp = self.cache.removal_stamp(nr);
-        let changed = self.changed_in_op();
-        if let Some(r) = self.op.reads.home_copy(nr, stamp, changed) {
-            return r;
-        }
-        read_block(io, nr, self.geo.bs())
+        self.read_homes(io, &[nr])?
+            .pop()
+            .ok_or(FsError::Invalid("no block read"))
     }
 
     /// [`Meta::read_home`] of several blocks, in the order given, with one stop for all

@@ -696,16 +696,19 @@ impl Meta {
             .map(|at| at / bs)
             .collect();
         partial.dedup();
-        for lblk in partial {
-            let Ok(lblk) = u32::try_from(lblk) else {
-                continue;
-            };
-            if let Some((home, false)) = map.map(lblk) {
-                if self.data.lock().get(ino, lblk).is_none() {
-                    self.read_data_block(io, home)?;
-                }
-            }
-        }
+        // Both edges in one stop when both are cold.
+        let cold: Vec<u64> = {
+            let pages = self.data.lock();
+            partial
+                .into_iter()
+                .filter_map(|lblk| u32::try_from(lblk).ok())
+                .filter_map(|lblk| match map.map(lblk) {
+                    Some((home, false)) if pages.get(ino, lblk).is_none() => Some(home),
+                    _ => None,
+                })
+                .collect()
+        };
+        self.read_data_blocks(io, &cold)?;
         if allocate {
             let block = |at: u64| u32::try_from(at).unwrap_or(u32::MAX);
             let holes: u64 = map
@@ -1184,11 +1187,10 @@ impl Meta {
 
     /// Reads file block `home` (a block written on disk) as it is now: the newest copy not yet
     /// at home (journal-mode data in the buffer cache or the journal), else the home location.
-    fn read_data_block(&mut self, io: &Io, home: u64) -> Result<Box<[u8]>> {
-        if let Some(copy) = self.unsettled_copy(io, home) {
-            return Ok(Box::from(&copy[..]));
-        }
-        self.read_home(io, home)
+    fn read_data_block(&mut self, io: &Io, home: u64) -> Result<Arc<[u8]>> {
+        self.read_data_blocks(io, &[home])?
+            .pop()
+            .ok_or(FsError::Invalid("no block read"))
     }
 
     /// [`Meta::read_data_block`] of several blocks, in the order given: those in no memory
@@ -1241,7 +1243,7 @@ impl Meta {
         let bs = self.geo.bs();
         let page = match (old, home) {
             (Some(old), _) => old,
-            (None, Some((p, false))) if bytes.len() < bs => Arc::from(self.read_data_block(io, p)?),
+            (None, Some((p, false))) if bytes.len() < bs => self.read_data_block(io, p)?,
             _ => zero_page(bs),
         };
         let mut pages = self.data.lock();
