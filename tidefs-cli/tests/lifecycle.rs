@@ -68,6 +68,47 @@ fn the_daemon_runs_without_transparent_huge_pages() {
     assert_eq!(flag, Some("0"), "THP_enabled of the daemon:\n{status}");
 }
 
+/// Goal: the kernel's read-ahead window of a mount is 4 MiB unless `-o readahead=` says
+/// otherwise (the kernel gives FUSE mounts 128 KiB), set before `tidefs mount` returns, and
+/// `tidefs status` reports it. Method: the mount's `read_ahead_kb` in sysfs (named after the
+/// device number of its root) and `status`, with the default and with `readahead=1M`, and
+/// the bytes of a file read back through the larger window.
+#[test]
+fn the_mount_sets_its_read_ahead_window() {
+    let test = "the_mount_sets_its_read_ahead_window";
+    if !need_root(test, "only root may set a mount's read-ahead in sysfs") {
+        return;
+    }
+    let Some(mut m) = Mount::new(test, "64M", &[], &[]) else {
+        return;
+    };
+    let window = |m: &Mount| -> (u64, u64) {
+        use std::os::unix::fs::MetadataExt as _;
+        let dev = std::fs::metadata(&m.mnt).expect("OK to unwrap: stat").dev();
+        let file = format!(
+            "/sys/class/bdi/{}:{}/read_ahead_kb",
+            libc::major(dev),
+            libc::minor(dev)
+        );
+        let kib = std::fs::read_to_string(&file).expect("OK to unwrap: sysfs");
+        let status = m.status()["read_ahead_bytes"]
+            .as_u64()
+            .expect("status reports the window");
+        (kib.trim().parse::<u64>().expect("a number") * 1024, status)
+    };
+    assert_eq!(window(&m), (4 << 20, 4 << 20), "the default window");
+    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 253) as u8).collect();
+    std::fs::write(m.path("f"), &data).expect("OK to unwrap: write");
+    m.umount_ok();
+    m.mount(&["readahead=1M"]);
+    assert_eq!(window(&m), (1 << 20, 1 << 20), "readahead=1M");
+    assert!(
+        std::fs::read(m.path("f")).expect("OK to unwrap: read") == data,
+        "the file read back differs"
+    );
+    m.umount_ok();
+}
+
 /// Goal: `tidefs umount` closes cleanly: the daemon exits, e2fsck and fsck are clean, and the tree
 /// is there after a remount. Method: write a tree, unmount, check, remount, read.
 #[test]
