@@ -378,11 +378,19 @@ pub fn is_tidefs_mounted(path: &Path) -> bool {
 /// (`/sys/fs/fuse/connections/N/abort`, N the minor of the mount's anonymous device), found
 /// without touching the mount itself.
 pub fn fuse_abort_file(path: &Path) -> Option<PathBuf> {
+    let minor = fuse_mount_minor(path)?;
+    Some(PathBuf::from(format!(
+        "/sys/fs/fuse/connections/{minor}/abort"
+    )))
+}
+
+/// The minor number of the anonymous device (major 0) of the newest tidefs FUSE mount at
+/// `path`, from `/proc/self/mountinfo`: what names the mount's FUSE connection and its
+/// backing-device info in sysfs.
+pub fn fuse_mount_minor(path: &Path) -> Option<u32> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     match tidefs_mount_device(&info, &canonical_mountpoint(path))? {
-        (0, minor) => Some(PathBuf::from(format!(
-            "/sys/fs/fuse/connections/{minor}/abort"
-        ))),
+        (0, minor) => Some(minor),
         _ => None,
     }
 }

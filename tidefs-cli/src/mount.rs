@@ -13,7 +13,6 @@
 //!   (umount, `fusermount3 -u`, signal), else by the main thread after the session loop returns.
 
 use std::io::{self, BufRead as _, BufReader, Write as _};
-use std::os::unix::fs::MetadataExt as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -353,6 +352,12 @@ pub fn run(args: MountArgs) -> Result<(), CliError> {
     if config.fuse_uring {
         check_fuse_uring(what)?;
     }
+    if config.read_ahead_bytes.is_some() && sys::geteuid() != 0 {
+        return Err(CliError::new(
+            what,
+            "readahead: only root may set a mount's read-ahead window (read_ahead_kb in sysfs)",
+        ));
+    }
     if control::find_socket(&args.mountpoint)
         .map(|s| UnixStream::connect(s).is_ok())
         .unwrap_or(false)
@@ -584,6 +589,9 @@ struct DaemonState {
     fuse_uring: bool,
     /// The mount's read-ahead window in sysfs ([`read_ahead_file`]), once the mount answers.
     read_ahead_file: OnceLock<PathBuf>,
+    /// Why the mount was taken down again right after it was made (it did not answer, or
+    /// the read-ahead asked for could not be set): the daemon's exit status says it too.
+    start_error: OnceLock<String>,
 }
 
 impl DaemonState {
@@ -714,15 +722,20 @@ fn run_daemon(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<
     result
 }
 
-/// The read-ahead window of the mount whose root is on device `dev`, in sysfs: the
-/// `read_ahead_kb` of its backing device info (each FUSE mount has its own, named after its
-/// device number).
-fn read_ahead_file(dev: u64) -> PathBuf {
-    PathBuf::from(format!(
-        "/sys/class/bdi/{}:{}/read_ahead_kb",
-        libc::major(dev),
-        libc::minor(dev)
-    ))
+/// The read-ahead window of the tidefs mount at `mountpoint`, in sysfs: the `read_ahead_kb`
+/// of its backing-device info, which each FUSE mount has of its own, named after the mount's
+/// anonymous device (`0:MINOR`, found in mountinfo, so that nothing mounted over it since
+/// is taken for it).
+fn read_ahead_file(mountpoint: &Path) -> Result<PathBuf, String> {
+    let minor = control::fuse_mount_minor(mountpoint).ok_or_else(|| {
+        format!(
+            "no tidefs FUSE mount on {} in /proc/self/mountinfo",
+            mountpoint.display()
+        )
+    })?;
+    Ok(PathBuf::from(format!(
+        "/sys/class/bdi/0:{minor}/read_ahead_kb"
+    )))
 }
 
 /// Sets the read-ahead window in `file` ([`read_ahead_file`]) to `bytes`. Only once the
@@ -740,8 +753,11 @@ fn apply_read_ahead(file: &Path, asked: Option<u64>) -> Result<Option<String>, S
     let bytes = asked.unwrap_or(DEFAULT_READ_AHEAD);
     match set_read_ahead(file, bytes) {
         Ok(()) => Ok(None),
+        // The window may already be the one wanted.
+        Err(_) if read_ahead(file).is_ok_and(|now| now == bytes) => Ok(None),
         Err(e) if asked.is_some() => Err(format!(
-            "readahead={bytes}: cannot set {}: {}",
+            "readahead: cannot set the mount's read-ahead window to {} KiB in {}: {}",
+            bytes / 1024,
             file.display(),
             io_reason(&e)
         )),
@@ -844,6 +860,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         requests,
         fuse_uring: config.fuse_uring,
         read_ahead_file: OnceLock::new(),
+        start_error: OnceLock::new(),
     });
     spawn("tidefs-signals", {
         let state = state.clone();
@@ -875,10 +892,23 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
             // The mount is usable once its root answers a stat through the session loop.
             let ready = std::fs::metadata(&mountpoint)
                 .map_err(|e| format!("the new mount does not answer: {}", io_reason(&e)));
-            let ready = ready.and_then(|root| {
-                let file = read_ahead_file(root.dev());
-                let _ = state.read_ahead_file.set(file.clone());
-                let warning = apply_read_ahead(&file, read_ahead_asked)?;
+            // Only root may write sysfs (`run` refused `readahead=` from anyone else): a
+            // mount by another user keeps the kernel's window without a word.
+            let ready = ready.and_then(|_| {
+                if read_ahead_asked.is_none() && sys::geteuid() != 0 {
+                    return Ok(());
+                }
+                let file = read_ahead_file(&mountpoint);
+                if let Ok(file) = &file {
+                    let _ = state.read_ahead_file.set(file.clone());
+                }
+                let warning = match (file, read_ahead_asked) {
+                    (Ok(file), asked) => apply_read_ahead(&file, asked)?,
+                    (Err(why), Some(_)) => return Err(format!("readahead: {why}")),
+                    (Err(why), None) => {
+                        Some(format!("read-ahead left as the kernel set it: {why}"))
+                    }
+                };
                 if let Some(warning) = warning {
                     eprintln!("tidefs: {warning}");
                 }
@@ -895,11 +925,12 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
                     ),
                 },
                 Err(why) => {
+                    // In the foreground the exit status and its message come when the
+                    // session has ended (`serve`).
                     if notify == Notify::Parent {
                         notify_parent(&format!("error: {why}"));
-                    } else {
-                        eprintln!("tidefs: mount: {why}");
                     }
+                    let _ = state.start_error.set(why);
                     let _ = state.unmount_kernel(true);
                 }
             }
@@ -929,7 +960,14 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
         Ok(()) => {}
         Err(e) => eprintln!("tidefs: session ended with an error: {e}"),
     }
-    close_result.map_err(|e| CliError::new("unmount", format!("closing {}: {e}", image.display())))
+    close_result
+        .map_err(|e| CliError::new("unmount", format!("closing {}: {e}", image.display())))?;
+    match state.start_error.get() {
+        // Said already (to the parent, or on stderr in the foreground); the exit status
+        // says it again.
+        Some(why) => Err(CliError::new(what, why.clone())),
+        None => Ok(()),
+    }
 }
 
 fn spawn(name: &str, body: impl FnOnce() + Send + 'static) {
@@ -1058,7 +1096,8 @@ mod tests {
 
         let missing = dir.path().join("gone").join("read_ahead_kb");
         let e = apply_read_ahead(&missing, Some(1 << 20)).expect_err("asked for");
-        assert!(e.starts_with("readahead=1048576: cannot set"), "{e}");
+        assert!(e.starts_with("readahead: cannot set"), "{e}");
+        assert!(e.contains("to 1024 KiB"), "{e}");
         assert!(e.contains("gone/read_ahead_kb"), "{e}");
         let warning = apply_read_ahead(&missing, None)
             .expect("the default is not an error")

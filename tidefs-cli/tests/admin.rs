@@ -41,6 +41,39 @@ fn root_mount_skip(test: &str) -> bool {
     false
 }
 
+/// Goal: a user other than root who asks for a read-ahead window (`-o readahead=`, which only
+/// root may set in sysfs) is refused before anything is mounted, with the option named and
+/// exit status 1. Method: `tidefs mount` as `nobody` on an image and a mountpoint of its own.
+#[test]
+fn readahead_is_refused_to_users_other_than_root() {
+    let test = "readahead_is_refused_to_users_other_than_root";
+    if root_mount_skip(test) {
+        return;
+    }
+    let m = Mount::unmounted("64M", &[]);
+    for path in [&m.image, &m.mnt] {
+        std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY))
+            .expect("OK to unwrap: chown as root");
+    }
+    let out = run_as(
+        NOBODY,
+        NOBODY,
+        &format!(
+            "{} mount -o readahead=1M {} {}",
+            env!("CARGO_BIN_EXE_tidefs"),
+            m.image.display(),
+            m.mnt.display()
+        ),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("readahead: only root may set"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!is_mounted(&m.mnt), "the refused mount was made");
+}
+
 #[test]
 fn root_mount_is_usable_by_other_users_and_private_keeps_it_to_the_mounter() {
     let test = "root_mount_is_usable_by_other_users";

@@ -10,6 +10,7 @@ mod common;
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::FileExt as _;
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -83,13 +84,17 @@ fn the_mount_sets_its_read_ahead_window() {
         return;
     };
     let window = |m: &Mount| -> (u64, u64) {
-        use std::os::unix::fs::MetadataExt as _;
-        let dev = std::fs::metadata(&m.mnt).expect("OK to unwrap: stat").dev();
-        let file = format!(
-            "/sys/class/bdi/{}:{}/read_ahead_kb",
-            libc::major(dev),
-            libc::minor(dev)
-        );
+        // The mount's device (field 3) from the line of its mount point (field 5).
+        let mnt = m.mnt.canonicalize().expect("OK to unwrap: the mountpoint");
+        let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        let dev = info
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .filter(|f| f.get(4).is_some_and(|p| Path::new(p) == mnt))
+            .map(|f| f[2].to_string())
+            .next_back()
+            .expect("the mount is in mountinfo");
+        let file = format!("/sys/class/bdi/{dev}/read_ahead_kb");
         let kib = std::fs::read_to_string(&file).expect("OK to unwrap: sysfs");
         let status = m.status()["read_ahead_bytes"]
             .as_u64()
