@@ -439,6 +439,16 @@ impl BlockDevice for FileDev {
         Ok(())
     }
 
+    fn read_owned(&self, offset: u64, len: usize) -> io::Result<AlignedBuf> {
+        check_range(offset, len, self.len)?;
+        if self.direct && len > 0 && self.aligned(offset, len) {
+            return self.read_span(offset, offset + len as u64);
+        }
+        let mut buf = AlignedBuf::zeroed(len);
+        self.read_at(offset, buf.as_mut_slice())?;
+        Ok(buf)
+    }
+
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.write_any(offset, buf, false)
     }
@@ -509,7 +519,9 @@ mod tests {
     }
 
     /// Goal: unaligned reads and writes land exactly their bytes, at the start, the middle
-    /// and the end of sectors, on a direct device. Method: compare against a model buffer.
+    /// and the end of sectors, on a direct device, and reads into the device's own buffer
+    /// (`read_owned`, straight into it when aligned) return the same bytes. Method: compare
+    /// against a model buffer.
     #[test]
     fn unaligned_writes_land_exactly_their_bytes() {
         let tmp = image(16384);
@@ -534,6 +546,15 @@ mod tests {
         let mut piece = [0u8; 7];
         dev.read_at(505, &mut piece).expect("OK to unwrap: read");
         assert_eq!(&piece[..], &model[505..512]);
+        for (at, len) in [(0u64, 16384usize), (4096, 8192), (505, 7), (16383, 1)] {
+            let owned = dev.read_owned(at, len).expect("OK to unwrap: read");
+            assert_eq!(
+                owned.as_slice(),
+                &model[at as usize..at as usize + len],
+                "read_owned({at}, {len})"
+            );
+        }
+        assert!(dev.read_owned(16384 - 512, 1024).is_err());
         assert!(dev.write_at(16383, b"ab").is_err());
         assert!(dev.read_at(16380, &mut piece).is_err());
         dev.flush().expect("OK to unwrap: flush");

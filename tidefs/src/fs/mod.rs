@@ -2082,26 +2082,27 @@ impl Inner {
         }
         let bs = self.geo.bs();
         let total: usize = plan.iter().map(|s| s.len).sum();
-        let mut out = vec![0u8; total];
+        // Filled in order, each byte once (no zeroing first).
+        let mut out = Vec::with_capacity(total);
         let mut fetched: Vec<(u32, Arc<[u8]>)> = Vec::new();
-        let mut at = 0;
         for s in plan {
             match s.source {
-                ReadSource::Zeros => {}
+                ReadSource::Zeros => out.resize(out.len() + s.len, 0),
                 ReadSource::Device {
                     block,
                     in_block,
                     lblk,
                 } => {
-                    // Whole blocks, which the page cache keeps.
-                    let mut buf = vec![0u8; (in_block + s.len).div_ceil(bs) * bs];
-                    self.io.dev.read_at(block * bs as u64, &mut buf)?;
-                    out[at..at + s.len].copy_from_slice(&buf[in_block..in_block + s.len]);
-                    fetched.extend((lblk..).zip(buf.chunks(bs).map(Arc::<[u8]>::from)));
+                    // Whole blocks, which the page cache keeps, read into the device's own
+                    // buffer (no copy out of a bounce buffer in direct mode).
+                    let len = (in_block + s.len).div_ceil(bs) * bs;
+                    let span = self.io.dev.read_owned(block * bs as u64, len)?;
+                    let bytes = span.as_slice();
+                    out.extend_from_slice(&bytes[in_block..in_block + s.len]);
+                    fetched.extend((lblk..).zip(bytes.chunks(bs).map(Arc::<[u8]>::from)));
                 }
-                ReadSource::Bytes(b) => out[at..at + s.len].copy_from_slice(&b),
+                ReadSource::Bytes(b) => out.extend_from_slice(&b),
             }
-            at += s.len;
         }
         if !fetched.is_empty() {
             let mut cache = self.pages.lock();
