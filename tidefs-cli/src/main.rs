@@ -216,7 +216,8 @@ enum BenchCommand {
     /// Debian's postmark, one configuration for tidefs (FUSE), the kernel's ext4 and fuse2fs.
     Postmark(bench::postmark::PostmarkArgs),
     /// The checkpoint of a parallel job: ranks each writing a file of their own sequentially,
-    /// then fsync; bandwidth, time and device bytes for tidefs, the kernel's ext4 and fuse2fs.
+    /// then fsync; bandwidth, time and device bytes for tidefs, the kernel's ext4 and fuse2fs;
+    /// then the restart, every file read back after a remount.
     Checkpoint(bench::checkpoint::CheckpointArgs),
     /// SQLite inserts, updates and deletes (autocommit, synchronous=FULL), rollback journal
     /// and WAL; tidefs:split keeps the rollback journal in a lightweight directory.

@@ -629,8 +629,10 @@ fn streams_options_are_checked() {
 }
 
 /// Goal: the checkpoint bench writes one file per rank on tidefs, the kernel's ext4 and
-/// fuse2fs and reports bandwidth, time, device bytes and the ratio. Method: 2 ranks of 2 MiB
-/// in writes of 256 KiB; no timing asserted.
+/// fuse2fs and reports bandwidth, time, device bytes and the ratio, then reads every file back
+/// after a remount (each byte checked by the bench, which fails otherwise) and reports that
+/// restart's bandwidth and ratio. Method: 2 ranks of 2 MiB in writes of 256 KiB; no timing
+/// asserted.
 #[test]
 fn checkpoint_reports_every_system() {
     let test = "checkpoint_reports_every_system";
@@ -662,6 +664,9 @@ fn checkpoint_reports_every_system() {
         "dev MB written",
         "of which journal",
         "vs ext4:ordered",
+        "restart MB/s",
+        "restart s",
+        "restart vs ext4:ordered",
     ] {
         assert!(text.contains(header), "no column {header}:\n{text}");
     }
@@ -675,6 +680,11 @@ fn checkpoint_reports_every_system() {
         ]
     );
     assert_compared(&report["rows"], "mb_per_s");
+    assert_compared_by(
+        &report["rows"],
+        "restart_mb_per_s",
+        "restart_ratio_to_ext4_ordered",
+    );
     // Every system received at least the data: 4 MiB.
     for row in report["rows"].as_array().expect("OK to unwrap: array") {
         let written = row["device_bytes_written"]

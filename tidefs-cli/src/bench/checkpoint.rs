@@ -5,9 +5,12 @@
 //! each on a fresh file system whose journal is on its own loop device (fuse2fs has none).
 //! Reported: the checkpoint's bandwidth (all ranks' bytes over the wall time from the first
 //! write to the last fsync), that time, what the devices received up to the end of the
-//! unmount (journal and home bytes, flushes), and the ratio to ext4 `data=ordered`.
+//! unmount (journal and home bytes, flushes), and the ratio to ext4 `data=ordered`. Then the
+//! restart: the file system is mounted again (every cache emptied) and the ranks read their
+//! files back at once, `--chunk` bytes per `read()`, each byte checked; its bandwidth and
+//! ratio to ext4 `data=ordered` are reported too.
 
-use std::io::Write;
+use std::io::{Read as _, Write};
 use std::path::Path;
 use std::time::Instant;
 
@@ -36,13 +39,16 @@ pub struct CheckpointArgs {
     pub common: super::CommonArgs,
 }
 
-/// One checkpoint on one system.
+/// One checkpoint, and its restart, on one system.
 #[derive(Debug, serde::Serialize)]
 struct Sample {
     system: String,
     run: usize,
     seconds: f64,
     mb_per_s: f64,
+    /// The restart: every rank's file read back after a remount.
+    restart_seconds: f64,
+    restart_mb_per_s: f64,
     /// What the devices received, including the unmount after the run.
     device: Traffic,
 }
@@ -56,6 +62,9 @@ struct Row {
     #[serde(flatten)]
     device: TrafficMedians,
     ratio_to_ext4_ordered: Option<f64>,
+    restart_mb_per_s: f64,
+    restart_seconds: f64,
+    restart_ratio_to_ext4_ordered: Option<f64>,
 }
 
 report::compared!(Row, |r| r.mb_per_s, ratio_to_ext4_ordered);
@@ -92,20 +101,30 @@ pub fn run(args: CheckpointArgs) -> Result<(), CliError> {
             mb_per_s: report::median_by(&mine, |x| x.mb_per_s),
             seconds: report::median_by(&mine, |x| x.seconds),
             device: TrafficMedians::of(&mine.iter().map(|x| x.device).collect::<Vec<_>>()),
+            restart_mb_per_s: report::median_by(&mine, |x| x.restart_mb_per_s),
+            restart_seconds: report::median_by(&mine, |x| x.restart_seconds),
             system,
             ratio_to_ext4_ordered: None,
+            restart_ratio_to_ext4_ordered: None,
         })
         .collect();
     report::set_ratios(&mut rows);
+    let mut restarts: Vec<Restart> = rows.iter().map(Restart::of).collect();
+    report::set_ratios(&mut restarts);
+    for (row, restart) in rows.iter_mut().zip(restarts) {
+        row.restart_ratio_to_ext4_ordered = restart.ratio;
+    }
 
     println!(
         "checkpoint: {} rank(s) each writing {} bytes in write()s of {} bytes, then fsync; \
          MB/s = all bytes / wall time to the last fsync; journal on its own loop device \
-         (fuse2fs: none); median of {} run(s)",
+         (fuse2fs: none); restart = every rank reading its file back at once after a \
+         remount; median of {} run(s)",
         args.threads, args.file_size, args.chunk, args.common.runs
     );
     report::print_table(
-        "system|MB/s|total s|dev MB written|of which journal|flushes|vs ext4:ordered",
+        "system|MB/s|total s|dev MB written|of which journal|flushes|vs ext4:ordered|\
+         restart MB/s|restart s|restart vs ext4:ordered",
         &rows,
         |r: &Row| {
             vec![
@@ -118,6 +137,9 @@ pub fn run(args: CheckpointArgs) -> Result<(), CliError> {
                     .map_or_else(|| "-".into(), |j| format!("{:.1}", j / 1e6)),
                 format!("{:.0}", r.device.device_flushes),
                 report::ratio_cell(r.ratio_to_ext4_ordered),
+                format!("{:.0}", r.restart_mb_per_s),
+                format!("{:.2}", r.restart_seconds),
+                report::ratio_cell(r.restart_ratio_to_ext4_ordered),
             ]
         },
     );
@@ -143,7 +165,7 @@ fn one_run(
     run: usize,
 ) -> Result<Sample, CliError> {
     let name = system.name();
-    let target = Target::prepare(system, dir, args.common.size, JournalPlace::External)?;
+    let mut target = Target::prepare(system, dir, args.common.size, JournalPlace::External)?;
     // OK to unwrap: parse_path_list refused the systems without a path.
     let root = target.root().expect("checkpoint systems have a path");
     let location = root.join("checkpoint");
@@ -152,25 +174,7 @@ fn one_run(
     std::fs::create_dir(&location).map_err(failed)?;
     target.sync()?;
     let before = target.counters();
-    let started = Instant::now();
-    let ranks: Vec<Result<(), CliError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..args.threads)
-            .map(|rank| {
-                let path = location.join(format!("rank-{rank}"));
-                s.spawn(move || write_rank(&path, rank, args))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(CliError::new("bench checkpoint", "a rank panicked")))
-            })
-            .collect()
-    });
-    let seconds = started.elapsed().as_secs_f64();
-    // Each rank's error names its file.
-    ranks.into_iter().collect::<Result<Vec<()>, CliError>>()?;
+    let seconds = all_ranks(&location, args, write_rank)?;
     // Every rank's file is whole.
     for rank in 0..args.threads {
         let len = std::fs::metadata(location.join(format!("rank-{rank}")))
@@ -183,14 +187,108 @@ fn one_run(
             ));
         }
     }
-    let device = target.finish().since(before);
+    let device = target.remount()?.since(before);
+    // OK to unwrap: the remount mounted it at the same path.
+    let root = target.root().expect("checkpoint systems have a path");
+    let restart_seconds = all_ranks(&root.join("checkpoint"), args, read_rank)?;
+    target.finish();
     let bytes = args.file_size as f64 * args.threads as f64;
     Ok(Sample {
         system: name,
         run,
         seconds,
         mb_per_s: bytes / 1e6 / seconds.max(1e-9),
+        restart_seconds,
+        restart_mb_per_s: bytes / 1e6 / restart_seconds.max(1e-9),
         device,
+    })
+}
+
+/// Runs `rank` for every rank at once, each on its file in `location`; returns the wall
+/// time from the start to the last rank's end, or the first error (each names its file).
+fn all_ranks(
+    location: &Path,
+    args: &CheckpointArgs,
+    rank: fn(&Path, usize, &CheckpointArgs) -> Result<(), CliError>,
+) -> Result<f64, CliError> {
+    let started = Instant::now();
+    let ranks: Vec<Result<(), CliError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..args.threads)
+            .map(|r| {
+                let path = location.join(format!("rank-{r}"));
+                s.spawn(move || rank(&path, r, args))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(CliError::new("bench checkpoint", "a rank panicked")))
+            })
+            .collect()
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    ranks.into_iter().collect::<Result<Vec<()>, CliError>>()?;
+    Ok(seconds)
+}
+
+/// The restart's figure, for its ratio to ext4 `data=ordered` ([`report::set_ratios`]).
+struct Restart {
+    system: String,
+    mb_per_s: f64,
+    ratio: Option<f64>,
+}
+
+impl Restart {
+    fn of(row: &Row) -> Restart {
+        Restart {
+            system: row.system.clone(),
+            mb_per_s: row.restart_mb_per_s,
+            ratio: None,
+        }
+    }
+}
+
+report::compared!(Restart, |r| r.mb_per_s, ratio);
+
+/// The bytes of chunk `n` (counted from 0) of `rank`'s file: what [`write_rank`] writes.
+fn fill_chunk(buf: &mut [u8], rank: usize, n: u64) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (i % 251) as u8 ^ rank as u8;
+    }
+    if let Some(first) = buf.first_mut() {
+        *first = n as u8;
+    }
+}
+
+/// One rank's restart: its file read back in chunks, each checked against what the rank
+/// wrote.
+fn read_rank(path: &Path, rank: usize, args: &CheckpointArgs) -> Result<(), CliError> {
+    let what = format!("bench checkpoint: restart: {}", path.display());
+    let failed = |e: std::io::Error| CliError::new(what.clone(), e.to_string());
+    let mut f = std::fs::File::open(path).map_err(failed)?;
+    let chunk = usize::try_from(args.chunk).unwrap_or(usize::MAX);
+    let mut got = vec![0u8; chunk];
+    let mut want = vec![0u8; chunk];
+    for (n, at, len) in chunks(args) {
+        super::check_interrupt("bench checkpoint")?;
+        f.read_exact(&mut got[..len]).map_err(failed)?;
+        fill_chunk(&mut want[..len], rank, n);
+        if got[..len] != want[..len] {
+            return Err(CliError::new(
+                what,
+                format!("the bytes read back at {at} differ from those written"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Each chunk of a rank's file: its number, its offset and its length.
+fn chunks(args: &CheckpointArgs) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+    (0..args.file_size.div_ceil(args.chunk)).map(|n| {
+        let at = n * args.chunk;
+        (n, at, (args.file_size - at).min(args.chunk) as usize)
     })
 }
 
@@ -201,16 +299,11 @@ fn write_rank(path: &Path, rank: usize, args: &CheckpointArgs) -> Result<(), Cli
     let failed = |e: std::io::Error| CliError::new(what.clone(), e.to_string());
     let mut f = std::fs::File::create(path).map_err(failed)?;
     let chunk = usize::try_from(args.chunk).unwrap_or(usize::MAX);
-    let mut buf: Vec<u8> = (0..chunk).map(|i| (i % 251) as u8 ^ rank as u8).collect();
-    let mut written = 0u64;
-    let mut n = 0u8;
-    while written < args.file_size {
+    let mut buf = vec![0u8; chunk];
+    for (n, _, len) in chunks(args) {
         super::check_interrupt("bench checkpoint")?;
-        let len = (args.file_size - written).min(args.chunk) as usize;
-        buf[0] = n;
-        n = n.wrapping_add(1);
+        fill_chunk(&mut buf[..len], rank, n);
         f.write_all(&buf[..len]).map_err(failed)?;
-        written += len as u64;
     }
     f.sync_all().map_err(failed)?;
     Ok(())

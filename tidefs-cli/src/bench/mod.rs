@@ -5,7 +5,8 @@
 //!   tidefs through FUSE, tidefs in-process and the kernel's ext4; plus a read-latency probe.
 //! - `postmark` ([`postmark`]): Debian's `postmark` with one configuration for every system.
 //! - `checkpoint` ([`checkpoint`]): the checkpoint of a parallel job, each rank writing a file
-//!   of its own sequentially and fsyncing it.
+//!   of its own sequentially and fsyncing it, and its restart, every file read back after a
+//!   remount.
 //! - `sqlite` ([`sqlite`]): SQLite inserts, updates and deletes, autocommit with
 //!   `synchronous=FULL`, the rollback journal moved to a directory of its own by the VFS of
 //!   [`sqlite_vfs`] (the only `unsafe` code of the benchmarks): on `tidefs:split` a

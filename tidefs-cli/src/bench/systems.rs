@@ -522,6 +522,8 @@ enum Mounted {
     Fuse2fs(PathBuf, std::process::Child),
     /// The library in this process.
     Embedded(Arc<Fs>),
+    /// Nothing: between the unmount and the mount of [`Target::remount`].
+    Unmounted,
 }
 
 impl Drop for Mounted {
@@ -543,6 +545,7 @@ impl Drop for Mounted {
                 // fuse2fs writes its cached blocks after the kernel let go of the mount.
                 let _ = child.wait();
             }
+            Mounted::Unmounted => {}
         }
     }
 }
@@ -559,6 +562,85 @@ fn kernel_unmount(mnt: &Path) {
 
 fn lazy_unmount(mnt: &Path) {
     let _ = Command::new("umount").arg("-l").arg(mnt).output();
+}
+
+/// Mounts `system` from `device` (its external journal on `journal`, if any) at `mountpoint`
+/// (the library opens it instead, for the embedded systems); `name` names it in errors.
+fn mount(
+    system: &System,
+    device: &Path,
+    journal_path: Option<PathBuf>,
+    mountpoint: &Path,
+    name: &str,
+) -> Result<Mounted, CliError> {
+    let failed = |e: std::io::Error| CliError::new(format!("bench: {name}"), e.to_string());
+    Ok(match system {
+        System::Embedded(mode) => {
+            let config = tidefs_options(mode).map_err(|e| CliError::usage("bench", e))?;
+            let opts = MountOptions {
+                data_mode: config.data_mode.unwrap_or_default(),
+                journal_device: journal_path,
+                ..MountOptions::default()
+            };
+            let fs = Fs::open(device, &opts)
+                .map_err(|e| CliError::new(format!("bench: {name}: open"), e.to_string()))?;
+            Mounted::Embedded(Arc::new(fs))
+        }
+        System::Tidefs(mode) | System::TidefsUring(mode) => {
+            let exe = std::env::current_exe().map_err(failed)?;
+            let mut options = format!("data={mode}");
+            if matches!(system, System::TidefsUring(_)) {
+                options += ",fuse_uring";
+            }
+            if let Some(journal) = &journal_path {
+                options += &format!(",journal_device={}", journal.display());
+            }
+            run_tool(
+                Command::new(exe)
+                    .arg("mount")
+                    .arg("-o")
+                    .arg(options)
+                    .arg(device)
+                    .arg(mountpoint),
+                &format!("{name}: tidefs mount"),
+            )?;
+            Mounted::Tidefs(mountpoint.to_path_buf())
+        }
+        System::Ext4(mode) => {
+            let mut options = format!("data={}", mode.data_option());
+            if let Some(journal) = &journal_path {
+                options += &format!(",journal_path={}", journal.display());
+            }
+            run_tool(
+                Command::new("mount")
+                    .args(["-t", "ext4", "-o"])
+                    .arg(options)
+                    .arg(device)
+                    .arg(mountpoint),
+                &format!("{name}: mount"),
+            )?;
+            Mounted::Kernel(mountpoint.to_path_buf())
+        }
+        System::Fuse2fs => {
+            let fuse2fs = need_tool("fuse2fs", "fuse2fs")?;
+            let child = Command::new(fuse2fs)
+                .arg(device)
+                .arg(mountpoint)
+                .args(["-f", "-o", "allow_other"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| CliError::new(format!("bench: {name}: fuse2fs"), e.to_string()))?;
+            let mounted = Mounted::Fuse2fs(mountpoint.to_path_buf(), child);
+            if !wait_mounted(mountpoint) {
+                return Err(CliError::new(
+                    format!("bench: {name}: fuse2fs"),
+                    "the mount did not appear within 10 s",
+                ));
+            }
+            mounted
+        }
+    })
 }
 
 /// A system set up and ready: mounted on its loop device (or open in this process).
@@ -638,73 +720,7 @@ impl Target {
         if system.has_path() {
             std::fs::create_dir_all(&mountpoint).map_err(failed)?;
         }
-        let mounted = match &system {
-            System::Embedded(mode) => {
-                let config = tidefs_options(mode).map_err(|e| CliError::usage("bench", e))?;
-                let opts = MountOptions {
-                    data_mode: config.data_mode.unwrap_or_default(),
-                    journal_device: journal_path,
-                    ..MountOptions::default()
-                };
-                let fs = Fs::open(&device.path, &opts)
-                    .map_err(|e| CliError::new(format!("bench: {name}: open"), e.to_string()))?;
-                Mounted::Embedded(Arc::new(fs))
-            }
-            System::Tidefs(mode) | System::TidefsUring(mode) => {
-                let exe = std::env::current_exe().map_err(failed)?;
-                let mut options = format!("data={mode}");
-                if matches!(system, System::TidefsUring(_)) {
-                    options += ",fuse_uring";
-                }
-                if let Some(journal) = &journal_path {
-                    options += &format!(",journal_device={}", journal.display());
-                }
-                run_tool(
-                    Command::new(exe)
-                        .arg("mount")
-                        .arg("-o")
-                        .arg(options)
-                        .arg(&device.path)
-                        .arg(&mountpoint),
-                    &format!("{name}: tidefs mount"),
-                )?;
-                Mounted::Tidefs(mountpoint.clone())
-            }
-            System::Ext4(mode) => {
-                let mut options = format!("data={}", mode.data_option());
-                if let Some(journal) = &journal_path {
-                    options += &format!(",journal_path={}", journal.display());
-                }
-                run_tool(
-                    Command::new("mount")
-                        .args(["-t", "ext4", "-o"])
-                        .arg(options)
-                        .arg(&device.path)
-                        .arg(&mountpoint),
-                    &format!("{name}: mount"),
-                )?;
-                Mounted::Kernel(mountpoint.clone())
-            }
-            System::Fuse2fs => {
-                let fuse2fs = need_tool("fuse2fs", "fuse2fs")?;
-                let child = Command::new(fuse2fs)
-                    .arg(&device.path)
-                    .arg(&mountpoint)
-                    .args(["-f", "-o", "allow_other"])
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
-                    .map_err(|e| CliError::new(format!("bench: {name}: fuse2fs"), e.to_string()))?;
-                let mounted = Mounted::Fuse2fs(mountpoint.clone(), child);
-                if !wait_mounted(&mountpoint) {
-                    return Err(CliError::new(
-                        format!("bench: {name}: fuse2fs"),
-                        "the mount did not appear within 10 s",
-                    ));
-                }
-                mounted
-            }
-        };
+        let mounted = mount(&system, &device.path, journal_path, &mountpoint, &name)?;
         Ok(Target {
             mountpoint: Mountpoint(system.has_path().then_some(mountpoint)),
             system,
@@ -747,7 +763,7 @@ impl Target {
                     .unwrap_or(0);
                 Some(full + fast)
             }
-            Mounted::Fuse2fs(..) => None,
+            Mounted::Fuse2fs(..) | Mounted::Unmounted => None,
         }
     }
 
@@ -757,7 +773,7 @@ impl Target {
         match &self.mounted {
             Mounted::Embedded(fs) => Some(fs.stats().metadata_locked),
             Mounted::Tidefs(_) => self.daemon_stats()?["stats"]["metadata_locked"].as_u64(),
-            Mounted::Kernel(_) | Mounted::Fuse2fs(..) => None,
+            Mounted::Kernel(_) | Mounted::Fuse2fs(..) | Mounted::Unmounted => None,
         }
     }
 
@@ -794,7 +810,7 @@ impl Target {
     /// work is the calling process's.
     pub fn server_cpu_seconds(&self) -> Option<f64> {
         match &self.mounted {
-            Mounted::Embedded(_) => None,
+            Mounted::Embedded(_) | Mounted::Unmounted => None,
             Mounted::Tidefs(mnt) => {
                 let mut client = crate::control::Client::connect(mnt).ok()?;
                 let pid = client.request("status").ok()?["pid"].as_u64()?;
@@ -856,7 +872,24 @@ impl Target {
             Mounted::Kernel(mnt) | Mounted::Fuse2fs(mnt, _) => {
                 run_tool(Command::new("sync").arg("-f").arg(mnt), "sync -f").map(drop)
             }
+            Mounted::Unmounted => Ok(()),
         }
+    }
+
+    /// Unmounts and mounts again, so that nothing the system read or wrote is left in a cache
+    /// (the kernel's page cache of a mount goes with it, the daemon's with the daemon, and the
+    /// kernel's clean caches are dropped too, when root may); returns what the devices had
+    /// received at the end of the unmount.
+    pub fn remount(&mut self) -> Result<Traffic, CliError> {
+        drop(std::mem::replace(&mut self.mounted, Mounted::Unmounted));
+        let traffic = self.counters();
+        let _ = std::fs::write("/proc/sys/vm/drop_caches", "3\n");
+        let name = self.system.name();
+        let journal = self.journal.as_ref().map(|j| j.device.path.clone());
+        // (The embedded systems have none, and mount none.)
+        let mountpoint = self.mountpoint.0.clone().unwrap_or_default();
+        self.mounted = mount(&self.system, &self.device.path, journal, &mountpoint, &name)?;
+        Ok(traffic)
     }
 }
 
