@@ -912,22 +912,30 @@ fn unusual_but_valid_geometries_mount() {
 }
 
 /// Goal: a directory entry that names a reserved inode — the journal (8), the bad-blocks
-/// inode (1) — is corruption of that directory, not a file to open: through the entry the
-/// journal's inode took writes, and inode 1 would have shown as a second root. Method: the
-/// entries made with e2fsprogs' `debugfs ln`, then a lookup and a listing of the directory
-/// (corrupt), and another directory still served.
+/// inode (1) — is damage of that entry, not a file to open (through it the journal's inode
+/// took writes, and inode 1 would have shown as a second root), and of that entry only, as
+/// with the kernel: a lookup of its name, a create over it and its unlink fail as
+/// corruption, while the directory is listed (the entry with it) and its other files are
+/// found, read, created and removed. Method: the entries made with e2fsprogs' `debugfs ln`
+/// beside a file in each directory; before, one such entry failed its whole directory.
 #[test]
-fn entries_naming_reserved_inodes_are_corruption() {
+fn entries_naming_reserved_inodes_are_corruption_of_that_entry() {
     if !common::have_e2fsprogs() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let img = fresh(dir.path(), "r.img");
     let fs = Fs::open(&img, &opts(false)).unwrap();
-    // Each in a directory of its own: one bad entry makes its directory block corrupt.
-    for name in ["journal", "first", "good"] {
-        fs.mkdir(ROOT_INO, name.as_bytes(), 0o755, Creds::ROOT)
-            .unwrap();
+    for name in ["journal", "first"] {
+        let d = fs
+            .mkdir(ROOT_INO, name.as_bytes(), 0o755, Creds::ROOT)
+            .unwrap()
+            .ino;
+        let f = fs
+            .create(d, b"sibling", 0o100644, 0, Creds::ROOT)
+            .unwrap()
+            .ino;
+        fs.write(f, 0, b"still here").unwrap();
     }
     fs.unmount().unwrap();
     drop(fs);
@@ -940,17 +948,31 @@ fn entries_naming_reserved_inodes_are_corruption() {
         assert!(out.status.success(), "debugfs: {out:?}");
     }
     let fs = Fs::open(&img, &opts(false)).unwrap();
-    for name in [&b"journal"[..], b"first"] {
-        let bad = fs.lookup(ROOT_INO, name).unwrap().ino;
-        let r = fs.lookup(bad, b"entry");
-        assert!(
-            matches!(r, Err(FsError::Corrupt(_))),
-            "lookup of an entry naming a reserved inode: {r:?}"
-        );
-        let listed = fs.readdir(bad, 0, &mut |_| true);
-        assert!(matches!(listed, Err(FsError::Corrupt(_))), "{listed:?}");
+    fn corrupt<T: std::fmt::Debug>(r: &Result<T, FsError>, what: &str) {
+        assert!(matches!(r, Err(FsError::Corrupt(_))), "{what}: {r:?}");
     }
-    let good = fs.lookup(ROOT_INO, b"good").unwrap().ino;
-    fs.create(good, b"f", 0o100644, 0, Creds::ROOT).unwrap();
+    for (name, ino) in [(&b"journal"[..], 8u64), (b"first", 1)] {
+        let d = fs.lookup(ROOT_INO, name).unwrap().ino;
+        corrupt(&fs.lookup(d, b"entry"), "lookup");
+        corrupt(
+            &fs.create(d, b"entry", 0o100644, 0, Creds::ROOT),
+            "create over it",
+        );
+        corrupt(&fs.unlink(d, b"entry"), "unlink");
+        let mut listed = Vec::new();
+        fs.readdir(d, 0, &mut |e| {
+            listed.push((e.name.clone(), e.ino));
+            true
+        })
+        .unwrap();
+        assert!(listed.contains(&(b"entry".to_vec(), ino)), "{listed:?}");
+        let sibling = fs.lookup(d, b"sibling").unwrap().ino;
+        assert_eq!(fs.read(sibling, 0, 100).unwrap(), b"still here");
+        fs.create(d, b"new", 0o100644, 0, Creds::ROOT).unwrap();
+        fs.unlink(d, b"sibling").unwrap();
+        // Not empty: the entry is there.
+        let r = fs.rmdir(ROOT_INO, name);
+        assert!(matches!(r, Err(FsError::NotEmpty)), "rmdir: {r:?}");
+    }
     fs.unmount().unwrap();
 }

@@ -102,7 +102,6 @@ impl Meta {
             dir,
             indexed,
             seed: self.dir_csum_seed(dir, generation),
-            first_ino: self.geo.first_ino,
             inodes: self.geo.inodes_count(),
         }
     }
@@ -285,9 +284,21 @@ impl Meta {
         Ok(())
     }
 
-    /// Looks `name` up in `dir`.
+    /// Looks `name` up in `dir`. An entry that names a reserved inode is damage, and an
+    /// error for that name alone (`Geometry::entry_may_name`).
     pub(crate) fn dir_lookup(&mut self, io: &Io, dir: u32, name: &[u8]) -> Result<Option<DirSlot>> {
-        Ok(self.dir_index(io, dir)?.names.get(name).copied())
+        let slot = self.dir_index(io, dir)?.names.get(name).copied();
+        match slot {
+            Some(s) if !self.geo.entry_may_name(s.ino) => Err(FsError::corrupt_inode(
+                dir,
+                format!(
+                    "the entry '{}' names inode {}, which no directory may hold",
+                    String::from_utf8_lossy(name),
+                    s.ino
+                ),
+            )),
+            slot => Ok(slot),
+        }
     }
 
     /// [`Meta::dir_lookup`] for an operation that will change `dir`: reserves first the

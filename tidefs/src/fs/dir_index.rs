@@ -25,8 +25,6 @@ pub(crate) struct DirShape {
     pub indexed: bool,
     /// Seed of the blocks' checksums (metadata_csum), `None` without.
     pub seed: Option<u32>,
-    /// Inode numbers an entry may name besides the root: `first_ino..=inodes`.
-    pub first_ino: u32,
     pub inodes: u64,
 }
 
@@ -62,17 +60,14 @@ impl DirShape {
         if index_block && lblk != 0 {
             recs.clear();
         }
-        // An entry names the root or an inode past the reserved ones (the journal, the resize
-        // inode and the others below `s_first_ino` are never in a directory): opened by
-        // name, the journal's inode would take writes.
-        let root = super::api::ROOT_INO;
-        if let Some(r) = recs.iter().find(|r| {
-            let ino = u64::from(r.inode);
-            r.inode != 0 && (ino > self.inodes || ino != root && r.inode < self.first_ino)
-        }) {
+        // An entry names an inode of the file system: one past the last spoils its block,
+        // as the kernel's check of a record does. One of the reserved inodes (below
+        // `s_first_ino`, but for the root) is damage of that entry only: it is listed, and
+        // a lookup of its name fails (`Meta::dir_lookup`), as with the kernel.
+        if let Some(r) = recs.iter().find(|r| u64::from(r.inode) > self.inodes) {
             return Err(bad(format!(
-                "an entry names inode {}, which no directory may hold",
-                r.inode
+                "an entry names inode {}, past the last ({})",
+                r.inode, self.inodes
             )));
         }
         Ok((recs, index_block))

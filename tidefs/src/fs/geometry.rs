@@ -90,6 +90,13 @@ impl Geometry {
         ino >= 1 && ino <= self.inodes_count()
     }
 
+    /// Whether a directory entry may lead to inode `ino`: the root or an inode past the
+    /// reserved ones (the journal, the resize inode and the others below `s_first_ino` are
+    /// never in a directory: opened by name, the journal's inode would take writes).
+    pub fn entry_may_name(&self, ino: u32) -> bool {
+        ino == super::api::ROOT_INO as u32 || (ino >= self.first_ino && self.valid_ino(ino.into()))
+    }
+
     /// `ino` as an inode number of this file system (`NotFound` when out of range).
     pub fn ino32(&self, ino: u64) -> crate::Result<u32> {
         if !self.valid_ino(ino) {
