@@ -49,6 +49,9 @@ struct Sample {
     /// The restart: every rank's file read back after a remount.
     restart_seconds: f64,
     restart_mb_per_s: f64,
+    /// What the file system's device read during the restart (the data, if it came from the
+    /// device and not from a cache left warm).
+    restart_device_bytes_read: u64,
     /// What the devices received, including the unmount after the run.
     device: Traffic,
 }
@@ -65,6 +68,7 @@ struct Row {
     restart_mb_per_s: f64,
     restart_seconds: f64,
     restart_ratio_to_ext4_ordered: Option<f64>,
+    restart_device_bytes_read: f64,
 }
 
 report::compared!(Row, |r| r.mb_per_s, ratio_to_ext4_ordered);
@@ -103,6 +107,9 @@ pub fn run(args: CheckpointArgs) -> Result<(), CliError> {
             device: TrafficMedians::of(&mine.iter().map(|x| x.device).collect::<Vec<_>>()),
             restart_mb_per_s: report::median_by(&mine, |x| x.restart_mb_per_s),
             restart_seconds: report::median_by(&mine, |x| x.restart_seconds),
+            restart_device_bytes_read: report::median_by(&mine, |x| {
+                x.restart_device_bytes_read as f64
+            }),
             system,
             ratio_to_ext4_ordered: None,
             restart_ratio_to_ext4_ordered: None,
@@ -190,7 +197,9 @@ fn one_run(
     let device = target.remount()?.since(before);
     // OK to unwrap: the remount mounted it at the same path.
     let root = target.root().expect("checkpoint systems have a path");
+    let read_before = target.bytes_read();
     let restart_seconds = all_ranks(&root.join("checkpoint"), args, read_rank)?;
+    let restart_device_bytes_read = target.bytes_read().saturating_sub(read_before);
     target.finish();
     let bytes = args.file_size as f64 * args.threads as f64;
     Ok(Sample {
@@ -200,6 +209,7 @@ fn one_run(
         mb_per_s: bytes / 1e6 / seconds.max(1e-9),
         restart_seconds,
         restart_mb_per_s: bytes / 1e6 / restart_seconds.max(1e-9),
+        restart_device_bytes_read,
         device,
     })
 }
@@ -251,35 +261,37 @@ impl Restart {
 
 report::compared!(Restart, |r| r.mb_per_s, ratio);
 
-/// The bytes of chunk `n` (counted from 0) of `rank`'s file: what [`write_rank`] writes.
-fn fill_chunk(buf: &mut [u8], rank: usize, n: u64) {
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = (i % 251) as u8 ^ rank as u8;
-    }
-    if let Some(first) = buf.first_mut() {
-        *first = n as u8;
-    }
+/// The bytes of every chunk of `rank`'s file but its first byte, which is the chunk's
+/// number (wrapping): what [`write_rank`] writes, made once per rank, outside the timing.
+fn rank_pattern(rank: usize, args: &CheckpointArgs) -> Vec<u8> {
+    let len = args.chunk.min(args.file_size) as usize;
+    (0..len).map(|i| (i % 251) as u8 ^ rank as u8).collect()
 }
 
 /// One rank's restart: its file read back in chunks, each checked against what the rank
-/// wrote.
+/// wrote, and its length.
 fn read_rank(path: &Path, rank: usize, args: &CheckpointArgs) -> Result<(), CliError> {
     let what = format!("bench checkpoint: restart: {}", path.display());
     let failed = |e: std::io::Error| CliError::new(what.clone(), e.to_string());
     let mut f = std::fs::File::open(path).map_err(failed)?;
-    let chunk = usize::try_from(args.chunk).unwrap_or(usize::MAX);
-    let mut got = vec![0u8; chunk];
-    let mut want = vec![0u8; chunk];
+    let want = rank_pattern(rank, args);
+    let mut got = vec![0u8; want.len()];
     for (n, at, len) in chunks(args) {
         super::check_interrupt("bench checkpoint")?;
         f.read_exact(&mut got[..len]).map_err(failed)?;
-        fill_chunk(&mut want[..len], rank, n);
-        if got[..len] != want[..len] {
+        if got[0] != n as u8 || got[1..len] != want[1..len] {
             return Err(CliError::new(
                 what,
                 format!("the bytes read back at {at} differ from those written"),
             ));
         }
+    }
+    let len = f.metadata().map_err(failed)?.len();
+    if len != args.file_size {
+        return Err(CliError::new(
+            what,
+            format!("{len} bytes after the remount, not {}", args.file_size),
+        ));
     }
     Ok(())
 }
@@ -298,11 +310,10 @@ fn write_rank(path: &Path, rank: usize, args: &CheckpointArgs) -> Result<(), Cli
     let what = format!("bench checkpoint: {}", path.display());
     let failed = |e: std::io::Error| CliError::new(what.clone(), e.to_string());
     let mut f = std::fs::File::create(path).map_err(failed)?;
-    let chunk = usize::try_from(args.chunk).unwrap_or(usize::MAX);
-    let mut buf = vec![0u8; chunk];
+    let mut buf = rank_pattern(rank, args);
     for (n, _, len) in chunks(args) {
         super::check_interrupt("bench checkpoint")?;
-        fill_chunk(&mut buf[..len], rank, n);
+        buf[0] = n as u8;
         f.write_all(&buf[..len]).map_err(failed)?;
     }
     f.sync_all().map_err(failed)?;

@@ -464,16 +464,26 @@ impl LoopDevice {
 
     /// `/sys/block/loopN/stat`: field 7 is sectors written (512 bytes each), field 16 flushes.
     fn counters(&self) -> DeviceCounters {
-        let text =
-            std::fs::read_to_string(format!("/sys/block/{}/stat", self.name())).unwrap_or_default();
-        let fields: Vec<u64> = text
-            .split_whitespace()
-            .filter_map(|f| f.parse().ok())
-            .collect();
+        let fields = self.stat();
         DeviceCounters {
             bytes_written: fields.get(6).copied().unwrap_or(0).saturating_mul(512),
             flushes: fields.get(15).copied().unwrap_or(0),
         }
+    }
+
+    /// Bytes read so far.
+    fn bytes_read(&self) -> u64 {
+        self.stat().get(2).copied().unwrap_or(0).saturating_mul(512)
+    }
+
+    /// The device's I/O counters (`/sys/block/NAME/stat`: reads, merged reads, sectors read,
+    /// ..., sectors written at 6, ..., flushes at 15).
+    fn stat(&self) -> Vec<u64> {
+        let text =
+            std::fs::read_to_string(format!("/sys/block/{}/stat", self.name())).unwrap_or_default();
+        text.split_whitespace()
+            .filter_map(|f| f.parse().ok())
+            .collect()
     }
 }
 
@@ -839,6 +849,11 @@ impl Target {
         }
     }
 
+    /// Bytes the file system's own device (not its journal's) has read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.device.bytes_read()
+    }
+
     /// Unmounts (or closes the embedded file system) and returns what the devices received
     /// in all, up to the end of the unmount: fuse2fs, for one, writes its cache only then.
     pub fn finish(self) -> Traffic {
@@ -878,9 +893,20 @@ impl Target {
 
     /// Unmounts and mounts again, so that nothing the system read or wrote is left in a cache
     /// (the kernel's page cache of a mount goes with it, the daemon's with the daemon, and the
-    /// kernel's clean caches are dropped too, when root may); returns what the devices had
-    /// received at the end of the unmount.
+    /// kernel's clean caches are dropped too, as root); returns what the devices had received
+    /// at the end of the unmount.
     pub fn remount(&mut self) -> Result<Traffic, CliError> {
+        // Unmounted for good, or an error: the lazy unmount that dropping falls back to would
+        // leave the file system and its caches alive, and the next mount of its device would
+        // find them (a warm restart taken for a cold one).
+        match &self.mounted {
+            Mounted::Kernel(mnt) | Mounted::Fuse2fs(mnt, _) => {
+                run_tool(Command::new("umount").arg(mnt), "umount")?;
+            }
+            Mounted::Tidefs(mnt) => crate::umount(mnt)?,
+            Mounted::Embedded(_) | Mounted::Unmounted => {}
+        }
+        // Waits for fuse2fs to end; the others find nothing left to unmount.
         drop(std::mem::replace(&mut self.mounted, Mounted::Unmounted));
         let traffic = self.counters();
         let _ = std::fs::write("/proc/sys/vm/drop_caches", "3\n");

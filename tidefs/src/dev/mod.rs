@@ -60,10 +60,11 @@ pub trait BlockDevice: Send + Sync {
         Ok(())
     }
 
-    /// Reads `len` bytes at byte `offset` into a buffer of its own, as `read_at` would into
-    /// one the caller made. A direct backend (`FileDev` with `O_DIRECT`) reads an aligned span
-    /// straight into the buffer it returns, where `read_at` copies out of one: file data read
-    /// from the device goes through this, a megabyte at a time.
+    /// Reads `len` bytes at byte `offset` into a buffer of its own, exactly `len` bytes long,
+    /// as `read_at` would into one the caller made. A direct backend (`FileDev` with
+    /// `O_DIRECT`) reads a sector-aligned span straight into the buffer it returns, where
+    /// `read_at` copies out of one: `Fs::read` reads file data through this, up to a
+    /// megabyte at a time.
     fn read_owned(&self, offset: u64, len: usize) -> std::io::Result<AlignedBuf> {
         let mut buf = AlignedBuf::zeroed(len);
         self.read_at(offset, buf.as_mut_slice())?;

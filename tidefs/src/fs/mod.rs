@@ -2098,6 +2098,12 @@ impl Inner {
                     let len = (in_block + s.len).div_ceil(bs) * bs;
                     let span = self.io.dev.read_owned(block * bs as u64, len)?;
                     let bytes = span.as_slice();
+                    if bytes.len() != len {
+                        return Err(FsError::Io(std::io::Error::other(format!(
+                            "the device returned {} bytes for a read of {len}",
+                            bytes.len()
+                        ))));
+                    }
                     out.extend_from_slice(&bytes[in_block..in_block + s.len]);
                     fetched.extend((lblk..).zip(bytes.chunks(bs).map(Arc::<[u8]>::from)));
                 }
