@@ -137,8 +137,13 @@ impl WholePages {
         }
     }
 
+    /// Whether no page was made.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
     /// Block `lblk`'s new page, if the write covers it whole.
-    fn get(&self, lblk: u32) -> Option<&Arc<[u8]>> {
+    pub fn get(&self, lblk: u32) -> Option<&Arc<[u8]>> {
         self.pages.get(lblk.checked_sub(self.first)? as usize)
     }
 }
@@ -606,8 +611,11 @@ impl DataCache {
 
     /// Writes `data` at byte `offset` of cached page `(ino, lblk)`, which becomes dirty;
     /// `request_len` is the length of the whole `write()` this piece belongs to, `mode` the
-    /// journaling mode the file obeys. Returns false if the page is not cached.
-    pub fn write(
+    /// journaling mode the file obeys, and `whole` the page's whole new content when it was
+    /// made ahead (`data` covers all of it, with the same bytes), which becomes the page as
+    /// it is, not copied. Returns false if the page is not cached.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_page(
         &mut self,
         ino: u32,
         lblk: u32,
@@ -615,6 +623,7 @@ impl DataCache {
         data: &[u8],
         request_len: usize,
         mode: DataMode,
+        whole: Option<&Arc<[u8]>>,
     ) -> bool {
         if self.get(ino, lblk).is_none() {
             return false;
@@ -623,7 +632,7 @@ impl DataCache {
         let change = PageWrite {
             offset,
             data,
-            whole: None,
+            whole,
             request_len,
             mode,
             gen: self.next_gen,
@@ -982,7 +991,7 @@ mod tests {
         // The operation saves the page whole (its own write), then the write without the
         // lock lands in the page and in that saved copy.
         c.begin_undo();
-        c.write(5, 0, 0, b"z", 1, DataMode::Ordered);
+        c.write_page(5, 0, 0, b"z", 1, DataMode::Ordered, None);
         c.allocated(5, 0);
         assert_eq!(c.write_cached(5, 2, b"ab", 16, DataMode::Ordered), Some(0));
         c.rollback();
@@ -1047,16 +1056,16 @@ mod tests {
         let mut c = DataCache::new(64);
         c.insert(5, 0, vec![0u8; 16].into(), true);
         c.insert(5, 1, vec![1u8; 16].into(), false);
-        assert!(c.write(5, 0, 2, b"ab", 1, DataMode::Ordered));
-        assert!(c.write(5, 1, 0, b"z", 1, DataMode::Ordered));
-        assert!(!c.write(5, 9, 0, b"z", 1, DataMode::Ordered));
+        assert!(c.write_page(5, 0, 2, b"ab", 1, DataMode::Ordered, None));
+        assert!(c.write_page(5, 1, 0, b"z", 1, DataMode::Ordered, None));
+        assert!(!c.write_page(5, 9, 0, b"z", 1, DataMode::Ordered, None));
         assert_eq!((c.dirty_count(), c.reserved(), c.reserved_of(5)), (2, 1, 1));
         assert_eq!(c.dirty_count_of(5), 2);
         let pages = c.dirty_pages(5);
         assert_eq!(pages.len(), 2);
         assert_eq!(&pages[0].bytes[..4], &[0, 0, b'a', b'b']);
         // A write after the snapshot keeps the page dirty.
-        c.write(5, 1, 1, b"y", 1, DataMode::Ordered);
+        c.write_page(5, 1, 1, b"y", 1, DataMode::Ordered, None);
         c.allocated(5, 0);
         c.written_back(5, 0, pages[0].gen);
         c.written_back(5, 1, pages[1].gen);
@@ -1071,7 +1080,7 @@ mod tests {
         let mut c = DataCache::new(64);
         for lblk in 0..3 {
             c.insert(7, lblk, vec![0u8; 16].into(), false);
-            assert!(c.write(7, lblk, 0, b"a", 1, DataMode::Ordered));
+            assert!(c.write_page(7, lblk, 0, b"a", 1, DataMode::Ordered, None));
         }
         // A commit whose block is held sent all three home.
         for p in c.dirty_pages(7) {
@@ -1081,13 +1090,13 @@ mod tests {
         assert!(!c.has_unsent_dirty());
         assert!(c.unsent_dirty_at_least(0));
         // An append rewrites one of them: the running transaction has that page.
-        assert!(c.write(7, 2, 1, b"b", 1, DataMode::Ordered));
+        assert!(c.write_page(7, 2, 1, b"b", 1, DataMode::Ordered, None));
         assert!(c.has_unsent_dirty());
         assert!(c.unsent_dirty_at_least(1));
         assert!(!c.unsent_dirty_at_least(2));
         // And a page of its own.
         c.insert(8, 0, vec![0u8; 16].into(), false);
-        assert!(c.write(8, 0, 0, b"c", 1, DataMode::Ordered));
+        assert!(c.write_page(8, 0, 0, b"c", 1, DataMode::Ordered, None));
         assert!(c.unsent_dirty_at_least(2));
         assert!(!c.unsent_dirty_at_least(3));
         assert_eq!(c.dirty_count(), 4);
@@ -1098,9 +1107,9 @@ mod tests {
         let mut c = DataCache::new(64);
         c.insert(1, 0, vec![0u8; 8].into(), false);
         c.begin_undo();
-        c.write(1, 0, 0, b"x", 1, DataMode::Ordered);
+        c.write_page(1, 0, 0, b"x", 1, DataMode::Ordered, None);
         c.insert(1, 1, vec![0u8; 8].into(), true);
-        c.write(1, 1, 0, b"y", 1, DataMode::Ordered);
+        c.write_page(1, 1, 0, b"y", 1, DataMode::Ordered, None);
         c.drop_range(1, 0, 1);
         c.rollback();
         assert_eq!(c.get(1, 0).unwrap().bytes[0], 0);
@@ -1117,12 +1126,12 @@ mod tests {
         let mut c = DataCache::new(64);
         for l in 0..3 {
             c.insert(4, l, vec![0u8; 8].into(), true);
-            c.write(4, l, 0, b"d", 1, DataMode::Journal);
+            c.write_page(4, l, 0, b"d", 1, DataMode::Journal, None);
         }
         c.publish_map(4, Arc::new(ExtentMap::default()));
         assert_eq!(c.reserved(), 3);
         c.begin_undo();
-        c.write(4, 0, 1, b"e", 1, DataMode::Journal);
+        c.write_page(4, 0, 1, b"e", 1, DataMode::Journal, None);
         for l in 0..3 {
             c.allocated(4, l);
         }
@@ -1166,7 +1175,7 @@ mod tests {
     fn rollback_makes_a_page_written_back_inside_the_operation_dirty_again() {
         let mut c = DataCache::new(64);
         c.insert(3, 0, vec![0u8; 8].into(), false);
-        c.write(3, 0, 2, b"ab", 1, DataMode::Journal);
+        c.write_page(3, 0, 2, b"ab", 1, DataMode::Journal, None);
         let gen = c.dirty_pages(3)[0].gen;
         c.begin_undo();
         c.written_back(3, 0, gen);
@@ -1190,15 +1199,15 @@ mod tests {
         for l in 0..1000 {
             c.insert(7, l, vec![0u8; 8].into(), false);
         }
-        c.write(7, 900, 0, b"a", 1, DataMode::Ordered);
-        c.write(7, 10, 0, b"b", 1, DataMode::Ordered);
+        c.write_page(7, 900, 0, b"a", 1, DataMode::Ordered, None);
+        c.write_page(7, 10, 0, b"b", 1, DataMode::Ordered, None);
         let lblks = |c: &DataCache| c.dirty_pages(7).iter().map(|p| p.lblk).collect::<Vec<_>>();
         assert_eq!(lblks(&c), vec![10, 900]);
         let pages = c.dirty_pages(7);
         c.written_back(7, 10, pages[0].gen);
         assert_eq!(lblks(&c), vec![900]);
         c.begin_undo();
-        c.write(7, 500, 0, b"c", 1, DataMode::Ordered);
+        c.write_page(7, 500, 0, b"c", 1, DataMode::Ordered, None);
         c.drop_range(7, 900, 901);
         assert_eq!(lblks(&c), vec![500]);
         c.rollback();
@@ -1217,7 +1226,7 @@ mod tests {
         let mut c = DataCache::new(64);
         for l in 0..64 {
             c.insert(1, l, vec![0u8; 8].into(), true);
-            c.write(1, l, 0, b"d", 1, DataMode::Ordered);
+            c.write_page(1, l, 0, b"d", 1, DataMode::Ordered, None);
         }
         for l in 64..200 {
             c.insert(2, l, vec![0u8; 8].into(), false);

@@ -13,7 +13,7 @@ use crate::{FsError, Result};
 
 use super::api::{Attr, Creds, FileKind, RenameFlags, SetAttr, SetTime, Timestamp, XattrSetMode};
 use super::cached_writes::{from_ts, later, to_ts, SPARE_BLOCKS};
-use super::datacache::{zero_page, DataCache};
+use super::datacache::{zero_page, DataCache, WholePages};
 use super::extents::{inode_goal, ExtentMap};
 use super::log_credits::{free_credits, runs_credits, Reserve, TREE_CREDITS};
 use super::meta::{Io, Meta};
@@ -132,6 +132,9 @@ struct Piece<'a> {
     /// The block's old bytes, read before the operation filled any page
     /// ([`Meta::write`]), for a piece that covers part of a block written on disk.
     old: Option<Arc<[u8]>>,
+    /// The block's whole new content, made before the metadata lock was taken, for a piece
+    /// that covers all of it (`WholePages`): it becomes the page, not copied under the lock.
+    whole: Option<&'a Arc<[u8]>>,
 }
 
 impl<'a> Piece<'a> {
@@ -144,6 +147,7 @@ impl<'a> Piece<'a> {
             bytes: zeros,
             request_len: zeros.len(),
             old: None,
+            whole: None,
         }
     }
 }
@@ -1228,6 +1232,7 @@ impl Meta {
             bytes,
             request_len,
             old,
+            whole,
         } = piece;
         let mode = self.data_mode(io, ino)?;
         // Each attempt finds the page and writes into it under one hold of the page cache's
@@ -1236,19 +1241,21 @@ impl Meta {
         if self
             .data
             .lock()
-            .write(ino, lblk, offset, bytes, request_len, mode)
+            .write_page(ino, lblk, offset, bytes, request_len, mode, whole)
         {
             return Ok(());
         }
         let bs = self.geo.bs();
-        let page = match (old, home) {
-            (Some(old), _) => old,
-            (None, Some((p, false))) if bytes.len() < bs => self.read_data_block(io, p)?,
+        let page = match (old, home, whole) {
+            (Some(old), _, _) => old,
+            (None, Some((p, false)), _) if bytes.len() < bs => self.read_data_block(io, p)?,
+            // The write below makes it the page anyway.
+            (None, _, Some(whole)) => Arc::clone(whole),
             _ => zero_page(bs),
         };
         let mut pages = self.data.lock();
         pages.insert(ino, lblk, page, home.is_none());
-        let written = pages.write(ino, lblk, offset, bytes, request_len, mode);
+        let written = pages.write_page(ino, lblk, offset, bytes, request_len, mode, whole);
         debug_assert!(written, "a page just inserted is cached");
         Ok(())
     }
@@ -1348,6 +1355,7 @@ impl Meta {
         offset: u64,
         data: &[u8],
         request_len: usize,
+        whole: &WholePages,
     ) -> Result<u32> {
         if !data.is_empty() {
             self.kill_caps(io, ino)?;
@@ -1436,6 +1444,7 @@ impl Meta {
                 } else {
                     None
                 },
+                whole: whole.get(lblk),
             };
             self.put_data(io, ino, piece)?;
             pos += len as u64;
