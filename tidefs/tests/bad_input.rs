@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use tidefs::format::crc32c_raw;
 use tidefs::format::jbd2::JournalSuperblock;
-use tidefs::fs::{Creds, Fs, MountOptions, ROOT_INO};
+use tidefs::fs::{Creds, DataMode, Fs, MountOptions, ROOT_INO};
 use tidefs::FsError;
 
 const SB: usize = 1024;
@@ -947,13 +947,30 @@ fn entries_naming_reserved_inodes_are_corruption_of_that_entry() {
             .unwrap();
         assert!(out.status.success(), "debugfs: {out:?}");
     }
+    let journal_inode = || {
+        let out = std::process::Command::new("debugfs")
+            .args(["-R", "stat <8>"])
+            .arg(&img)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let journal_before = journal_inode();
     let fs = Fs::open(&img, &opts(false)).unwrap();
     fn corrupt<T: std::fmt::Debug>(r: &Result<T, FsError>, what: &str) {
         assert!(matches!(r, Err(FsError::Corrupt(_))), "{what}: {r:?}");
     }
+    // The journal's attributes cached, as a library user or a walk by inode number does.
+    fs.getattr(8).unwrap();
     for (name, ino) in [(&b"journal"[..], 8u64), (b"first", 1)] {
         let d = fs.lookup(ROOT_INO, name).unwrap().ino;
         corrupt(&fs.lookup(d, b"entry"), "lookup");
+        // Again once the directory's index is published (lookups without the lock).
+        fs.lookup(d, b"sibling").unwrap();
+        corrupt(&fs.lookup(d, b"entry"), "lookup without the lock");
+        // A change of the directory's journaling mode changes the files it governs, not
+        // the inode the damaged entry names.
+        fs.set_journal_mode(d, Some(DataMode::Journal)).unwrap();
         corrupt(
             &fs.create(d, b"entry", 0o100644, 0, Creds::ROOT),
             "create over it",
@@ -975,4 +992,10 @@ fn entries_naming_reserved_inodes_are_corruption_of_that_entry() {
         assert!(matches!(r, Err(FsError::NotEmpty)), "rmdir: {r:?}");
     }
     fs.unmount().unwrap();
+    drop(fs);
+    assert_eq!(
+        journal_inode(),
+        journal_before,
+        "the journal's inode changed"
+    );
 }

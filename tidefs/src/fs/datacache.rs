@@ -175,7 +175,13 @@ impl PageWrite<'_> {
     /// Writes into `p`; true if it was clean before.
     fn apply(&self, p: &mut Page) -> bool {
         match self.whole {
-            Some(whole) => p.bytes = Arc::clone(whole),
+            Some(whole) => {
+                debug_assert!(
+                    self.offset == 0 && whole[..] == *self.data,
+                    "a page made ahead holds the bytes written"
+                );
+                p.bytes = Arc::clone(whole);
+            }
             None => Arc::make_mut(&mut p.bytes)[self.offset..self.offset + self.data.len()]
                 .copy_from_slice(self.data),
         }

@@ -955,10 +955,11 @@ impl Fs {
             let p = inner.geo.ino32(parent)?;
             // A cached name, else the directory's published index (which knows the names
             // that do not exist too), with the inode's cached attributes.
+            // (An entry naming a reserved inode is damage, which the lock's path reports.)
             match inner.names.lookup(p, name) {
-                Some(Some(attr)) => return Ok(attr),
+                Some(Some(attr)) if inner.geo.entry_may_name(attr.ino as u32) => return Ok(attr),
                 Some(None) => return Err(FsError::NotFound),
-                None => {}
+                _ => {}
             }
         }
         self.with_meta(false, |m, io| {

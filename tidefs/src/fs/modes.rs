@@ -431,7 +431,9 @@ impl Meta {
             offset = *next;
             files.extend(batch.iter().map(|(r, _)| r.inode));
         }
-        files.retain(|&f| f > after);
+        // An entry naming a reserved inode (the journal's, say) is damage, not a file the
+        // directory governs (`Geometry::entry_may_name`).
+        files.retain(|&f| f > after && self.geo.entry_may_name(f));
         files.sort_unstable();
         files.dedup();
         let linked = Linked { dir, mode: own };
