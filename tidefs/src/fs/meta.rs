@@ -396,12 +396,19 @@ impl Meta {
     /// A block newly allocated as metadata: zero-filled, owned by the running transaction,
     /// without reading its old content.
     pub fn new_block_mut(&mut self, nr: u64) -> &mut [u8] {
-        self.cache
-            .insert_new(nr, vec![0u8; self.geo.bs()].into_boxed_slice());
-        self.unrevoke(nr);
-        self.note_changed(nr);
+        self.new_block_shared(nr, vec![0u8; self.geo.bs()].into());
         // OK to unwrap: inserted just above.
         self.cache.get_mut(nr).expect("block just inserted")
+    }
+
+    /// A block just allocated, with `bytes` (a whole block) as its first content, shared
+    /// with whoever holds them (a file's page joining a transaction that journals data):
+    /// not copied; a later change of either copies it first (`Arc::make_mut`).
+    pub fn new_block_shared(&mut self, nr: u64, bytes: Arc<[u8]>) {
+        debug_assert_eq!(bytes.len(), self.geo.bs(), "a whole block");
+        self.cache.insert_new(nr, bytes);
+        self.unrevoke(nr);
+        self.note_changed(nr);
     }
 
     /// Starts an operation: from here until [`Meta::end_op`] or [`Meta::rollback_op`], every

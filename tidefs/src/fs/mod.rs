@@ -3138,6 +3138,53 @@ mod tests {
         assert_eq!(again.read(f, 0, want.len() as u32 + 10).unwrap(), want);
     }
 
+    /// Goal: in a mode that journals data, a page joining the transaction at write-back is
+    /// shared with the buffer cache, not copied under the metadata lock, and a later write
+    /// into the page leaves the journaled copy as it was. Method: `data=journal`, four whole
+    /// blocks written, the write-back run by hand; the cached block of each is the page's
+    /// very allocation (`Arc::ptr_eq`); then a block rewritten, the file read back after a
+    /// crash and recovery.
+    #[test]
+    fn a_journaled_page_is_shared_with_the_buffer_cache() {
+        let Some(mem) = image() else {
+            return;
+        };
+        let opts = MountOptions {
+            data_mode: DataMode::Journal,
+            ..MountOptions::default()
+        };
+        let fs = Fs::open_devices(mem.clone(), None, &opts).unwrap();
+        let f = new_file(&fs, b"f");
+        let data: Vec<u8> = (0..4 * 4096u32).map(|i| (i % 239) as u8).collect();
+        fs.write(f, 0, &data).unwrap();
+        let n = f as u32;
+        {
+            let io = &fs.inner.io;
+            let mut m = fs.inner.meta.lock();
+            m.writeback(io, writeback::Scope::All).unwrap();
+            let inode = m.read_inode(io, n).unwrap();
+            let homes: Vec<u64> = (0..4)
+                .map(|l| m.extent_map(io, n, &inode).unwrap().map(l).unwrap().0)
+                .collect();
+            for (lblk, pblk) in homes.into_iter().enumerate() {
+                let cached = m.cache.get_shared(pblk).expect("journaled");
+                let pages = m.data.lock();
+                let page = &pages.get(n, lblk as u32).expect("cached").bytes;
+                assert!(Arc::ptr_eq(&cached, page), "block {lblk} was copied");
+            }
+        }
+        fs.sync().unwrap();
+        fs.write(f, 4096, &[9u8; 100]).unwrap();
+        let mut want = data.clone();
+        want[4096..4196].fill(9);
+        assert_eq!(fs.read(f, 0, 5 * 4096).unwrap(), want);
+        fs.fsync(f, false).unwrap();
+        fs.crash();
+        drop(fs);
+        let again = Fs::open_devices(mem, None, &opts).unwrap();
+        assert_eq!(again.read(f, 0, 5 * 4096).unwrap(), want);
+    }
+
     /// Goal: a write that started before unmount ends before unmount's final commit, so what
     /// it returned Ok for is on disk after the unmount; the unmount waits for it. Method: the
     /// test holds the file's data lock, so the write has entered but cannot finish; unmount

@@ -325,7 +325,8 @@ impl Meta {
                     // the page is clean at once. Only the written bytes are logged when the
                     // block's committed content is known (at home or in the log).
                     if fresh || !(mode.logs_byte_ranges() || self.tx.ranges) {
-                        self.new_block_mut(pblk).copy_from_slice(&page.bytes);
+                        // Shared with the page, not copied under the lock.
+                        self.new_block_shared(pblk, Arc::clone(&page.bytes));
                     } else {
                         self.log_data_ranges(pblk, &page.bytes, &page.changed);
                     }
