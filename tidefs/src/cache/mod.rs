@@ -16,8 +16,9 @@
 //!   when the operation ends, so the code that edits a block needs no bookkeeping of its own.
 //!
 //! - a cached block's bytes are one version of it, shared (`Arc`) with the commit in flight,
-//!   the journal's copies waiting for checkpoint and operations' pre-images; a change copies
-//!   them only while another holder shares them (copy on write, docs/DESIGN.md §2.3);
+//!   the journal's copies waiting for checkpoint, operations' pre-images and, for a block of
+//!   journaled file data, the file's page; a change copies them only while another holder
+//!   shares them (copy on write, docs/DESIGN.md §2.3);
 //! - a block allocated by the running transaction (`insert_new`) is *fresh* until it commits:
 //!   its home location holds nothing of it, so it must be logged whole, never as ranges;
 //! - a block loaded during an operation counts the loaded bytes as its pre-image, so a small
@@ -84,8 +85,9 @@ pub struct BlockCache {
 ///
 /// The bytes are one *version* of the block, shared (`Arc`) with whoever else holds that
 /// version: the commit in flight and the journal's copies waiting for checkpoint take the
-/// version the running transaction closed with, and an operation's pre-image takes the
-/// version it started from. A change copies the bytes only while another holder shares them
+/// version the running transaction closed with, an operation's pre-image takes the version
+/// it started from, and a block of journaled file data was the file's page's version when it
+/// joined the transaction. A change copies the bytes only while another holder shares them
 /// (`Arc::make_mut`), so each version of a block exists once in memory.
 struct Cached {
     bytes: Arc<[u8]>,
@@ -273,13 +275,14 @@ impl BlockCache {
 
     /// Replaces block `nr`'s content with `data`, of which only `changed` differs from the
     /// block's committed version (the caller knows; the old bytes need not be cached), and
-    /// marks it dirty. Must run inside an operation.
-    pub fn put_with_ranges(&mut self, nr: u64, data: &[u8], changed: &ByteRanges) {
+    /// marks it dirty. Must run inside an operation. `data` is shared, not copied, when it
+    /// comes as an `Arc` (a file's page).
+    pub fn put_with_ranges(&mut self, nr: u64, data: impl Into<Arc<[u8]>>, changed: &ByteRanges) {
         debug_assert!(self.undo.is_some(), "put_with_ranges outside an operation");
         self.note(nr);
         self.undo_changed = true;
         self.undo_given.entry(nr).or_default().union(changed);
-        self.blocks.insert(nr, Cached::new(Arc::from(data)));
+        self.blocks.insert(nr, Cached::new(data.into()));
         self.dirty.insert(nr);
     }
 
@@ -721,7 +724,7 @@ mod tests {
         c.begin_undo();
         let mut given = ByteRanges::new();
         given.add(20, 30);
-        c.put_with_ranges(5, &[1u8; 64], &given);
+        c.put_with_ranges(5, &[1u8; 64][..], &given);
         c.end_undo();
         let ranges = |r: &ByteRanges| r.iter().map(|x| (x.start, x.end)).collect::<Vec<_>>();
         assert_eq!(ranges(&c.changed_ranges(1)), vec![(10, 12), (40, 41)]);

@@ -50,8 +50,9 @@ use crate::cache::ByteRanges;
 /// One cached file block.
 #[derive(Clone, Debug)]
 pub(crate) struct Page {
-    /// Shared with the write-back that snapshots it (no copy per page at commit); a write
-    /// while that snapshot lives copies it first ([`Arc::make_mut`]).
+    /// Shared with the write-back that snapshots it (no copy per page at commit), and in the
+    /// modes that journal data with the buffer cache's block it joined a transaction as; a
+    /// write while another holder lives copies it first ([`Arc::make_mut`]).
     pub bytes: Arc<[u8]>,
     /// Changed since the last write-back.
     pub dirty: bool,

@@ -357,9 +357,15 @@ impl Meta {
         }
     }
 
-    /// Block `nr` of file data joins the running transaction with content `bytes`, of which
-    /// only `changed` differs from its committed version (byte-range journaling).
-    pub fn log_data_ranges(&mut self, nr: u64, bytes: &[u8], changed: &crate::cache::ByteRanges) {
+    /// Block `nr` of file data joins the running transaction with content `bytes` (a file's
+    /// page, shared, not copied), of which only `changed` differs from its committed version
+    /// (byte-range journaling).
+    pub fn log_data_ranges(
+        &mut self,
+        nr: u64,
+        bytes: Arc<[u8]>,
+        changed: &crate::cache::ByteRanges,
+    ) {
         self.cache.put_with_ranges(nr, bytes, changed);
         self.unrevoke(nr);
         self.note_changed(nr);
@@ -401,9 +407,11 @@ impl Meta {
         self.cache.get_mut(nr).expect("block just inserted")
     }
 
-    /// A block just allocated, with `bytes` (a whole block) as its first content, shared
-    /// with whoever holds them (a file's page joining a transaction that journals data):
-    /// not copied; a later change of either copies it first (`Arc::make_mut`).
+    /// Block `nr` as a new version in the running transaction, logged whole (*fresh*: a
+    /// block just allocated, or a block of file data journaled whole), with `bytes` (a whole
+    /// block) as its content, shared with whoever holds them (a file's page joining a
+    /// transaction that journals data): not copied; a later change of either copies it first
+    /// (`Arc::make_mut`).
     pub fn new_block_shared(&mut self, nr: u64, bytes: Arc<[u8]>) {
         debug_assert_eq!(bytes.len(), self.geo.bs(), "a whole block");
         self.cache.insert_new(nr, bytes);

@@ -3139,50 +3139,74 @@ mod tests {
     }
 
     /// Goal: in a mode that journals data, a page joining the transaction at write-back is
-    /// shared with the buffer cache, not copied under the metadata lock, and a later write
-    /// into the page leaves the journaled copy as it was. Method: `data=journal`, four whole
-    /// blocks written, the write-back run by hand; the cached block of each is the page's
-    /// very allocation (`Arc::ptr_eq`); then a block rewritten, the file read back after a
-    /// crash and recovery.
+    /// shared with the buffer cache, not copied under the metadata lock, whether it is logged
+    /// whole (a new block, or `data=journal`) or as the byte ranges a write changed
+    /// (`wasteless` rewriting a committed block), and a later write into the page leaves the
+    /// journaled copy as it was. Method: in both modes, four whole blocks written and the
+    /// write-back run by hand, then 100 bytes of block 1 rewritten after a sync and the
+    /// write-back run again; each time the cached block is the page's very allocation
+    /// (`Arc::ptr_eq`); the file read back after a crash and recovery.
     #[test]
     fn a_journaled_page_is_shared_with_the_buffer_cache() {
-        let Some(mem) = image() else {
-            return;
-        };
-        let opts = MountOptions {
-            data_mode: DataMode::Journal,
-            ..MountOptions::default()
-        };
-        let fs = Fs::open_devices(mem.clone(), None, &opts).unwrap();
-        let f = new_file(&fs, b"f");
-        let data: Vec<u8> = (0..4 * 4096u32).map(|i| (i % 239) as u8).collect();
-        fs.write(f, 0, &data).unwrap();
-        let n = f as u32;
-        {
-            let io = &fs.inner.io;
-            let mut m = fs.inner.meta.lock();
-            m.writeback(io, writeback::Scope::All).unwrap();
-            let inode = m.read_inode(io, n).unwrap();
-            let homes: Vec<u64> = (0..4)
-                .map(|l| m.extent_map(io, n, &inode).unwrap().map(l).unwrap().0)
-                .collect();
-            for (lblk, pblk) in homes.into_iter().enumerate() {
-                let cached = m.cache.get_shared(pblk).expect("journaled");
-                let pages = m.data.lock();
-                let page = &pages.get(n, lblk as u32).expect("cached").bytes;
-                assert!(Arc::ptr_eq(&cached, page), "block {lblk} was copied");
-            }
+        for mode in [DataMode::Journal, DataMode::Wasteless] {
+            let Some(mem) = image() else {
+                return;
+            };
+            let opts = MountOptions {
+                data_mode: mode,
+                ..MountOptions::default()
+            };
+            let fs = Fs::open_devices(mem.clone(), None, &opts).unwrap();
+            let f = new_file(&fs, b"f");
+            let n = f as u32;
+            let shared_after_writeback = |blocks: std::ops::Range<u32>| {
+                let io = &fs.inner.io;
+                let mut m = fs.inner.meta.lock();
+                m.writeback(io, writeback::Scope::All).unwrap();
+                let inode = m.read_inode(io, n).unwrap();
+                for lblk in blocks {
+                    let pblk = m.extent_map(io, n, &inode).unwrap().map(lblk).unwrap().0;
+                    let cached = m.cache.get_shared(pblk).expect("journaled");
+                    let pages = m.data.lock();
+                    let page = &pages.get(n, lblk).expect("cached").bytes;
+                    assert!(
+                        Arc::ptr_eq(&cached, page),
+                        "{mode:?}: block {lblk} was copied"
+                    );
+                }
+            };
+            let data: Vec<u8> = (0..4 * 4096u32).map(|i| (i % 239) as u8).collect();
+            fs.write(f, 0, &data).unwrap();
+            shared_after_writeback(0..4);
+            fs.sync().unwrap();
+            // A write into the page leaves the cached (committed) version as it was.
+            let block1 = || {
+                let io = &fs.inner.io;
+                let mut m = fs.inner.meta.lock();
+                let inode = m.read_inode(io, n).unwrap();
+                let pblk = m.extent_map(io, n, &inode).unwrap().map(1).unwrap().0;
+                m.cache.get_shared(pblk).expect("cached")
+            };
+            let committed = block1();
+            fs.write(f, 4096, &[9u8; 100]).unwrap();
+            assert_eq!(
+                &block1()[..],
+                &data[4096..8192],
+                "{mode:?}: written through"
+            );
+            assert!(Arc::ptr_eq(&block1(), &committed));
+            shared_after_writeback(1..2);
+            fs.write(f, 4096 + 50, &[8u8; 10]).unwrap();
+            let mut want = data.clone();
+            want[4096..4196].fill(9);
+            want[4146..4156].fill(8);
+            assert_eq!(fs.read(f, 0, 5 * 4096).unwrap(), want);
+            fs.fsync(f, false).unwrap();
+            fs.crash();
+            drop(fs);
+            let again = Fs::open_devices(mem, None, &opts).unwrap();
+            assert_eq!(again.read(f, 0, 5 * 4096).unwrap(), want, "{mode:?}");
         }
-        fs.sync().unwrap();
-        fs.write(f, 4096, &[9u8; 100]).unwrap();
-        let mut want = data.clone();
-        want[4096..4196].fill(9);
-        assert_eq!(fs.read(f, 0, 5 * 4096).unwrap(), want);
-        fs.fsync(f, false).unwrap();
-        fs.crash();
-        drop(fs);
-        let again = Fs::open_devices(mem, None, &opts).unwrap();
-        assert_eq!(again.read(f, 0, 5 * 4096).unwrap(), want);
     }
 
     /// Goal: a write that started before unmount ends before unmount's final commit, so what

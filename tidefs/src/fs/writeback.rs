@@ -6,8 +6,10 @@
 //! holes that follow each other gets its blocks as one run), turns unwritten
 //! extents under dirty pages into written ones, stores the extent tree and the inode's block
 //! count, and then either
-//! - in `journal` mode, copies each page into the buffer cache as a dirty block of the running
-//!   transaction (the data is logged with the metadata that maps it), or
+//! - in the modes that journal a page (`journal`, `wasteless`, `selective`'s small writes),
+//!   puts it into the buffer cache as a dirty block of the running transaction, its bytes
+//!   shared with the page, not copied (the data is logged with the metadata that maps it:
+//!   whole, or as the ranges a write changed), or
 //! - in the other modes, returns the page as a `HomeWrite` that the caller writes to its home
 //!   location: before the transaction's commit record when its mode orders data (ordered,
 //!   selective's large writes: `HomeWrite::ordered`), else with it (writeback, lightweight:
@@ -328,7 +330,7 @@ impl Meta {
                         // Shared with the page, not copied under the lock.
                         self.new_block_shared(pblk, Arc::clone(&page.bytes));
                     } else {
-                        self.log_data_ranges(pblk, &page.bytes, &page.changed);
+                        self.log_data_ranges(pblk, Arc::clone(&page.bytes), &page.changed);
                     }
                     // The file's data is in this transaction now, no longer in a dirty page:
                     // its fsync and fdatasync wait for this commit (noted before the page
