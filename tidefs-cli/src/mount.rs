@@ -745,27 +745,33 @@ fn set_read_ahead(file: &Path, bytes: u64) -> io::Result<()> {
     std::fs::write(file, format!("{}\n", bytes / 1024))
 }
 
-/// Sets the read-ahead window in `file` ([`read_ahead_file`]) to the size `asked` with
-/// `-o readahead=`, else to [`DEFAULT_READ_AHEAD`]. A size asked for that cannot be set is
-/// an error (the mount fails); the default that cannot be set (a mount by a user other than
-/// root, whom sysfs refuses) leaves the kernel's window, with a warning for the log.
-fn apply_read_ahead(file: &Path, asked: Option<u64>) -> Result<Option<String>, String> {
+/// Sets the read-ahead window in `file` ([`read_ahead_file`], or why it was not found) to
+/// the size `asked` with `-o readahead=`, else to [`DEFAULT_READ_AHEAD`]. A size asked for
+/// that cannot be set is an error (the mount fails); the default that cannot be set (a
+/// read-only `/sys`) leaves the kernel's window, with a warning for the log.
+fn apply_read_ahead(
+    file: Result<PathBuf, String>,
+    asked: Option<u64>,
+) -> Result<Option<String>, String> {
+    let failed = |why: String| match asked {
+        Some(_) => Err(format!("readahead: {why}")),
+        None => Ok(Some(format!("read-ahead left as the kernel set it: {why}"))),
+    };
+    let file = match file {
+        Ok(file) => file,
+        Err(why) => return failed(why),
+    };
     let bytes = asked.unwrap_or(DEFAULT_READ_AHEAD);
-    match set_read_ahead(file, bytes) {
+    match set_read_ahead(&file, bytes) {
         Ok(()) => Ok(None),
         // The window may already be the one wanted.
-        Err(_) if read_ahead(file).is_ok_and(|now| now == bytes) => Ok(None),
-        Err(e) if asked.is_some() => Err(format!(
-            "readahead: cannot set the mount's read-ahead window to {} KiB in {}: {}",
+        Err(_) if read_ahead(&file).is_ok_and(|now| now == bytes) => Ok(None),
+        Err(e) => failed(format!(
+            "cannot set the mount's read-ahead window to {} KiB in {}: {}",
             bytes / 1024,
             file.display(),
             io_reason(&e)
         )),
-        Err(e) => Ok(Some(format!(
-            "read-ahead left as the kernel set it: cannot write {}: {}",
-            file.display(),
-            io_reason(&e)
-        ))),
     }
 }
 
@@ -902,14 +908,7 @@ fn serve(args: &MountArgs, config: &MountConfig, notify: Notify) -> Result<(), C
                 if let Ok(file) = &file {
                     let _ = state.read_ahead_file.set(file.clone());
                 }
-                let warning = match (file, read_ahead_asked) {
-                    (Ok(file), asked) => apply_read_ahead(&file, asked)?,
-                    (Err(why), Some(_)) => return Err(format!("readahead: {why}")),
-                    (Err(why), None) => {
-                        Some(format!("read-ahead left as the kernel set it: {why}"))
-                    }
-                };
-                if let Some(warning) = warning {
+                if let Some(warning) = apply_read_ahead(file, read_ahead_asked)? {
                     eprintln!("tidefs: {warning}");
                 }
                 Ok(())
@@ -1088,18 +1087,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("read_ahead_kb");
         std::fs::write(&file, "128\n").unwrap();
-        assert_eq!(apply_read_ahead(&file, Some(1 << 20)), Ok(None));
+        assert_eq!(apply_read_ahead(Ok(file.clone()), Some(1 << 20)), Ok(None));
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "1024\n");
         assert_eq!(read_ahead(&file).unwrap(), 1 << 20);
-        assert_eq!(apply_read_ahead(&file, None), Ok(None));
+        assert_eq!(apply_read_ahead(Ok(file.clone()), None), Ok(None));
         assert_eq!(read_ahead(&file).unwrap(), DEFAULT_READ_AHEAD);
 
         let missing = dir.path().join("gone").join("read_ahead_kb");
-        let e = apply_read_ahead(&missing, Some(1 << 20)).expect_err("asked for");
+        let e = apply_read_ahead(Ok(missing.clone()), Some(1 << 20)).expect_err("asked for");
         assert!(e.starts_with("readahead: cannot set"), "{e}");
         assert!(e.contains("to 1024 KiB"), "{e}");
         assert!(e.contains("gone/read_ahead_kb"), "{e}");
-        let warning = apply_read_ahead(&missing, None)
+        let warning = apply_read_ahead(Ok(missing), None)
             .expect("the default is not an error")
             .expect("a warning");
         assert!(warning.contains("left as the kernel set it"), "{warning}");

@@ -444,9 +444,7 @@ impl BlockDevice for FileDev {
         if self.direct && len > 0 && self.aligned(offset, len) {
             return self.read_span(offset, offset + len as u64);
         }
-        let mut buf = AlignedBuf::zeroed(len);
-        self.read_at(offset, buf.as_mut_slice())?;
-        Ok(buf)
+        super::read_into_new(self, offset, len)
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {

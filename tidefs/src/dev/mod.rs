@@ -66,9 +66,7 @@ pub trait BlockDevice: Send + Sync {
     /// `read_at` copies out of one: `Fs::read` reads file data through this, up to a
     /// megabyte at a time.
     fn read_owned(&self, offset: u64, len: usize) -> std::io::Result<AlignedBuf> {
-        let mut buf = AlignedBuf::zeroed(len);
-        self.read_at(offset, buf.as_mut_slice())?;
-        Ok(buf)
+        read_into_new(self, offset, len)
     }
 
     /// Writes `buf` at `offset` and returns once these bytes are durable. The default (and
@@ -78,6 +76,18 @@ pub trait BlockDevice: Send + Sync {
         self.write_at(offset, buf)?;
         self.flush()
     }
+}
+
+/// [`BlockDevice::read_owned`] by way of `read_at`, into a buffer made for it: the default,
+/// and what a device that cannot read straight into its own buffer does.
+fn read_into_new<D: BlockDevice + ?Sized>(
+    dev: &D,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<AlignedBuf> {
+    let mut buf = AlignedBuf::zeroed(len);
+    dev.read_at(offset, buf.as_mut_slice())?;
+    Ok(buf)
 }
 
 /// What a flush does, chosen at mount (`-o barrier=`).

@@ -1944,7 +1944,7 @@ impl Inner {
         if !self.makes_whole_pages(data.len()) || self.pages.lock().writes().mode(n).is_none() {
             return datacache::WholePages::default();
         }
-        datacache::WholePages::of(offset, data, self.geo.block_size)
+        self.whole_pages_for_lock(offset, data)
     }
 
     /// The pages a write under the metadata lock covers whole ([`Meta::write`]), made
